@@ -1,0 +1,137 @@
+"""The error types of dcp-cdc.
+
+One base, :class:`DcpError`; a subclass says whose fault it was. Malformed input is the
+producer's (or the capture's) fault and carries where it happened; misuse of an API is the
+caller's. Any other exception escaping the decoder is a bug in dcp-cdc.
+"""
+
+from __future__ import annotations
+
+
+class DcpError(Exception):
+    """Base of every error dcp-cdc raises on purpose."""
+
+
+class MalformedFrameError(DcpError):
+    """A frame that does not match the wire format (spec §1–§6).
+
+    ``frame_length`` is the frame's full length when its boundary is still trustworthy, so a
+    reader can skip it and go on; ``None`` when the rest of the stream cannot be framed.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        offset: int,
+        opcode: int | None = None,
+        expected: str | None = None,
+        got: str | None = None,
+        frame_length: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.offset = offset
+        self.opcode = opcode
+        self.expected = expected
+        self.got = got
+        self.frame_length = frame_length
+        self.file = file
+        super().__init__(self._render())
+
+    @property
+    def recoverable(self) -> bool:
+        """True when the frame boundary is known and decoding can resume after it."""
+        return self.frame_length is not None
+
+    def _render(self) -> str:
+        where = f"{self.file}@{self.offset}" if self.file else f"offset {self.offset}"
+        parts = [f"malformed frame at {where}"]
+        if self.opcode is not None:
+            parts.append(f"opcode 0x{self.opcode:02x}")
+        text = ", ".join(parts) + f": {self.reason}"
+        if self.expected is not None:
+            text += f" (expected {self.expected}"
+            text += f", got {self.got})" if self.got is not None else ")"
+        return text
+
+    def with_file(self, file: str, base_offset: int = 0) -> MalformedFrameError:
+        """The same error located in ``file``, its offset shifted by ``base_offset``."""
+        return type(self)(
+            self.reason,
+            offset=self.offset + base_offset,
+            opcode=self.opcode,
+            expected=self.expected,
+            got=self.got,
+            frame_length=self.frame_length,
+            file=file,
+        )
+
+
+class TruncatedFrameError(MalformedFrameError):
+    """The stream ended inside a frame: a cut tail, valid up to ``offset`` (capture format)."""
+
+    def __init__(
+        self,
+        *,
+        offset: int,
+        available: int,
+        needed: int | None,
+        opcode: int | None = None,
+        file: str | None = None,
+    ) -> None:
+        self.available = available
+        self.needed = needed
+        super().__init__(
+            "truncated tail: the stream ends inside a frame",
+            offset=offset,
+            opcode=opcode,
+            expected=f"{needed} bytes" if needed is not None else "a 24-byte header",
+            got=f"{available} bytes",
+            frame_length=None,
+            file=file,
+        )
+
+    def with_file(self, file: str, base_offset: int = 0) -> TruncatedFrameError:
+        return TruncatedFrameError(
+            offset=self.offset + base_offset,
+            available=self.available,
+            needed=self.needed,
+            opcode=self.opcode,
+            file=file,
+        )
+
+
+class CaptureFormatError(DcpError):
+    """A capture file whose header is not the dcp-cdc capture format (capture-format.md)."""
+
+    def __init__(self, reason: str, *, file: str | None = None) -> None:
+        self.reason = reason
+        self.file = file
+        super().__init__(f"{file}: {reason}" if file else reason)
+
+
+class DecoderUsageError(DcpError):
+    """The caller used the decoder wrongly (e.g. fed data after end of stream)."""
+
+
+class ConfigError(DcpError):
+    """Invalid or missing configuration; the message names the field and the file."""
+
+
+class DataQualityError(DcpError):
+    """A data-quality expectation of severity ``error`` failed."""
+
+
+class FieldError(DcpError):
+    """A part of a frame (key prefix, value, xattrs) is malformed.
+
+    Raised by the value helpers, which do not know where the frame is; the decoder turns it
+    into a :class:`MalformedFrameError` with the offset and opcode.
+    """
+
+    def __init__(self, reason: str, *, expected: str | None = None, got: str | None = None):
+        self.reason = reason
+        self.expected = expected
+        self.got = got
+        super().__init__(reason)

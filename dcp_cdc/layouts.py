@@ -1,0 +1,154 @@
+"""Frame layouts, declared once.
+
+Each :class:`Layout` is one fixed-size section of a frame (an extras block, or the fixed part
+of a value) as a table of big-endian unsigned fields. Both faces of the decoder read through
+these tables: the event iterator unpacks them with :mod:`struct`, the columnar decoder gathers
+them with numpy, and the encoder packs them. Offsets are relative to the section start
+(spec §6: "extras offsets").
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A fixed-size section: ``length`` bytes holding ``fields`` (unsigned, big-endian)."""
+
+    name: str
+    length: int
+    fields: tuple[Field, ...]
+    spec: str
+    _struct: struct.Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fmt = ">"
+        pos = 0
+        for f in self.fields:
+            if f.offset < pos or f.size not in _CODES:
+                raise ValueError(f"layout {self.name}: bad field {f}")
+            fmt += "x" * (f.offset - pos) + _CODES[f.size]
+            pos = f.offset + f.size
+        if pos > self.length:
+            raise ValueError(f"layout {self.name}: fields exceed length {self.length}")
+        fmt += "x" * (self.length - pos)
+        object.__setattr__(self, "_struct", struct.Struct(fmt))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def unpack(self, buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, ...]:
+        """Field values in declaration order; ``buf`` must hold ``length`` bytes at ``offset``."""
+        return self._struct.unpack_from(buf, offset)
+
+    def unpack_dict(self, buf: bytes | bytearray | memoryview, offset: int = 0) -> dict[str, int]:
+        return dict(zip(self.names, self._struct.unpack_from(buf, offset), strict=True))
+
+    def pack(self, **values: int) -> bytes:
+        """Bytes of the section; fields not given are 0, unknown names are an error."""
+        unknown = set(values) - set(self.names)
+        if unknown:
+            raise TypeError(f"layout {self.name} has no field(s) {sorted(unknown)}")
+        return self._struct.pack(*(values.get(n, 0) for n in self.names))
+
+    def numpy_fields(self) -> list[tuple[str, int, str]]:
+        """``(name, offset, numpy big-endian dtype)`` for the columnar face."""
+        return [(f.name, f.offset, f">u{f.size}") for f in self.fields]
+
+
+def _layout(name: str, length: int, spec: str, *fields: tuple[str, int, int]) -> Layout:
+    return Layout(name, length, tuple(Field(*f) for f in fields), spec)
+
+
+# --- extras sections (spec §6) -------------------------------------------------------------
+
+MUTATION = _layout(
+    "mutation", 31, "§6.4",
+    ("by_seqno", 0, 8), ("rev_seqno", 8, 8), ("flags", 16, 4), ("expiration", 20, 4),
+    ("lock_time", 24, 4), ("nmeta", 28, 2), ("nru", 30, 1),
+)  # fmt: skip
+DELETION_V1 = _layout(
+    "deletion_v1", 18, "§6.5", ("by_seqno", 0, 8), ("rev_seqno", 8, 8), ("nmeta", 16, 2)
+)
+DELETION_V2 = _layout(
+    "deletion_v2", 21, "§6.5", ("by_seqno", 0, 8), ("rev_seqno", 8, 8), ("delete_time", 16, 4)
+)  # byte 20 is unused (formerly clen, errata E2)
+EXPIRATION = _layout(
+    "expiration", 20, "§6.6", ("by_seqno", 0, 8), ("rev_seqno", 8, 8), ("delete_time", 16, 4)
+)
+SNAPSHOT_MARKER_V1 = _layout(
+    "snapshot_marker_v1", 20, "§6.3",
+    ("start_seqno", 0, 8), ("end_seqno", 8, 8), ("snapshot_flags", 16, 4),
+)  # fmt: skip
+SNAPSHOT_MARKER_V2_EXTRAS = _layout("snapshot_marker_v2_extras", 1, "§6.3", ("marker_version", 0, 1))
+SYSTEM_EVENT = _layout(
+    "system_event", 13, "§6.7", ("by_seqno", 0, 8), ("event_id", 8, 4), ("version", 12, 1)
+)
+SEQNO_ADVANCED = _layout("seqno_advanced", 8, "§6.8", ("by_seqno", 0, 8))
+OSO_SNAPSHOT = _layout("oso_snapshot", 4, "§6.9", ("oso_flags", 0, 4))
+STREAM_END = _layout("stream_end", 4, "§6.10", ("reason_code", 0, 4))
+PREPARE = _layout(
+    "prepare", 31, "§6.12",
+    ("by_seqno", 0, 8), ("rev_seqno", 8, 8), ("flags", 16, 4), ("expiration", 20, 4),
+    ("lock_time", 24, 4), ("nru", 28, 1), ("deleted", 29, 1), ("durability_level", 30, 1),
+)  # fmt: skip
+COMMIT = _layout("commit", 16, "§6.12", ("prepared_seqno", 0, 8), ("commit_seqno", 8, 8))
+ABORT = _layout("abort", 16, "§6.12", ("prepared_seqno", 0, 8), ("abort_seqno", 8, 8))
+SET_VBUCKET_STATE = _layout("set_vbucket_state", 1, "§6.13", ("vbucket_state", 0, 1))
+STREAM_REQUEST = _layout(
+    "stream_request", 48, "§4.4",
+    ("flags", 0, 4), ("start_seqno", 8, 8), ("end_seqno", 16, 8), ("vb_uuid", 24, 8),
+    ("snap_start_seqno", 32, 8), ("snap_end_seqno", 40, 8),
+)  # fmt: skip
+BUFFER_ACK = _layout("buffer_ack", 4, "§7.6", ("buffer_bytes", 0, 4))
+
+# --- fixed value sections ------------------------------------------------------------------
+
+SNAPSHOT_MARKER_V2_0 = _layout(
+    "snapshot_marker_v2_0", 36, "§6.3",
+    ("start_seqno", 0, 8), ("end_seqno", 8, 8), ("snapshot_flags", 16, 4),
+    ("max_visible_seqno", 20, 8), ("high_completed_seqno", 28, 8),
+)  # fmt: skip
+SNAPSHOT_MARKER_V2_2 = _layout(
+    "snapshot_marker_v2_2", 52, "§6.3",
+    ("start_seqno", 0, 8), ("end_seqno", 8, 8), ("snapshot_flags", 16, 4),
+    ("max_visible_seqno", 20, 8), ("high_completed_seqno", 28, 8),
+    ("purge_seqno", 36, 8), ("high_prepared_seqno", 44, 8),
+)  # fmt: skip
+COLLECTION_EVENT_V0 = _layout(
+    "collection_event_v0", 16, "§6.7",
+    ("manifest_uid", 0, 8), ("scope_id", 8, 4), ("collection_id", 12, 4),
+)  # fmt: skip
+COLLECTION_EVENT_V1 = _layout(
+    "collection_event_v1", 20, "§6.7",
+    ("manifest_uid", 0, 8), ("scope_id", 8, 4), ("collection_id", 12, 4), ("max_ttl", 16, 4),
+)  # fmt: skip
+SCOPE_EVENT_V0 = _layout("scope_event_v0", 12, "§6.7", ("manifest_uid", 0, 8), ("scope_id", 8, 4))
+FAILOVER_ENTRY = _layout("failover_entry", 16, "§6.1", ("vb_uuid", 0, 8), ("seqno", 8, 8))
+ROLLBACK = _layout("rollback", 8, "§6.1", ("rollback_seqno", 0, 8))
+
+HEADER = struct.Struct(">BBHBBHIIQ")
+"""The classic 24-byte header (spec §1.1); the alt layout splits the u16 at offset 2."""
+
+
+def layout_fields() -> dict[str, Any]:
+    """Every field name a layout declares, for schema checks."""
+    names: dict[str, Any] = {}
+    for value in globals().values():
+        if isinstance(value, Layout):
+            for f in value.fields:
+                names.setdefault(f.name, f.size)
+    return names
