@@ -58,12 +58,12 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("collection_id", I64), ("key", pa.binary()), ("value", pa.binary()),
     ("xattrs", XATTRS_TYPE), ("is_json", pa.bool_()),
     ("marker_version", pa.string()), ("start_seqno", I64), ("end_seqno", I64),
-    ("snapshot_flags", I32), ("max_visible_seqno", I64), ("high_completed_seqno", I64),
+    ("snapshot_flags", I64), ("max_visible_seqno", I64), ("high_completed_seqno", I64),
     ("purge_seqno", I64), ("high_prepared_seqno", I64),
-    ("event", pa.string()), ("event_id", I32), ("version", I16), ("manifest_uid", I64),
+    ("event", pa.string()), ("event_id", I64), ("version", I16), ("manifest_uid", I64),
     ("scope_id", I64), ("name", pa.string()), ("max_ttl", I64), ("flush_uid", I64),
     ("history", pa.bool_()),
-    ("oso_flags", I32), ("reason_code", I32), ("reason", pa.string()),
+    ("oso_flags", I64), ("reason_code", I64), ("reason", pa.string()),
     ("prepared_seqno", I64), ("commit_seqno", I64), ("abort_seqno", I64),
     ("deleted", I16), ("durability_level", I16), ("vbucket_state", I16),
     ("vb_uuid", I64), ("snap_start_seqno", I64), ("snap_end_seqno", I64),
@@ -94,34 +94,45 @@ def to_signed64(value: int) -> int:
     return value - (1 << 64) if value >= _U64_SIGN else value
 
 
-def event_to_row(event: Event) -> dict[str, Any]:
-    """The column values of one event (the per-frame path, and the reference for tests)."""
+_FIELDS_CACHE: dict[type, tuple[str, ...]] = {}
+
+
+def raw_row(event: Event) -> dict[str, Any]:
+    """The column values of one event, unsigned as on the wire (see :func:`event_to_row`)."""
     h = event.header
     row: dict[str, Any] = {
-        "offset": h.offset, "frame_len": h.frame_len, "op": event.op, "magic": h.magic,
-        "opcode": h.opcode, "opaque": h.opaque, "cas": to_signed64(h.cas),
+        "offset": h.offset, "frame_len": HEADER_LEN + h.body_len, "op": event.op,
+        "magic": h.magic, "opcode": h.opcode, "opaque": h.opaque, "cas": h.cas,
         "datatype": h.datatype, "stream_id": h.stream_id,
     }  # fmt: skip
     row["status" if h.is_response else "vbucket"] = h.vbucket_or_status
     if isinstance(event, UnknownFrame):
         row["raw"] = event.raw
         return row
-    for name in event.__slots__:  # type: ignore[union-attr]
-        if name == "header" or name == "nmeta":
-            continue
+    names = _FIELDS_CACHE.get(type(event))
+    if names is None:
+        names = tuple(n for n in event.__slots__ if n not in ("header", "nmeta"))
+        _FIELDS_CACHE[type(event)] = names
+    for name in names:
         value = getattr(event, name)
-        if value is None:
-            continue
+        if value is not None:
+            row[name] = value
+    if "xattrs" in names:
+        row["is_json"] = h.is_json
+    value = row.get("value")
+    if isinstance(value, str):  # a stream request's JSON text
+        row["value"] = value.encode()
+    return row
+
+
+def event_to_row(event: Event) -> dict[str, Any]:
+    """The column values of one event: the reference the columnar path must equal."""
+    row = raw_row(event)
+    for name, value in row.items():
         if name == "failover_log":
             row[name] = [(to_signed64(u), to_signed64(s)) for u, s in value]
-        elif name == "value" and isinstance(value, str):  # a stream request's JSON text
-            row[name] = value.encode()
         elif isinstance(value, int) and not isinstance(value, bool):
             row[name] = to_signed64(value)
-        else:
-            row[name] = value
-    if hasattr(event, "xattrs"):
-        row["is_json"] = h.is_json
     return row
 
 
@@ -228,34 +239,58 @@ class _Columns:
         self.xattrs: list[tuple[int, dict[str, str]]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
         self.extra = bytearray()
+        self.pending: dict[str, tuple[list[int], list[Any]]] = {}
+        self.bin_pending_len: dict[str, list[int]] = {}
 
     def set(self, name: str, rows: Any, values: Any) -> None:
         self.values[name][rows] = values
         self.valid[name][rows] = True
 
     def put_row(self, i: int, row: dict[str, Any], base: int) -> None:
+        """Queue one per-frame row; :meth:`flush` writes the queue column by column."""
         self.op[i] = _OP_INDEX[row["op"]]
+        pending = self.pending
         for name, value in row.items():
-            if value is None:
+            if value is None or name == "op":
                 continue
-            if name in self.values:
-                self.values[name][i] = value
-                self.valid[name][i] = True
-            elif name in self.strings:
-                self.strings[name][0].append(i)
-                self.strings[name][1].append(value)
-            elif name in self.bin_start:
-                self.bin_start[name][i] = base + len(self.extra)
-                self.bin_len[name][i] = len(value)
+            if name in self.bin_start:
+                value = bytes(value)
+                rows_vals = pending.setdefault(name, ([], []))
+                rows_vals[0].append(i)
+                rows_vals[1].append(base + len(self.extra))
+                self.bin_pending_len.setdefault(name, []).append(len(value))
                 self.extra += value
-            elif name == "xattrs":
-                self.xattrs.append((i, value))
-            elif name == "failover_log":
-                self.failover.append((i, value))
+            else:
+                rows_vals = pending.setdefault(name, ([], []))
+                rows_vals[0].append(i)
+                rows_vals[1].append(value)
 
-    def to_table(self, src: npt.NDArray[np.uint8], keep: npt.NDArray[np.bool_]) -> pa.Table:
-        if self.extra:
-            src = np.concatenate([src, np.frombuffer(bytes(self.extra), dtype=np.uint8)])
+    def flush(self) -> None:
+        for name, (rows, values) in self.pending.items():
+            if name in self.values:
+                target = self.values[name]
+                if target.dtype == np.int64:
+                    arr = np.array(values, dtype=np.uint64).view(np.int64)
+                else:
+                    arr = np.array(values, dtype=target.dtype)
+                target[rows] = arr
+                self.valid[name][rows] = True
+            elif name in self.strings:
+                self.strings[name][0].extend(rows)
+                self.strings[name][1].extend(values)
+            elif name in self.bin_start:
+                self.bin_start[name][rows] = values
+                self.bin_len[name][rows] = self.bin_pending_len[name]
+            elif name == "xattrs":
+                self.xattrs.extend(zip(rows, values, strict=True))
+            elif name == "failover_log":
+                signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
+                self.failover.extend(zip(rows, signed, strict=True))
+        self.pending = {}
+        self.bin_pending_len = {}
+
+    def to_table(self, buf: bytes, keep: npt.NDArray[np.bool_]) -> pa.Table:
+        extra = bytes(self.extra)
         arrays: dict[str, pa.Array] = {}
         op_dict = pa.array(OPS, type=pa.string())
         arrays["op"] = pa.DictionaryArray.from_arrays(pa.array(self.op), op_dict).cast(pa.string())
@@ -264,7 +299,7 @@ class _Columns:
         for name, (rows, texts) in self.strings.items():
             arrays[name] = _sparse(self.n, rows, pa.array(texts, type=pa.string()))
         for name in _BINARIES:
-            arrays[name] = _binary(src, self.bin_start[name], self.bin_len[name])
+            arrays[name] = _binary(buf, extra, self.bin_start[name], self.bin_len[name])
         arrays["xattrs"] = _sparse_map(self.n, self.xattrs)
         arrays["failover_log"] = _sparse_list(self.n, self.failover)
         table = pa.table([arrays[n] for n, _ in COLUMNS], schema=ARROW_SCHEMA)
@@ -283,25 +318,43 @@ def _sparse(n: int, rows: list[int], values: pa.Array) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(indices, mask=mask), values).cast(values.type)
 
 
-def _binary(src: Any, starts: Any, lengths: Any) -> pa.Array:
-    """A binary column of the byte ranges ``src[start:start+length]`` (start -1 = null)."""
+_AR12 = np.arange(12, dtype=np.int64)
+
+
+def _binary(
+    buf: bytes, extra: bytes, starts: Any, lengths: Any
+) -> pa.Array:
+    """A binary column of byte ranges, without a Python loop.
+
+    ``starts`` index ``buf`` (or, from ``len(buf)`` on, ``extra``); -1 is a null. The ranges
+    become Arrow binary *views* onto the two buffers, then one C++ cast copies them into a
+    plain binary column (Spark reads no view types).
+    """
+    n = len(starts)
     valid = starts >= 0
-    lengths = np.where(valid, lengths, 0)
-    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total:
-        nonzero = lengths > 0
-        idx = np.repeat(starts[nonzero] - offsets[:-1][nonzero], lengths[nonzero])
-        idx += np.arange(total, dtype=np.int64)
-        data = src[idx]
-    else:
-        data = np.zeros(0, dtype=np.uint8)
-    validity = pa.array(valid).buffers()[1] if not valid.all() else None
-    large = pa.Array.from_buffers(
-        pa.large_binary(), len(starts), [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
-    return large.cast(pa.binary())
+    in_extra = starts >= len(buf)
+    lens = np.where(valid, lengths, 0).astype("<i4")
+    views = np.zeros((n, 16), dtype=np.uint8)
+    views[:, 0:4] = lens.view(np.uint8).reshape(n, 4)
+    for data, sel, base in ((buf, valid & ~in_extra, 0), (extra, in_extra, len(buf))):
+        idx = np.flatnonzero(sel & (lens > 0))
+        if not len(idx):
+            continue
+        arr = np.frombuffer(data, dtype=np.uint8)
+        pos = np.minimum(starts[idx, None] - base + _AR12, len(arr) - 1)
+        first = arr[pos]
+        first[_AR12[None, :] >= lens[idx, None]] = 0  # inline values are zero-padded
+        views[idx, 4:16] = first
+    long = np.flatnonzero(lens > 12)
+    if len(long):
+        views[long, 8:12] = in_extra[long].astype("<i4").view(np.uint8).reshape(-1, 4)
+        offsets = np.where(in_extra[long], starts[long] - len(buf), starts[long]).astype("<i4")
+        views[long, 12:16] = offsets.view(np.uint8).reshape(-1, 4)
+    validity = None if valid.all() else pa.array(valid).buffers()[1]
+    buffers = [validity, pa.py_buffer(views), pa.py_buffer(buf)]
+    if extra:
+        buffers.append(pa.py_buffer(extra))
+    return pa.Array.from_buffers(pa.binary_view(), n, buffers).cast(pa.binary())
 
 
 def _sparse_map(n: int, entries: list[tuple[int, dict[str, str]]]) -> pa.Array:
@@ -362,7 +415,7 @@ def decode_batch(
     keep = np.ones(n, dtype=np.bool_)
     errors: list[MalformedFrameError] = []
     if n == 0:
-        return DecodedBatch(cols.to_table(src, keep), errors, consumed, fatal)
+        return DecodedBatch(cols.to_table(buf, keep), errors, consumed, fatal)
 
     head = _as_header(_gather(src, starts, HEADER_LEN))
     magic = head["magic"]
@@ -447,13 +500,14 @@ def decode_batch(
             errors.append(exc.with_file(file) if file else exc)
             keep[i] = False
             continue
-        cols.put_row(i, event_to_row(event), base)
+        cols.put_row(i, raw_row(event), base)
+    cols.flush()
     marker_v1 = fast & (opcode == Opcode.DCP_SNAPSHOT_MARKER)
     if marker_v1.any():
         rows_v1 = np.flatnonzero(marker_v1).tolist()
         cols.strings["marker_version"][0].extend(rows_v1)
         cols.strings["marker_version"][1].extend(["1"] * len(rows_v1))
-    return DecodedBatch(cols.to_table(src, keep), errors, consumed, fatal)
+    return DecodedBatch(cols.to_table(buf, keep), errors, consumed, fatal)
 
 
 def _as_header(matrix: Any) -> Any:

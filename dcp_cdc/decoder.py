@@ -59,28 +59,39 @@ from dcp_cdc.protocol import (
 from dcp_cdc.snappy import decompress
 from dcp_cdc.xattrs import split_xattrs
 
+# Plain ints for the hot path: IntFlag arithmetic builds enum objects on every operation.
+_SNAPPY = int(Datatype.SNAPPY)
+_XATTR = int(Datatype.XATTR)
+_UNKNOWN_DATATYPE_BITS = 0xFF & ~DATATYPE_MASK
+_ALT_MAGICS = frozenset(int(m) for m in ALT_MAGICS)
+_RESPONSE_MAGICS = frozenset(int(m) for m in RESPONSE_MAGICS)
+
 Buffer = bytes | bytearray | memoryview
 
 
 # --- framing (spec §1) ---------------------------------------------------------------------
 
 
-def parse_header(
-    buf: Buffer, pos: int = 0, *, base_offset: int = 0, complete: bool = True
-) -> FrameHeader:
-    """The header at ``buf[pos:pos+24]`` and, for alt magics, its stream-id frame (§1.3).
+def parse_header(buf: Buffer, pos: int = 0, *, base_offset: int = 0) -> FrameHeader:
+    """The header of the whole frame at ``buf[pos:]``, checked against its body (§1).
 
-    With ``complete=False`` only the 24 header bytes are read and only magic and body length
-    are checked (the stream-id is left unset), so the length of a frame not yet fully received
-    can be learnt before its other lengths are judged. ``base_offset`` is added to ``pos`` to give the frame's offset in its stream. Raises
+    ``base_offset`` is added to ``pos`` to give the frame's offset in its stream. Raises
     :class:`MalformedFrameError`; ``frame_length`` is set when the boundary is still known.
     """
-    offset = base_offset + pos
+    return check_body(read_header(buf, pos, base_offset=base_offset), buf, pos)
+
+
+def read_header(buf: Buffer, pos: int = 0, *, base_offset: int = 0) -> FrameHeader:
+    """The 24 header bytes alone (§1.1): enough to learn the frame length.
+
+    Only magic and body length are judged here; the other lengths and the stream-id need the
+    body, see :func:`check_body`. Both failures here leave the stream unframeable.
+    """
     magic = buf[pos]
     if magic not in KNOWN_MAGICS:
         raise MalformedFrameError(
             "unknown magic byte: the stream cannot be framed from here",
-            offset=offset,
+            offset=base_offset + pos,
             expected="one of 0x80 0x81 0x82 0x83 0x08 0x18",
             got=f"0x{magic:02x}",
         )
@@ -88,43 +99,47 @@ def parse_header(
         layouts.HEADER.unpack_from(buf, pos)
     )
     fe_len = 0
-    if magic in ALT_MAGICS:
+    if magic in _ALT_MAGICS:
         fe_len, key_len = key_len >> 8, key_len & 0xFF
     if body_len > MAX_BODY_LEN:
         raise MalformedFrameError(
             "impossible body length",
-            offset=offset,
+            offset=base_offset + pos,
             opcode=opcode,
             expected=f"at most {MAX_BODY_LEN} bytes",
             got=f"{body_len} bytes",
         )
-    frame_len = HEADER_LEN + body_len
-    if complete and fe_len + ext_len + key_len > body_len:
+    return FrameHeader(
+        base_offset + pos, magic, opcode, fe_len, key_len, ext_len, datatype, vb_or_status,
+        body_len, opaque, cas, None,
+    )  # fmt: skip
+
+
+def check_body(h: FrameHeader, buf: Buffer, pos: int) -> FrameHeader:
+    """``h`` once its body is all in ``buf``: lengths consistent, stream-id read (§1.2–1.3)."""
+    if h.framing_extras_len + h.ext_len + h.key_len > h.body_len:
         raise MalformedFrameError(
             "framing extras, extras and key are longer than the body",
-            offset=offset,
-            opcode=opcode,
-            expected=f"fe {fe_len} + extras {ext_len} + key {key_len} <= body",
-            got=f"body {body_len}",
-            frame_length=frame_len,
+            offset=h.offset,
+            opcode=h.opcode,
+            expected=f"fe {h.framing_extras_len} + extras {h.ext_len} + key {h.key_len} <= body",
+            got=f"body {h.body_len}",
+            frame_length=h.frame_len,
         )
-    stream_id = None
-    if fe_len and complete:
-        try:
-            stream_id = _stream_id(buf, pos + HEADER_LEN, fe_len)
-        except FieldError as exc:
-            raise MalformedFrameError(
-                exc.reason,
-                offset=offset,
-                opcode=opcode,
-                expected=exc.expected,
-                got=exc.got,
-                frame_length=frame_len,
-            ) from None
-    return FrameHeader(
-        offset, magic, opcode, fe_len, key_len, ext_len, datatype, vb_or_status, body_len,
-        opaque, cas, stream_id,
-    )  # fmt: skip
+    if not h.framing_extras_len:
+        return h
+    try:
+        stream_id = _stream_id(buf, pos + HEADER_LEN, h.framing_extras_len)
+    except FieldError as exc:
+        raise MalformedFrameError(
+            exc.reason,
+            offset=h.offset,
+            opcode=h.opcode,
+            expected=exc.expected,
+            got=exc.got,
+            frame_length=h.frame_len,
+        ) from None
+    return h._replace(stream_id=stream_id)
 
 
 def _stream_id(buf: Buffer, start: int, length: int) -> int | None:
@@ -192,15 +207,15 @@ def split_key(key: bytes, collections: bool) -> tuple[int | None, bytes]:
 
 def decode_value(datatype: int, value: bytes) -> tuple[bytes, dict[str, str] | None]:
     """``(body, xattrs)`` of a document value, in the order of spec §2."""
-    if datatype & ~DATATYPE_MASK:
+    if datatype & _UNKNOWN_DATATYPE_BITS:
         raise FieldError(
             "unknown datatype bits", expected="bits within 0x07", got=f"0x{datatype:02x}"
         )
     if not value:  # step 1: an empty value is never decompressed (MB-40493)
         return b"", None
-    if datatype & Datatype.SNAPPY:
+    if datatype & _SNAPPY:
         value = decompress(value)
-    if datatype & Datatype.XATTR:
+    if datatype & _XATTR:
         xattrs, body = split_xattrs(value)
         return body, xattrs
     return value, None
@@ -497,7 +512,7 @@ def decode_frame(
 
 
 def _read(h: FrameHeader, buf: Buffer, pos: int, collections: bool) -> Event:
-    reader = READERS.get((h.magic in RESPONSE_MAGICS, h.opcode)) if h.magic in _CLIENT_MAGICS else None
+    reader = READERS.get((h.magic in _RESPONSE_MAGICS, h.opcode)) if h.magic in _CLIENT_MAGICS else None
     start = pos + HEADER_LEN + h.framing_extras_len
     if reader is None:
         return UnknownFrame(h, bytes(buf[pos : pos + h.frame_len]))
@@ -586,10 +601,10 @@ class DcpDecoder:
         if available < HEADER_LEN:
             return self._short(available, None)
         try:
-            h = parse_header(self._buf, self._pos, base_offset=self._consumed, complete=False)
+            h = read_header(self._buf, self._pos, base_offset=self._consumed)
             if available < h.frame_len:
                 return self._short(available, h)
-            h = parse_header(self._buf, self._pos, base_offset=self._consumed)
+            h = check_body(h, self._buf, self._pos)
             event = _read(h, self._buf, self._pos, self.collections)
         except MalformedFrameError as exc:
             return self._fail(exc)

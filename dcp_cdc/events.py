@@ -7,14 +7,20 @@ output and bronze tables. Field names follow the spec.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from dcp_cdc.protocol import HEADER_LEN, RESPONSE_MAGICS, Datatype, OsoFlag
 
+_RESPONSE_MAGICS = frozenset(int(m) for m in RESPONSE_MAGICS)
+_JSON = int(Datatype.JSON)
 
-@dataclass(frozen=True, slots=True)
-class FrameHeader:
-    """The 24-byte header (spec §1.1) plus where the frame starts and its stream-id (§1.3)."""
+
+class FrameHeader(NamedTuple):
+    """The 24-byte header (spec §1.1) plus where the frame starts and its stream-id (§1.3).
+
+    A named tuple rather than a frozen dataclass: it is built for every frame, and a frozen
+    dataclass's ``__init__`` costs 2 µs for these twelve fields against 0.4 µs here.
+    """
 
     offset: int
     magic: int
@@ -35,7 +41,7 @@ class FrameHeader:
 
     @property
     def is_response(self) -> bool:
-        return self.magic in RESPONSE_MAGICS
+        return self.magic in _RESPONSE_MAGICS
 
     @property
     def vbucket(self) -> int | None:
@@ -48,7 +54,7 @@ class FrameHeader:
 
     @property
     def is_json(self) -> bool:
-        return bool(self.datatype & Datatype.JSON)
+        return bool(self.datatype & _JSON)
 
 
 @dataclass(frozen=True, slots=True)
