@@ -186,19 +186,26 @@ class CaptureWriter:
         self._size = self._fh.write(encode_header(header))
         self.paths.append(path)
 
-    def write(self, frame: bytes) -> None:
-        """Append one whole frame, rotating first if the current file is full."""
+    def write(self, frame: bytes) -> tuple[Path, int]:
+        """Append one whole frame, rotating first if the current file is full.
+
+        Returns the file and the offset the frame was written at.
+        """
         if self._fh is None or self._size >= self.max_file_bytes:
             self._open_next()
         assert self._fh is not None
+        at = self._size
         self._size += self._fh.write(frame)
+        return self.paths[-1], at
 
-    def write_raw(self, data: bytes) -> None:
+    def write_raw(self, data: bytes) -> tuple[Path, int]:
         """Append bytes that are not a whole frame (a cut tail), without rotating."""
         if self._fh is None:
             self._open_next()
         assert self._fh is not None
+        at = self._size
         self._size += self._fh.write(data)
+        return self.paths[-1], at
 
     def close(self) -> None:
         if self._fh is not None:

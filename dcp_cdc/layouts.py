@@ -32,6 +32,7 @@ class Layout:
     fields: tuple[Field, ...]
     spec: str
     _struct: struct.Struct = field(init=False, repr=False, compare=False)
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fmt = ">"
@@ -45,10 +46,11 @@ class Layout:
             raise ValueError(f"layout {self.name}: fields exceed length {self.length}")
         fmt += "x" * (self.length - pos)
         object.__setattr__(self, "_struct", struct.Struct(fmt))
+        object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        return self._names
 
     def unpack(self, buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[int, ...]:
         """Field values in declaration order; ``buf`` must hold ``length`` bytes at ``offset``."""
@@ -59,10 +61,10 @@ class Layout:
 
     def pack(self, **values: int) -> bytes:
         """Bytes of the section; fields not given are 0, unknown names are an error."""
-        unknown = set(values) - set(self.names)
-        if unknown:
-            raise TypeError(f"layout {self.name} has no field(s) {sorted(unknown)}")
-        return self._struct.pack(*(values.get(n, 0) for n in self.names))
+        if len(values) > len(self._names) or not values.keys() <= set(self._names):
+            unknown = sorted(set(values) - set(self._names))
+            raise TypeError(f"layout {self.name} has no field(s) {unknown}")
+        return self._struct.pack(*(values.get(n, 0) for n in self._names))
 
     def numpy_fields(self) -> list[tuple[str, int, str]]:
         """``(name, offset, numpy big-endian dtype)`` for the columnar face."""

@@ -1,0 +1,530 @@
+"""Named scenarios: scripts of bucket activity and DCP sessions, and the truth they imply.
+
+:func:`simulate` is the Python API (tests use it); ``dcp-cdc simulate`` wraps it. The same
+config and seed give byte-identical captures: every choice comes from one seeded RNG and the
+simulated clock, never from the machine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dcp_cdc.encoder import encode
+from dcp_cdc.protocol import StreamEndReason
+from dcp_cdc.simulator.model import NS, Bucket, Collection, Doc, Item, VBucket
+from dcp_cdc.simulator.stream import Checkpoint, Session, SessionOptions
+from dcp_cdc.simulator.truth import write_truth
+
+SCENARIOS = (
+    "basic", "ttl", "collection-lifecycle", "rollback", "oso-backfill", "history",
+    "interrupted", "mixed",
+)  # fmt: skip
+
+COLLECTION_NAMES = ("airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport")
+START = dt.datetime(2026, 1, 5, 9, 30, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate. ``ops`` is the number of live changes after the initial load."""
+
+    scenario: str = "basic"
+    seed: int = 1
+    bucket: str = "travel-sample"
+    vbuckets: int = 64
+    collections: int = 3
+    docs: int = 1000
+    ops: int = 5000
+    max_snapshot: int = 8
+    max_file_bytes: int = 16 * 1024 * 1024
+    inject_malformed: int = 0
+    binary_share: float = 0.03
+    xattr_share: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {self.scenario!r}; expected one of {SCENARIOS}")
+        if not 1 <= self.vbuckets <= 1024:
+            raise ValueError(f"vbuckets must be 1..1024, got {self.vbuckets}")
+        if not 1 <= self.collections <= len(COLLECTION_NAMES):
+            raise ValueError(f"collections must be 1..{len(COLLECTION_NAMES)}")
+
+
+@dataclass
+class SimulationResult:
+    out: Path
+    files: list[Path]
+    truth: Path
+    frames: int
+    bytes: int
+    event_counts: dict[str, int]
+    expected_errors: list[dict[str, object]] = field(default_factory=list)
+
+
+class Simulation:
+    """Drives a :class:`Bucket` and the sessions that stream it."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.bucket = Bucket(
+            name=config.bucket, vbuckets=config.vbuckets, rng=self.rng,
+            start_ns=int(START.timestamp()) * NS,
+        )  # fmt: skip
+        self.counts: Counter[str] = Counter()
+        self.sessions: list[Session] = []
+        self.session: Session | None = None
+        self.keys: dict[int, list[bytes]] = {}
+        self.key_seq: Counter[int] = Counter()
+        self.thresholds: dict[int, int] = {}
+        self.expected_errors: list[dict[str, object]] = []
+        self.open_snapshots: list[dict[str, int]] = []
+        self.streamed_collections: set[int] | None = None
+        self.ttl_share = 0.0
+        self.cut = False
+        self.templates = body_templates(self.rng)
+
+    # --- building blocks -----------------------------------------------------------------
+
+    def setup(self, *, history: bool = False, max_ttl: int | None = None) -> list[Collection]:
+        """A scope with user collections, and the initial load (before any session)."""
+        scope = self.bucket.create_scope("inventory")
+        colls = [
+            self.bucket.create_collection(
+                scope.scope_id, name,
+                max_ttl=max_ttl if i == 1 else None, history=history and i == 0,
+            )
+            for i, name in enumerate(COLLECTION_NAMES[: self.config.collections])
+        ]  # fmt: skip
+        targets = [0, *(c.collection_id for c in colls)]
+        for i in range(self.config.docs):
+            self.create(targets[i % len(targets)])
+            self.bucket.tick()
+        return colls
+
+    def open_session(self, directory: Path, **options: object) -> Session:
+        n = len(self.sessions) + 1
+        opts = SessionOptions(
+            session_id=f"{self.config.bucket}-s{n:02d}-{self.config.seed}",
+            max_file_bytes=self.config.max_file_bytes,
+            **options,  # type: ignore[arg-type]
+        )
+        session = Session(self.bucket, directory, opts, self.rng, self.counts)
+        self.sessions.append(session)
+        self.session = session
+        self.thresholds = {}
+        return session
+
+    def backfill_all(self, session: Session) -> None:
+        order = list(self.bucket.vbuckets)
+        self.rng.shuffle(order)
+        for vb in order:
+            if session.streams[vb.vbid].open:
+                session.backfill(vb)
+
+    def _notify(self, doc: Doc) -> None:
+        if self.session is not None:
+            vb = self.bucket.vbuckets[doc.vbucket]
+            self.session.on_change(vb, Item(doc.seqno, doc=doc))
+            self._maybe_flush(vb)
+
+    def _notify_sys(self, before: list[int]) -> None:
+        """Queue the system events a manifest change just added to every vbucket."""
+        if self.session is None:
+            return
+        for vb in self.bucket.vbuckets:
+            for ev in vb.sys_events:
+                if ev.seqno > before[vb.vbid]:
+                    self.session.on_change(vb, Item(ev.seqno, sys=ev))
+            self._maybe_flush(vb)
+
+    def manifest(self, change: Callable[[], object]) -> object:
+        before = [vb.high_seqno for vb in self.bucket.vbuckets]
+        result = change()
+        self._notify_sys(before)
+        return result
+
+    def _maybe_flush(self, vb: VBucket) -> None:
+        assert self.session is not None
+        limit = self.thresholds.setdefault(vb.vbid, self.rng.randint(1, self.config.max_snapshot))
+        if self.session.pending(vb.vbid) >= limit:
+            self.session.flush(vb)
+            self.thresholds[vb.vbid] = self.rng.randint(1, self.config.max_snapshot)
+
+    def new_key(self, cid: int) -> bytes:
+        self.key_seq[cid] += 1
+        n = self.key_seq[cid]
+        prefix = self.bucket.collections[cid].name.split("%")[0].split("-")[0]
+        if n % 97 == 0:
+            return f"{prefix}::ключ-{n:07d}".encode()
+        return f"{prefix}::{n:07d}".encode()
+
+    def create(self, cid: int, key: bytes | None = None) -> Doc:
+        key = key or self.new_key(cid)
+        self.keys.setdefault(cid, []).append(key)
+        return self.write_doc(cid, key)
+
+    def json_body(self, key: bytes) -> bytes:
+        rng = self.rng
+        return (
+            rng.choice(self.templates)
+            .replace("@ID@", str(rng.getrandbits(20)))
+            .replace("@PRICE@", str(rng.getrandbits(17) / 100))
+            .replace("@UPDATED@", str(self.bucket.clock_ns // 1_000_000))
+            .replace("@REF@", json.dumps(key.decode("utf-8", "replace"), ensure_ascii=False))
+            .encode()
+        )
+
+    def write_doc(self, cid: int, key: bytes) -> Doc:
+        rng = self.rng
+        if rng.random() < self.config.binary_share:
+            body, is_json = rng.randbytes(rng.randint(16, 300)), False
+        else:
+            body, is_json = self.json_body(key), True
+        xattrs = None
+        if rng.random() < self.config.xattr_share:
+            xattrs = {
+                "_sync": json.dumps({"rev": f"{rng.randint(1, 99)}-{rng.getrandbits(32):08x}"}),
+                "audit": json.dumps({"by": rng.choice(["app", "etl", "admin"]), "v": 1}),
+            }
+        ttl = rng.randint(1, 900) if rng.random() < self.ttl_share else 0
+        doc = self.bucket.upsert(cid, key, body, is_json=is_json, xattrs=xattrs, ttl=ttl,
+                                 flags=rng.choice([0, 0x02000006, 0x01]))  # fmt: skip
+        self._notify(doc)
+        return doc
+
+    def random_op(self, cids: list[int], *, hot: int = 0) -> None:
+        """One live change: mostly updates, some creates and deletes."""
+        rng = self.rng
+        cid = rng.choice(cids)
+        keys = self.keys.get(cid) or []
+        r = rng.random()
+        if not keys or r < 0.2:
+            self.create(cid)
+        elif r < 0.85:
+            pool = keys[:hot] if hot else keys
+            self.write_doc(cid, rng.choice(pool))
+        else:
+            doc = self.bucket.remove(cid, rng.choice(keys))
+            if doc is not None:
+                self._notify(doc)
+        self.bucket.tick()
+
+    def live(self, n_ops: int, *, cids: list[int] | None = None, pager_every: int = 0,
+             hot: int = 0) -> None:  # fmt: skip
+        cids = cids or [c.collection_id for c in self.bucket.live_collections()]
+        for i in range(n_ops):
+            self.random_op(cids, hot=hot)
+            if pager_every and i % pager_every == pager_every - 1:
+                self.pager()
+
+    def pager(self, limit: int = 200) -> None:
+        """The expiry pager: documents past their TTL become expirations (spec §6.6)."""
+        for doc in self.bucket.due_for_expiry(limit):
+            gone = self.bucket.remove(doc.collection_id, doc.key, change="expire")
+            if gone is not None:
+                self._notify(gone)
+
+    def finish(self, session: Session, *, close_streams: bool = True) -> None:
+        for vb in self.bucket.vbuckets:
+            session.flush(vb)
+        if close_streams:
+            for vbid, state in session.streams.items():
+                if state.open:
+                    session.end_stream(vbid, StreamEndReason.CLOSED)
+        session.close()
+        self.session = None
+
+    def inject_malformed(self, session: Session) -> None:
+        """Write a corrupted copy of a mutation: extras length 30 instead of 31 (quarantined)."""
+        vb = self.bucket.vbuckets[0]
+        docs = [d for d in vb.docs.values() if not d.deleted]
+        if not docs:
+            return
+        event = session._doc_event(vb.vbid, docs[0], disk=False)
+        frame = bytearray(encode(event))
+        frame[4] = 30
+        path, offset = session.writer.write(bytes(frame))
+        session.counts["malformed"] += 1
+        self.expected_errors.append({"file": path.name, "offset": offset,
+                                     "reason": "extras length does not fit the opcode"})  # fmt: skip
+
+    def cut_session(self, session: Session) -> None:
+        """The connection dies inside a snapshot; the rest of the queued changes never leave."""
+        vb = max(self.bucket.vbuckets, key=lambda v: len(v.docs))
+        doc_keys = [k for k in list(vb.docs)[:50] if not vb.docs[k].deleted]
+        while session.pending(vb.vbid) < 3 and doc_keys:
+            cid, key = doc_keys.pop()
+            self.bucket.tick()
+            doc = self.bucket.upsert(cid, key, self.json_body(key), is_json=True)
+            session.on_change(vb, Item(doc.seqno, doc=doc))
+        start, end, path, offset = session.cut(
+            vb, whole_items=1, tail_bytes=self.rng.randint(1, 40)
+        )
+        self.counts["truncated"] += 1
+        self.expected_errors.append({"file": path.name, "offset": offset,
+                                     "reason": "truncated tail: the stream ends inside a frame"})  # fmt: skip
+        state = session.streams[vb.vbid]
+        self.open_snapshots.append({"vbucket": vb.vbid, "start": start, "end": end,
+                                    "last_seqno": state.sent_upto})  # fmt: skip
+        session.close()
+        self.session = None
+        self.cut = True
+
+    # --- output --------------------------------------------------------------------------
+
+    def run(self, out: Path) -> SimulationResult:
+        landing = out / "landing"
+        landing.mkdir(parents=True, exist_ok=True)
+        SCENARIO_FUNCS[self.config.scenario](self, landing)
+        last = self.sessions[-1]
+        if self.cut:  # the truth is each vbucket at the end of its last whole snapshot
+            for vb in self.bucket.vbuckets:
+                self.bucket.rewind(vb, last.streams[vb.vbid].consistent)
+        files = sorted(p for s in self.sessions for p in s.writer.paths)
+        truth = write_truth(self, out)
+        return SimulationResult(
+            out, files, truth, sum(s.frames for s in self.sessions),
+            sum(p.stat().st_size for p in files), dict(self.counts), self.expected_errors,
+        )  # fmt: skip
+
+
+_NAMES = ("Blue Sky", "Été Air ✈", "Øresund Hotel", "東京 Express", "Café Δ", "O'Hare Inn")
+_CITIES = ("Paris", "Lyon", "Zürich", "Tokyo", "São Paulo", "Kraków")
+
+
+def body_templates(rng: random.Random, count: int = 64) -> list[str]:
+    """Realistic JSON document shapes (nested objects, arrays, numbers, unicode) with
+    ``@ID@``, ``@PRICE@``, ``@UPDATED@`` and ``@REF@`` left for each body to fill in."""
+    shapes = []
+    for _ in range(count):
+        doc: dict[str, object] = {
+            "type": rng.choice(["airline", "route", "hotel", "order"]),
+            "id": "@ID@",
+            "name": rng.choice(_NAMES),
+            "price": "@PRICE@",
+            "active": rng.random() < 0.8,
+            "tags": rng.sample(["wifi", "pool", "spa", "bar", "gym", "pets"], rng.randint(0, 4)),
+            "address": {"city": rng.choice(_CITIES),
+                        "geo": {"lat": round(rng.uniform(-90, 90), 5),
+                                "lon": round(rng.uniform(-180, 180), 5)}},
+            "updated": "@UPDATED@",
+            "ref": "@REF@",
+        }  # fmt: skip
+        if rng.random() < 0.3:
+            doc["reviews"] = [{"stars": rng.randint(1, 5), "text": "ok " * rng.randint(1, 12)}
+                              for _ in range(rng.randint(1, 3))]  # fmt: skip
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        for name in ("ID", "PRICE", "UPDATED", "REF"):
+            text = text.replace(f'"@{name}@"', f"@{name}@")
+        shapes.append(text)
+    return shapes
+
+
+# --- the scenarios -----------------------------------------------------------------------
+
+
+def basic(sim: Simulation, landing: Path) -> None:
+    """Initial load, a session that backfills and streams changes, then a catch-up session
+    bounded at the high seqno (its streams end Ok)."""
+    sim.setup()
+    s1 = sim.open_session(landing)
+    s1.open_all()
+    sim.backfill_all(s1)
+    sim.live(sim.config.ops * 3 // 4)
+    if sim.config.inject_malformed:
+        sim.inject_malformed(s1)
+    sim.finish(s1)
+    checkpoints = s1.checkpoints()
+    sim.live(sim.config.ops - sim.config.ops * 3 // 4)  # while no one is connected
+    catch_up(sim, landing, checkpoints)
+
+
+def catch_up(sim: Simulation, landing: Path, checkpoints: dict[int, Checkpoint],
+             **options: object) -> None:  # fmt: skip
+    """A session that resumes from ``checkpoints`` and stops at each vbucket's high seqno."""
+    s = sim.open_session(landing, **options)
+    for vb in sim.bucket.vbuckets:
+        cp = checkpoints[vb.vbid]
+        start, uuid, log = cp.seqno, cp.vb_uuid, list(cp.failover_log)
+        while (rb := s.request(vb, start=start, vb_uuid=uuid, end=vb.high_seqno)) is not None:
+            start, log = rb, [e for e in log if e[1] <= rb]
+            uuid = log[0][0] if log and rb else 0
+        if start >= vb.high_seqno:
+            s.end_stream(vb.vbid, StreamEndReason.OK)
+        else:
+            s.backfill(vb)
+    sim.finish(s, close_streams=False)
+
+
+def ttl(sim: Simulation, landing: Path) -> None:
+    """TTLs and max TTL: expired documents stream as mutations until the pager expires them."""
+    sim.ttl_share = 0.4
+    sim.setup(max_ttl=3600)
+    sim.bucket.advance(400)  # some TTLs pass before anyone connects: not yet paged
+    s = sim.open_session(landing)
+    s.open_all()
+    sim.backfill_all(s)
+    for _ in range(4):
+        sim.live(sim.config.ops // 4, pager_every=50)
+        sim.bucket.advance(240)
+    sim.pager(limit=10**9)
+    sim.finish(s)
+
+
+def collection_lifecycle(sim: Simulation, landing: Path) -> None:
+    """Create, modify, flush and drop collections and scopes while streaming (FlatBuffers)."""
+    colls = sim.setup()
+    s = sim.open_session(landing, flatbuffers=True)
+    s.open_all()
+    sim.backfill_all(s)
+    quarter = max(sim.config.ops // 5, 1)
+    sim.live(quarter)
+    scope = sim.manifest(lambda: sim.bucket.create_scope("tenant-b%1"))
+    new = sim.manifest(lambda: sim.bucket.create_collection(scope.scope_id, "orders-2026"))  # type: ignore[attr-defined]
+    sim.live(quarter)
+    sim.manifest(lambda: sim.bucket.modify_collection(new.collection_id, max_ttl=86400))  # type: ignore[attr-defined]
+    sim.manifest(lambda: sim.bucket.flush_collection(colls[0].collection_id))
+    sim.live(quarter)
+    if len(colls) > 1:
+        sim.manifest(lambda: sim.bucket.drop_collection(colls[-1].collection_id))
+    sim.live(quarter)
+    sim.manifest(lambda: sim.bucket.drop_scope(scope.scope_id))  # type: ignore[attr-defined]
+    sim.live(quarter)
+    sim.finish(s)
+
+
+def rollback(sim: Simulation, landing: Path) -> None:
+    """A failover loses a vbucket's newest changes: rollback (0x23), then a new branch."""
+    sim.setup()
+    s = sim.open_session(landing)
+    s.open_all()
+    sim.backfill_all(s)
+    sim.live(sim.config.ops // 2)
+    for victim in sorted(sim.bucket.vbuckets, key=lambda v: -len(v.docs))[:2]:
+        fail_over(sim, s, victim)
+    sim.live(sim.config.ops - sim.config.ops // 2)
+    sim.finish(s)
+
+
+def fail_over(sim: Simulation, s: Session, vb: VBucket) -> None:
+    s.flush(vb)
+    point = vb.high_seqno
+    vb.keep_undo_from = point
+    keys = [k for k, d in vb.docs.items() if not d.deleted][:12]
+    for cid, key in keys:  # changes the consumer sees but the new active never had
+        sim.write_doc(cid, key)
+    s.flush(vb)
+    s.end_stream(vb.vbid, StreamEndReason.STATE_CHANGED)
+    sim.bucket.failover(vb, point)
+    cp = s.checkpoints()[vb.vbid]
+    start, uuid, log = cp.seqno, cp.vb_uuid, list(cp.failover_log)
+    while (rb := s.request(vb, start=start, vb_uuid=uuid)) is not None:
+        start, log = rb, [e for e in log if e[1] <= rb]
+        uuid = log[0][0] if log and rb else 0
+    s.backfill(vb)
+
+
+def oso_backfill(sim: Simulation, landing: Path) -> None:
+    """A stream filtered to one collection, backfilled out of seqno order (spec §6.9)."""
+    colls = sim.setup()
+    target = colls[0].collection_id
+    sim.streamed_collections = {target}
+    s = sim.open_session(landing, oso=True, collection_filter=(target,))
+    s.open_all()
+    for vb in sim.bucket.vbuckets:
+        s.oso_backfill(vb)
+    sim.live(sim.config.ops)
+    sim.finish(s)
+
+
+def history(sim: Simulation, landing: Path) -> None:
+    """A history collection: snapshots keep every version of a key (flags 0x10|0x20)."""
+    colls = sim.setup(history=True)
+    s = sim.open_session(landing, change_streams=True)
+    s.open_all()
+    sim.backfill_all(s)
+    cid = colls[0].collection_id
+    for i in range(sim.config.ops):
+        if i % 10 == 0:  # bursts: one key changed several times inside one snapshot
+            key = sim.rng.choice(sim.keys[cid])
+            sim.thresholds[sim.bucket.vb_for(key).vbid] = 10**9
+            for _ in range(3):
+                sim.write_doc(cid, key)
+            sim.thresholds.pop(sim.bucket.vb_for(key).vbid)
+        else:
+            sim.random_op([cid, 0])
+    sim.finish(s)
+
+
+def interrupted(sim: Simulation, landing: Path) -> None:
+    """The connection dies mid-snapshot: an open snapshot and a cut last frame."""
+    sim.setup()
+    s = sim.open_session(landing)
+    s.open_all()
+    sim.backfill_all(s)
+    sim.live(sim.config.ops)
+    sim.cut_session(s)
+
+
+def mixed(sim: Simulation, landing: Path) -> None:
+    """Everything at once, over two sessions: TTLs, history, stream-ids, a cut, a resume that
+    re-sends, lifecycle events, failovers, tombstone purges, an injected malformed frame."""
+    sim.ttl_share = 0.15
+    colls = sim.setup(history=True, max_ttl=7200)
+    s1 = sim.open_session(landing, stream_ids=True, delete_times=False, change_streams=True)
+    s1.open_all()
+    sim.backfill_all(s1)
+    sim.live(sim.config.ops // 4, pager_every=100)
+    early = s1.checkpoints()  # a checkpoint the consumer persisted, older than what it has
+    sim.live(sim.config.ops // 4, pager_every=100)
+    if sim.config.inject_malformed:
+        sim.inject_malformed(s1)
+    sim.cut_session(s1)
+    sim.cut = False
+    sim.bucket.advance(600)
+    sim.bucket.purge_tombstones(0.2)
+    latest = s1.checkpoints()
+    resume = {vb: (early[vb] if vb % 4 == 0 else latest[vb]) for vb in latest}
+    s2 = sim.open_session(landing, flatbuffers=True)
+    s2.open_all(resume)
+    sim.backfill_all(s2)
+    sim.live(sim.config.ops // 8, pager_every=100)
+    scope = sim.manifest(lambda: sim.bucket.create_scope("tenant-b%1"))
+    extra = sim.manifest(lambda: sim.bucket.create_collection(scope.scope_id, "orders-2026"))  # type: ignore[attr-defined]
+    sim.live(sim.config.ops // 8, pager_every=100)
+    sim.manifest(lambda: sim.bucket.modify_collection(extra.collection_id, max_ttl=600))  # type: ignore[attr-defined]
+    if len(colls) > 2:
+        sim.manifest(lambda: sim.bucket.flush_collection(colls[2].collection_id))
+    fail_over(sim, s2, max(sim.bucket.vbuckets, key=lambda v: len(v.docs)))
+    sim.live(sim.config.ops // 8, pager_every=100)
+    sim.manifest(lambda: sim.bucket.drop_collection(colls[1].collection_id))
+    sim.live(sim.config.ops - 7 * (sim.config.ops // 8), pager_every=100)
+    sim.finish(s2)
+
+
+SCENARIO_FUNCS: dict[str, Callable[[Simulation, Path], None]] = {
+    "basic": basic,
+    "ttl": ttl,
+    "collection-lifecycle": collection_lifecycle,
+    "rollback": rollback,
+    "oso-backfill": oso_backfill,
+    "history": history,
+    "interrupted": interrupted,
+    "mixed": mixed,
+}
+
+
+def simulate(out: str | Path, config: SimConfig | None = None, **overrides: object) -> SimulationResult:
+    """Simulate one scenario into ``out`` (``landing/`` captures, ``truth/`` ground truth)."""
+    cfg = config or SimConfig(**overrides)  # type: ignore[arg-type]
+    if config is not None and overrides:
+        cfg = SimConfig(**{**asdict(config), **overrides})  # type: ignore[arg-type]
+    return Simulation(cfg).run(Path(out))
+

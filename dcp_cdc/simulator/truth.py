@@ -1,0 +1,117 @@
+"""The ground truth a correct pipeline must end with, read from the bucket model.
+
+``truth/summary.json``: collections (live and dropped), per vbucket the last consistent
+snapshot end, uuid and failover log, expected frame counts per op, expected errors and open
+snapshots. ``truth/documents.jsonl``: every live document, one JSON object a line.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dcp_cdc.simulator.model import Doc
+    from dcp_cdc.simulator.scenarios import Simulation
+
+
+def _text_or_b64(out: dict[str, Any], name: str, data: bytes, text_ok: bool = True) -> None:
+    if text_ok:
+        try:
+            out[name] = data.decode("utf-8")
+            return
+        except UnicodeDecodeError:
+            pass
+    out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
+    coll = sim.bucket.collections[doc.collection_id]
+    scope = sim.bucket.scopes[coll.scope_id]
+    rec: dict[str, Any] = {
+        "scope": scope.name, "scope_id": scope.scope_id, "collection": coll.name,
+        "collection_id": coll.collection_id,
+    }  # fmt: skip
+    _text_or_b64(rec, "key", doc.key)
+    rec.update(
+        vbucket=doc.vbucket, seqno=doc.seqno, rev_seqno=doc.rev_seqno, cas=doc.cas,
+        flags=doc.flags, expiry=doc.expiry,
+        expired=0 < doc.expiry <= sim.bucket.now, is_json=doc.is_json,
+    )  # fmt: skip
+    _text_or_b64(rec, "value", doc.body, text_ok=doc.is_json)
+    rec["xattrs"] = doc.xattrs
+    return rec
+
+
+def write_truth(sim: Simulation, out: Path) -> Path:
+    bucket = sim.bucket
+    folder = out / "truth"
+    folder.mkdir(parents=True, exist_ok=True)
+    streamed = sim.streamed_collections
+    docs = sorted(
+        (
+            d
+            for vb in bucket.vbuckets
+            for d in vb.docs.values()
+            if not d.deleted and (streamed is None or d.collection_id in streamed)
+        ),
+        key=lambda d: (d.collection_id, d.key),
+    )
+    live_counts: dict[int, int] = {}
+    with open(folder / "documents.jsonl", "w", encoding="utf-8") as fh:
+        for doc in docs:
+            live_counts[doc.collection_id] = live_counts.get(doc.collection_id, 0) + 1
+            fh.write(json.dumps(document_record(sim, doc), ensure_ascii=False, sort_keys=True))
+            fh.write("\n")
+    last = sim.sessions[-1]
+    collections = []
+    for coll in bucket.collections.values():
+        if streamed is not None and coll.collection_id not in streamed:
+            continue
+        scope = bucket.scopes[coll.scope_id]
+        collections.append({
+            "scope": scope.name, "scope_id": scope.scope_id, "name": coll.name,
+            "collection_id": coll.collection_id, "max_ttl": coll.max_ttl,
+            "history": coll.history, "created_uid": coll.created_uid,
+            "dropped_uid": coll.dropped_uid, "flush_uid": coll.flush_uid,
+            "dropped": coll.dropped_uid is not None,
+            "live_documents": live_counts.get(coll.collection_id, 0),
+        })  # fmt: skip
+    as_of = dt.datetime.fromtimestamp(bucket.now, tz=dt.UTC)
+    summary = {
+        "bucket": bucket.name,
+        "config": asdict(sim.config),
+        "as_of": as_of.isoformat(),
+        "as_of_unix": bucket.now,
+        "collections": collections,
+        "dropped_collections": [c["collection_id"] for c in collections if c["dropped"]],
+        "streamed_collections": sorted(streamed) if streamed is not None else None,
+        "live_documents": len(docs),
+        "vbuckets": [
+            {
+                "vbucket": vb.vbid,
+                "vb_uuid": vb.uuid,
+                "failover_log": [list(e) for e in vb.failover_log],
+                "last_consistent_seqno": last.streams[vb.vbid].consistent,
+                "high_seqno": vb.high_seqno,
+                "purge_seqno": vb.purge_seqno,
+                "manifest_uid": vb.manifest_uid,
+            }
+            for vb in bucket.vbuckets
+        ],
+        "event_counts": dict(sorted(sim.counts.items())),
+        "expected_errors": sim.expected_errors,
+        "open_snapshots": sim.open_snapshots,
+        "sessions": [
+            {"session_id": s.options.session_id, "files": [p.name for p in s.writer.paths],
+             "features": list(s.options.features())}
+            for s in sim.sessions
+        ],  # fmt: skip
+    }
+    path = folder / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
