@@ -90,6 +90,30 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     return summarize(paths, out)
 
 
+def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
+    import time
+
+    from dcp_cdc.simulator import SimConfig, simulate
+
+    config = SimConfig(
+        scenario=args.scenario, seed=args.seed, bucket=args.bucket, vbuckets=args.vbuckets,
+        collections=args.collections, docs=args.docs, ops=args.ops,
+        max_file_bytes=args.max_file_bytes, inject_malformed=args.inject_malformed,
+    )  # fmt: skip
+    started = time.perf_counter()
+    result = simulate(args.out, config)
+    seconds = time.perf_counter() - started
+    out.write(
+        f"scenario {config.scenario} seed {config.seed}: {result.frames} frames, "
+        f"{result.bytes / 1e6:.1f} MB in {len(result.files)} files, {seconds:.1f} s "
+        f"({result.frames / seconds:,.0f} events/s)\n"
+    )
+    for op, count in sorted(result.event_counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        out.write(f"  {op:<26}{count:>10}\n")
+    out.write(f"captures in {Path(args.out) / 'landing'}, ground truth in {result.truth.parent}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcp-cdc", description="Couchbase DCP change data capture into Delta Lake."
@@ -106,6 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     group.add_argument("--no-collections", dest="collections", action="store_false")
     decode.set_defaults(func=cmd_decode)
+
+    from dcp_cdc.simulator.scenarios import SCENARIOS, SimConfig
+
+    defaults = SimConfig()
+    sim = sub.add_parser("simulate", help="simulate a bucket: DCP captures and their truth")
+    sim.add_argument("--out", required=True, help="output folder (landing/ and truth/)")
+    sim.add_argument("--seed", type=int, default=defaults.seed)
+    sim.add_argument("--scenario", choices=SCENARIOS, default=defaults.scenario)
+    sim.add_argument("--bucket", default=defaults.bucket)
+    sim.add_argument("--vbuckets", type=int, default=defaults.vbuckets)
+    sim.add_argument("--collections", type=int, default=defaults.collections)
+    sim.add_argument("--docs", type=int, default=defaults.docs, help="documents loaded first")
+    sim.add_argument("--ops", type=int, default=defaults.ops, help="changes after the load")
+    sim.add_argument("--max-file-bytes", type=int, default=defaults.max_file_bytes)
+    sim.add_argument("--inject-malformed", type=int, default=0, metavar="N",
+                     help="write N corrupted frames (reported in the truth)")  # fmt: skip
+    sim.set_defaults(func=cmd_simulate)
 
     run = sub.add_parser("run", help="the main job on the embedded default data")
     run.add_argument("--workdir", default="work", help="where data and tables go")

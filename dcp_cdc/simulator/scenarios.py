@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dcp_cdc.encoder import encode
+from dcp_cdc.errors import ConfigError
 from dcp_cdc.protocol import StreamEndReason
 from dcp_cdc.simulator.model import NS, Bucket, Collection, Doc, Item, VBucket
 from dcp_cdc.simulator.stream import Checkpoint, Session, SessionOptions
@@ -49,11 +50,13 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
-            raise ValueError(f"unknown scenario {self.scenario!r}; expected one of {SCENARIOS}")
+            raise ConfigError(f"scenario: unknown {self.scenario!r}; expected one of {SCENARIOS}")
         if not 1 <= self.vbuckets <= 1024:
-            raise ValueError(f"vbuckets must be 1..1024, got {self.vbuckets}")
+            raise ConfigError(f"vbuckets: expected 1..1024, got {self.vbuckets}")
         if not 1 <= self.collections <= len(COLLECTION_NAMES):
-            raise ValueError(f"collections must be 1..{len(COLLECTION_NAMES)}")
+            raise ConfigError(f"collections: expected 1..{len(COLLECTION_NAMES)}, got {self.collections}")
+        if self.docs < 1 or self.ops < 0 or self.max_snapshot < 1:
+            raise ConfigError("docs must be >= 1, ops >= 0 and max_snapshot >= 1")
 
 
 @dataclass
@@ -89,6 +92,7 @@ class Simulation:
         self.ttl_share = 0.0
         self.cut = False
         self.templates = body_templates(self.rng)
+        self.faults_left = config.inject_malformed
 
     # --- building blocks -----------------------------------------------------------------
 
@@ -219,10 +223,16 @@ class Simulation:
     def live(self, n_ops: int, *, cids: list[int] | None = None, pager_every: int = 0,
              hot: int = 0) -> None:  # fmt: skip
         cids = cids or [c.collection_id for c in self.bucket.live_collections()]
+        faults: set[int] = set()
+        if self.faults_left and self.session is not None:  # spread over the first live phase
+            faults = {n_ops * (k + 1) // (self.faults_left + 1) for k in range(self.faults_left)}
+            self.faults_left = 0
         for i in range(n_ops):
             self.random_op(cids, hot=hot)
             if pager_every and i % pager_every == pager_every - 1:
                 self.pager()
+            if i in faults and self.session is not None:
+                self.inject_malformed(self.session)
 
     def pager(self, limit: int = 200) -> None:
         """The expiry pager: documents past their TTL become expirations (spec §6.6)."""
@@ -242,12 +252,15 @@ class Simulation:
         self.session = None
 
     def inject_malformed(self, session: Session) -> None:
-        """Write a corrupted copy of a mutation: extras length 30 instead of 31 (quarantined)."""
+        """Write a corrupted copy of a mutation: extras length 30 instead of 31 (quarantined).
+
+        The copy changes nothing in the bucket, so the truth stands; its place is recorded.
+        """
         vb = self.bucket.vbuckets[0]
         docs = [d for d in vb.docs.values() if not d.deleted]
         if not docs:
             return
-        event = session._doc_event(vb.vbid, docs[0], disk=False)
+        event = session.doc_event(vb.vbid, self.rng.choice(docs), disk=False)
         frame = bytearray(encode(event))
         frame[4] = 30
         path, offset = session.writer.write(bytes(frame))
@@ -338,8 +351,6 @@ def basic(sim: Simulation, landing: Path) -> None:
     s1.open_all()
     sim.backfill_all(s1)
     sim.live(sim.config.ops * 3 // 4)
-    if sim.config.inject_malformed:
-        sim.inject_malformed(s1)
     sim.finish(s1)
     checkpoints = s1.checkpoints()
     sim.live(sim.config.ops - sim.config.ops * 3 // 4)  # while no one is connected
@@ -484,8 +495,6 @@ def mixed(sim: Simulation, landing: Path) -> None:
     sim.live(sim.config.ops // 4, pager_every=100)
     early = s1.checkpoints()  # a checkpoint the consumer persisted, older than what it has
     sim.live(sim.config.ops // 4, pager_every=100)
-    if sim.config.inject_malformed:
-        sim.inject_malformed(s1)
     sim.cut_session(s1)
     sim.cut = False
     sim.bucket.advance(600)

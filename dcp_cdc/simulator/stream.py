@@ -284,7 +284,7 @@ class Session:
         items.sort(key=lambda i: i.doc.key if i.doc else b"")
         self.write(OsoSnapshot(self._hdr(Opcode.DCP_OSO_SNAPSHOT, vb.vbid), OsoFlag.START))
         for item in items:
-            self.write(self._doc_event(vb.vbid, item.doc, disk=True))  # type: ignore[arg-type]
+            self.write(self.doc_event(vb.vbid, item.doc, disk=True))  # type: ignore[arg-type]
         if vb.high_seqno:
             self.write(SeqnoAdvanced(self._hdr(Opcode.DCP_SEQNO_ADVANCED, vb.vbid), vb.high_seqno))
         self.write(OsoSnapshot(self._hdr(Opcode.DCP_OSO_SNAPSHOT, vb.vbid), OsoFlag.END))
@@ -382,11 +382,11 @@ class Session:
 
     def _item_event(self, vbid: int, item: Item, *, disk: bool) -> Event:
         if item.doc is not None:
-            return self._doc_event(vbid, item.doc, disk=disk)
+            return self.doc_event(vbid, item.doc, disk=disk)
         assert item.sys is not None
         return self._sys_event(vbid, item.sys)
 
-    def _doc_event(self, vbid: int, doc: Doc, *, disk: bool) -> Event:
+    def doc_event(self, vbid: int, doc: Doc, *, disk: bool) -> Event:
         opts = self.options
         cid = doc.collection_id if opts.collections else None
         xattrs = doc.xattrs if opts.xattrs and doc.xattrs else None
