@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -71,8 +72,10 @@ def summarize(paths: Sequence[Path], out: TextIO) -> int:
             ops[item.op] += 1
             if item.header.vbucket is not None and item.op != "noop":
                 vbuckets.add(item.header.vbucket)
-        out.write(f"  {path.name}: bucket={header.bucket} session={header.session_id} "
-                  f"sequence={header.sequence}\n")
+        out.write(
+            f"  {path.name}: bucket={header.bucket} session={header.session_id} "
+            f"sequence={header.sequence}\n"
+        )
     out.write(f"{sum(ops.values())} frames, {total_bytes} bytes, {len(vbuckets)} vbuckets\n")
     for op, count in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
         out.write(f"  {op:<26}{count:>10}\n")
@@ -82,12 +85,21 @@ def summarize(paths: Sequence[Path], out: TextIO) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    from dcp_cdc.sample import write_sample_capture
+    """The main job on embedded default data: simulate a small bucket, then decode it."""
+    from dcp_cdc.simulator import SimConfig, simulate
 
     target = Path(args.workdir)
-    paths = write_sample_capture(target / "landing")
-    out.write(f"sample capture written to {target / 'landing'}\n")
-    return summarize(paths, out)
+    for folder in ("landing", "truth"):  # each run starts from fresh sample data
+        shutil.rmtree(target / folder, ignore_errors=True)
+    config = SimConfig(scenario="mixed", seed=1, vbuckets=16, docs=400, ops=2000,
+                       inject_malformed=1)  # fmt: skip
+    result = simulate(target, config)
+    out.write(f"simulated bucket {config.bucket!r} ({config.scenario}, seed {config.seed}) "
+              f"into {target / 'landing'}\n")  # fmt: skip
+    code = summarize(result.files, out)
+    expected = len(result.expected_errors)
+    out.write(f"{expected} of the errors above were injected on purpose by the simulator\n")
+    return 0 if code == 0 or expected else code
 
 
 def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:

@@ -28,8 +28,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from dcp_cdc import layouts
-from dcp_cdc.decoder import _read, parse_header
-from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
+from dcp_cdc.decoder import _read, decode_value, parse_header
+from dcp_cdc.errors import FieldError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Event, UnknownFrame
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
@@ -213,6 +213,10 @@ def _as_records(matrix: Any, layout: Layout) -> Any:
     return np.ascontiguousarray(matrix).view(dtype).reshape(-1)
 
 
+_SNAPPY = int(Datatype.SNAPPY)
+_XATTR = int(Datatype.XATTR)
+_DOC_OPCODES = [int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)]
+
 # Hot messages decoded for all rows at once: (opcode, extras layout, op, has a document key).
 _FAST = (
     (Opcode.DCP_MUTATION, layouts.MUTATION, "mutation", True),
@@ -239,8 +243,10 @@ class _Columns:
         self.xattrs: list[tuple[int, dict[str, str]]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
         self.extra = bytearray()
-        self.pending: dict[str, tuple[list[int], list[Any]]] = {}
-        self.bin_pending_len: dict[str, list[int]] = {}
+        self.pending: dict[str, tuple[list[int], list[Any]]] = {
+            name: ([], []) for name, _ in COLUMNS
+        }
+        self.bin_pending_len: dict[str, list[int]] = {name: [] for name in _BINARIES}
 
     def set(self, name: str, rows: Any, values: Any) -> None:
         self.values[name][rows] = values
@@ -253,20 +259,19 @@ class _Columns:
         for name, value in row.items():
             if value is None or name == "op":
                 continue
-            if name in self.bin_start:
-                value = bytes(value)
-                rows_vals = pending.setdefault(name, ([], []))
-                rows_vals[0].append(i)
-                rows_vals[1].append(base + len(self.extra))
-                self.bin_pending_len.setdefault(name, []).append(len(value))
+            rows, values = pending[name]
+            rows.append(i)
+            if name in self.bin_pending_len:
+                values.append(base + len(self.extra))
+                self.bin_pending_len[name].append(len(value))
                 self.extra += value
             else:
-                rows_vals = pending.setdefault(name, ([], []))
-                rows_vals[0].append(i)
-                rows_vals[1].append(value)
+                values.append(value)
 
     def flush(self) -> None:
         for name, (rows, values) in self.pending.items():
+            if not rows:
+                continue
             if name in self.values:
                 target = self.values[name]
                 if target.dtype == np.int64:
@@ -286,8 +291,11 @@ class _Columns:
             elif name == "failover_log":
                 signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
                 self.failover.extend(zip(rows, signed, strict=True))
-        self.pending = {}
-        self.bin_pending_len = {}
+        for rows, values in self.pending.values():
+            rows.clear()
+            values.clear()
+        for lengths in self.bin_pending_len.values():
+            lengths.clear()
 
     def to_table(self, buf: bytes, keep: npt.NDArray[np.bool_]) -> pa.Table:
         extra = bytes(self.extra)
@@ -321,9 +329,7 @@ def _sparse(n: int, rows: list[int], values: pa.Array) -> pa.Array:
 _AR12 = np.arange(12, dtype=np.int64)
 
 
-def _binary(
-    buf: bytes, extra: bytes, starts: Any, lengths: Any
-) -> pa.Array:
+def _binary(buf: bytes, extra: bytes, starts: Any, lengths: Any) -> pa.Array:
     """A binary column of byte ranges, without a Python loop.
 
     ``starts`` index ``buf`` (or, from ``len(buf)`` on, ``extra``); -1 is a null. The ranges
@@ -362,7 +368,7 @@ def _sparse_map(n: int, entries: list[tuple[int, dict[str, str]]]) -> pa.Array:
     mask = np.ones(n, dtype=np.bool_)
     keys: list[str] = []
     items: list[str] = []
-    for i, mapping in entries:
+    for i, mapping in sorted(entries, key=lambda e: e[0]):  # values must follow row order
         counts[i] = len(mapping)
         mask[i] = False
         keys.extend(mapping)
@@ -380,7 +386,7 @@ def _sparse_list(n: int, entries: Iterable[tuple[int, list[tuple[int, int]]]]) -
     mask = np.ones(n, dtype=np.bool_)
     uuids: list[int] = []
     seqnos: list[int] = []
-    for i, log in entries:
+    for i, log in sorted(entries, key=lambda e: e[0]):
         counts[i] = len(log)
         mask[i] = False
         uuids.extend(u for u, _ in log)
@@ -450,17 +456,18 @@ def decode_batch(
     if len(sid_rows):
         fe = _gather(src, starts[sid_rows] + HEADER_LEN, 3)
         simple = (fe_len[sid_rows] == 3) & (fe[:, 0] == 0x22)
-        cols.set("stream_id", sid_rows[simple], (fe[simple, 1].astype(np.int32) << 8) | fe[simple, 2])
+        cols.set(
+            "stream_id", sid_rows[simple], (fe[simple, 1].astype(np.int32) << 8) | fe[simple, 2]
+        )
         slow[sid_rows[~simple]] = True
 
     fast = np.zeros(n, dtype=np.bool_)
     request = ~is_response & (magic != 0x82) & ~slow
-    plain_value = (value_len == 0) | ((datatype & (Datatype.SNAPPY | Datatype.XATTR)) == 0)
-    plain_value &= (datatype & 0xF8) == 0
+    known_datatype = (datatype & 0xF8) == 0
     for op_code, layout, op, has_key in _FAST:
         sel = request & (opcode == op_code) & (ext_len == layout.length)
         if has_key:
-            sel &= plain_value & (key_len > 0)
+            sel &= known_datatype & (key_len > 0)
         else:
             sel &= (key_len == 0) & (value_len == 0)
         idx = rows[sel]
@@ -490,7 +497,29 @@ def decode_batch(
             cols.set("is_json", idx, (datatype[idx] & Datatype.JSON) != 0)
         fast[idx] = True
 
+    # Compressed or xattr-carrying values: only the value itself is decoded frame by frame.
+    transform = fast & (value_len > 0) & ((datatype & (_SNAPPY | _XATTR)) != 0)
+    transform &= np.isin(opcode, _DOC_OPCODES)
+    extra = cols.extra
     base = len(buf)
+    value_start_col, value_len_col = cols.bin_start["value"], cols.bin_len["value"]
+    xattr_rows = cols.xattrs
+    for i, dt, vs, vl in zip(
+        *(a.tolist() for a in (np.flatnonzero(transform), datatype[transform],
+                               value_start[transform], value_len[transform])),
+        strict=True,
+    ):  # fmt: skip
+        try:
+            body, xattrs = decode_value(dt, buf[vs : vs + vl])
+        except FieldError:
+            fast[i] = False  # the per-frame path reports it, exactly as the iterator does
+            continue
+        value_start_col[i] = base + len(extra)
+        value_len_col[i] = len(body)
+        extra += body
+        if xattrs is not None:
+            xattr_rows.append((i, xattrs))
+
     for i in np.flatnonzero(~fast).tolist():
         pos = int(starts[i])
         try:

@@ -226,7 +226,9 @@ def parse_failover_log(value: bytes) -> FailoverLog:
     size = layouts.FAILOVER_ENTRY.length
     if not value or len(value) % size:
         raise FieldError(
-            "bad failover log", expected="a non-empty multiple of 16 bytes", got=f"{len(value)} bytes"
+            "bad failover log",
+            expected="a non-empty multiple of 16 bytes",
+            got=f"{len(value)} bytes",
         )
     return tuple(
         layouts.FAILOVER_ENTRY.unpack(value, i)  # type: ignore[misc]
@@ -264,7 +266,9 @@ def read_deletion(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bo
     layout, fields = _extras(ext, {18: layouts.DELETION_V1, 21: layouts.DELETION_V2})
     delete_time = fields[2] if layout is layouts.DELETION_V2 else None
     if layout is layouts.DELETION_V1 and fields[2] > len(value):
-        raise FieldError("nmeta longer than the value", expected=f"<= {len(value)}", got=str(fields[2]))
+        raise FieldError(
+            "nmeta longer than the value", expected=f"<= {len(value)}", got=str(fields[2])
+        )
     if layout is layouts.DELETION_V1 and fields[2]:
         value = value[: len(value) - fields[2]]
     cid, doc_key = split_key(key, coll)
@@ -280,10 +284,15 @@ def read_expiration(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: 
 
 
 def read_prepare(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
-    _, f = _extras(ext, {31: layouts.PREPARE})
+    _, (by_seqno, rev_seqno, flags, expiration, lock_time, nru, deleted, level) = _extras(
+        ext, {31: layouts.PREPARE}
+    )
     cid, doc_key = split_key(key, coll)
     body, xattrs = decode_value(h.datatype, value)
-    return Prepare(h, *f, cid, doc_key, body, xattrs)
+    return Prepare(
+        h, by_seqno, rev_seqno, flags, expiration, lock_time, nru, deleted, level, cid, doc_key,
+        body, xattrs,
+    )  # fmt: skip
 
 
 def read_commit(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
@@ -300,7 +309,10 @@ def read_abort(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool)
     return Abort(h, prepared, aborted, cid, doc_key)
 
 
-_MARKER_VALUES = {0: (layouts.SNAPSHOT_MARKER_V2_0, "2.0"), 2: (layouts.SNAPSHOT_MARKER_V2_2, "2.2")}
+_MARKER_VALUES = {
+    0: (layouts.SNAPSHOT_MARKER_V2_0, "2.0"),
+    2: (layouts.SNAPSHOT_MARKER_V2_2, "2.2"),
+}
 
 
 def read_snapshot_marker(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
@@ -350,16 +362,18 @@ _NAMED_EVENTS = frozenset(
 def read_system_event(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
     _, (by_seqno, event_id, version) = _extras(ext, {13: layouts.SYSTEM_EVENT})
     event = system_event_name(event_id)
+    name: str | None = None
     if event_id not in _FLAT_SCHEMAS:  # an id this decoder does not know: keep it, raw
         name = _text(key, "system event key") if key else None
-        return SystemEvent(h, by_seqno, event_id, version, event, None, None, None, name, None, value)
+        return SystemEvent(
+            h, by_seqno, event_id, version, event, None, None, None, name, None, value
+        )
     if event_id in _NAMED_EVENTS:
         if not key:
             raise FieldError(f"{event} without a name", expected="a key", got="key length 0")
-        name: str | None = _text(key, "collection or scope name")
+        name = _text(key, "collection or scope name")
     else:
         _require_empty("key", key)  # drop events have no key (§6.7)
-        name = None
     fields: dict[str, int | bool | str | None]
     if version == 2:
         fields = flatbuf.read_table(value, _FLAT_SCHEMAS[SystemEventId(event_id)])
@@ -431,7 +445,9 @@ def read_set_vbucket_state(
 
 
 def read_stream_request(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
-    _, f = _extras(ext, {48: layouts.STREAM_REQUEST})
+    _, (flags, start, end, vb_uuid, snap_start, snap_end) = _extras(
+        ext, {48: layouts.STREAM_REQUEST}
+    )
     _require_empty("key", key)
     text = _text(value, "stream request value")
     if text:
@@ -439,7 +455,7 @@ def read_stream_request(h: FrameHeader, ext: bytes, key: bytes, value: bytes, co
             json.loads(text)
         except ValueError:
             raise FieldError("stream request value is not JSON", got=text[:60]) from None
-    return StreamRequest(h, *f, text)
+    return StreamRequest(h, flags, start, end, vb_uuid, snap_start, snap_end, text)
 
 
 def read_stream_request_response(
@@ -504,15 +520,15 @@ READERS: Final[dict[tuple[bool, int], Reader]] = {
 _CLIENT_MAGICS = frozenset({0x80, 0x81, 0x08, 0x18})
 
 
-def decode_frame(
-    buf: Buffer, pos: int = 0, *, collections: bool, base_offset: int = 0
-) -> Event:
+def decode_frame(buf: Buffer, pos: int = 0, *, collections: bool, base_offset: int = 0) -> Event:
     """Decode the whole frame at ``buf[pos:]`` (the caller checked it is all there)."""
     return _read(parse_header(buf, pos, base_offset=base_offset), buf, pos, collections)
 
 
 def _read(h: FrameHeader, buf: Buffer, pos: int, collections: bool) -> Event:
-    reader = READERS.get((h.magic in _RESPONSE_MAGICS, h.opcode)) if h.magic in _CLIENT_MAGICS else None
+    reader = (
+        READERS.get((h.magic in _RESPONSE_MAGICS, h.opcode)) if h.magic in _CLIENT_MAGICS else None
+    )
     start = pos + HEADER_LEN + h.framing_extras_len
     if reader is None:
         return UnknownFrame(h, bytes(buf[pos : pos + h.frame_len]))

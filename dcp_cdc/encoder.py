@@ -245,7 +245,9 @@ _SECTIONS: dict[type, Callable[..., Sections]] = {
     StreamEnd: lambda e: (layouts.STREAM_END.pack(reason_code=e.reason_code), b"", b""),
     Noop: lambda e: (b"", b"", b""),
     SetVbucketState: lambda e: (
-        layouts.SET_VBUCKET_STATE.pack(vbucket_state=e.vbucket_state), b"", b""
+        layouts.SET_VBUCKET_STATE.pack(vbucket_state=e.vbucket_state),
+        b"",
+        b"",
     ),
     StreamRequest: _stream_request,
     StreamRequestResponse: _stream_request_response,

@@ -58,7 +58,9 @@ def read_table(value: bytes | memoryview, schema: Schema) -> dict[str, FlatValue
     _need(buf, vtable, 4, "vtable")
     vt_size, tbl_size = _U16.unpack_from(buf, vtable)[0], _U16.unpack_from(buf, vtable + 2)[0]
     if vt_size < 4 or vt_size % 2:
-        raise FieldError("bad FlatBuffers value: vtable size", expected=">= 4, even", got=str(vt_size))
+        raise FieldError(
+            "bad FlatBuffers value: vtable size", expected=">= 4, even", got=str(vt_size)
+        )
     _need(buf, vtable, vt_size, "vtable")
     _need(buf, table, tbl_size, "table")
     out: dict[str, FlatValue] = {}

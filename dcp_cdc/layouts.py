@@ -95,7 +95,9 @@ SNAPSHOT_MARKER_V1 = _layout(
     "snapshot_marker_v1", 20, "§6.3",
     ("start_seqno", 0, 8), ("end_seqno", 8, 8), ("snapshot_flags", 16, 4),
 )  # fmt: skip
-SNAPSHOT_MARKER_V2_EXTRAS = _layout("snapshot_marker_v2_extras", 1, "§6.3", ("marker_version", 0, 1))
+SNAPSHOT_MARKER_V2_EXTRAS = _layout(
+    "snapshot_marker_v2_extras", 1, "§6.3", ("marker_version", 0, 1)
+)
 SYSTEM_EVENT = _layout(
     "system_event", 13, "§6.7", ("by_seqno", 0, 8), ("event_id", 8, 4), ("version", 12, 1)
 )

@@ -7,8 +7,11 @@ the decoder core imports with the standard library alone. Both report a bad bloc
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from dcp_cdc.errors import FieldError
 
+_cramjam: ModuleType | None
 try:  # pragma: no cover - exercised by whichever environment runs the tests
     import cramjam as _cramjam
 except ImportError:  # pragma: no cover

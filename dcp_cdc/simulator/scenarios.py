@@ -54,7 +54,9 @@ class SimConfig:
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(f"vbuckets: expected 1..1024, got {self.vbuckets}")
         if not 1 <= self.collections <= len(COLLECTION_NAMES):
-            raise ConfigError(f"collections: expected 1..{len(COLLECTION_NAMES)}, got {self.collections}")
+            raise ConfigError(
+                f"collections: expected 1..{len(COLLECTION_NAMES)}, got {self.collections}"
+            )
         if self.docs < 1 or self.ops < 0 or self.max_snapshot < 1:
             raise ConfigError("docs must be >= 1, ops >= 0 and max_snapshot >= 1")
 
@@ -294,6 +296,11 @@ class Simulation:
 
     def run(self, out: Path) -> SimulationResult:
         landing = out / "landing"
+        if any(landing.glob("*.dcpcap")):
+            raise ConfigError(
+                f"out: {landing} already holds captures; choose an empty folder so that "
+                "sessions of different simulations do not mix"
+            )
         landing.mkdir(parents=True, exist_ok=True)
         SCENARIO_FUNCS[self.config.scenario](self, landing)
         last = self.sessions[-1]
@@ -530,10 +537,11 @@ SCENARIO_FUNCS: dict[str, Callable[[Simulation, Path], None]] = {
 }
 
 
-def simulate(out: str | Path, config: SimConfig | None = None, **overrides: object) -> SimulationResult:
+def simulate(
+    out: str | Path, config: SimConfig | None = None, **overrides: object
+) -> SimulationResult:
     """Simulate one scenario into ``out`` (``landing/`` captures, ``truth/`` ground truth)."""
     cfg = config or SimConfig(**overrides)  # type: ignore[arg-type]
     if config is not None and overrides:
-        cfg = SimConfig(**{**asdict(config), **overrides})  # type: ignore[arg-type]
+        cfg = SimConfig(**{**asdict(config), **overrides})
     return Simulation(cfg).run(Path(out))
-

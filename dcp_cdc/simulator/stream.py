@@ -147,12 +147,16 @@ class Session:
             return where
         self._unacked += len(data)
         if self._unacked >= self.options.buffer_ack_bytes:
-            self._write_plain(BufferAck(make_header(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT), self._unacked))
+            self._write_plain(
+                BufferAck(make_header(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT), self._unacked)
+            )
             self._unacked = 0
         if self.frames % self.options.noop_every == 0:
             opaque = self.frames
             self._write_plain(Noop(make_header(Opcode.DCP_NOOP, opaque=opaque)))
-            self._write_plain(Noop(make_header(Opcode.DCP_NOOP, status=Status.SUCCESS, opaque=opaque)))
+            self._write_plain(
+                Noop(make_header(Opcode.DCP_NOOP, status=Status.SUCCESS, opaque=opaque))
+            )
         return where
 
     def _write_plain(self, event: Event) -> None:
@@ -162,7 +166,9 @@ class Session:
 
     def _hdr(self, opcode: int, vbid: int, *, cas: int = 0, datatype: int = 0) -> FrameHeader:
         sid = vbid + 1 if self.options.stream_ids else None
-        return make_header(opcode, vbucket=vbid, opaque=vbid, cas=cas, datatype=datatype, stream_id=sid)
+        return make_header(
+            opcode, vbucket=vbid, opaque=vbid, cas=cas, datatype=datatype, stream_id=sid
+        )
 
     # --- stream set-up (spec §4.4, §6.1, §7.5) -----------------------------------------
 
@@ -218,7 +224,7 @@ class Session:
             return None
         if 0 < snap_start < vb.purge_seqno or start < vb.purge_seqno:
             return 0  # tombstones the consumer never saw are purged
-        for i, (uuid, branch_start) in enumerate(vb.failover_log):
+        for i, (uuid, _branch_start) in enumerate(vb.failover_log):
             if uuid != vb_uuid:
                 continue
             branch_end = vb.failover_log[i - 1][1] if i > 0 else vb.high_seqno
@@ -311,17 +317,22 @@ class Session:
         state.pending = []
         start, end = items[0].seqno, items[-1].seqno
         history = self.options.change_streams and any(
-            i.doc is not None and self.bucket.collections[i.doc.collection_id].history for i in items
+            i.doc is not None and self.bucket.collections[i.doc.collection_id].history
+            for i in items
         )
         flags = SnapshotFlag.MEMORY | SnapshotFlag.CHECKPOINT
         if history:
             flags |= SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
         else:
             items = _dedup(items)
-        marker = SnapshotMarker(self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "1", start, end, flags)
+        marker = SnapshotMarker(
+            self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "1", start, end, flags
+        )
         self._snapshot(vb, marker, items, disk=False)
 
-    def _snapshot(self, vb: VBucket, marker: SnapshotMarker, items: list[Item], *, disk: bool) -> None:
+    def _snapshot(
+        self, vb: VBucket, marker: SnapshotMarker, items: list[Item], *, disk: bool
+    ) -> None:
         state = self.streams[vb.vbid]
         visible = [i for i in items if self._visible(i)]
         if not visible and not self.options.collections:
@@ -334,15 +345,15 @@ class Session:
             self.write(self._item_event(vb.vbid, item, disk=disk))
         last = visible[-1].seqno if visible else -1
         if last != marker.end_seqno and self.options.collections:
-            self.write(SeqnoAdvanced(self._hdr(Opcode.DCP_SEQNO_ADVANCED, vb.vbid), marker.end_seqno))
+            self.write(
+                SeqnoAdvanced(self._hdr(Opcode.DCP_SEQNO_ADVANCED, vb.vbid), marker.end_seqno)
+            )
         state.sent_upto = state.consistent = marker.end_seqno
         self.bucket.trim_undo(vb, marker.end_seqno)
         if marker.end_seqno >= state.end_seqno:
             self.end_stream(vb.vbid, StreamEndReason.OK)
 
-    def cut(
-        self, vb: VBucket, *, whole_items: int, tail_bytes: int
-    ) -> tuple[int, int, Path, int]:
+    def cut(self, vb: VBucket, *, whole_items: int, tail_bytes: int) -> tuple[int, int, Path, int]:
         """Send a snapshot's marker and first items, then part of one frame: the connection dies.
 
         Returns the (start, end) of the snapshot left open, and where the cut frame starts.

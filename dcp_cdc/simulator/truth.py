@@ -107,10 +107,13 @@ def write_truth(sim: Simulation, out: Path) -> Path:
         "expected_errors": sim.expected_errors,
         "open_snapshots": sim.open_snapshots,
         "sessions": [
-            {"session_id": s.options.session_id, "files": [p.name for p in s.writer.paths],
-             "features": list(s.options.features())}
+            {
+                "session_id": s.options.session_id,
+                "files": [p.name for p in s.writer.paths],
+                "features": list(s.options.features()),
+            }
             for s in sim.sessions
-        ],  # fmt: skip
+        ],
     }
     path = folder / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")

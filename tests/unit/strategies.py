@@ -51,13 +51,16 @@ xattrs = st.dictionaries(
 )
 json_docs = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=10,
 )
 
 
-def header(opcode: int, *, response: bool = False, doc: bool = False) -> st.SearchStrategy[FrameHeader]:
+def header(
+    opcode: int, *, response: bool = False, doc: bool = False
+) -> st.SearchStrategy[FrameHeader]:
     datatype = st.sampled_from([0, 1]) if doc else st.just(0)
     return st.builds(
         lambda vb, opaque, cas, sid, dt, status: make_header(
@@ -115,7 +118,13 @@ def deletions(draw: st.DrawFn, collections: bool) -> Deletion:
     dt = p["datatype"] & 0x06  # type: ignore[operator]
     h = _doc_header(draw(header(Opcode.DCP_DELETION, doc=True)), dt)
     return Deletion(  # a tombstone's value is at most its xattrs (errata E3)
-        h, draw(seqno), draw(seqno), draw(st.none() | u32), p["cid"], p["key"], b"",  # type: ignore[arg-type]
+        h,
+        draw(seqno),
+        draw(seqno),
+        draw(st.none() | u32),
+        p["cid"],
+        p["key"],
+        b"",  # type: ignore[arg-type]
         p["xattrs"],  # type: ignore[arg-type]
     )
 
@@ -125,7 +134,16 @@ def expirations(draw: st.DrawFn, collections: bool) -> Expiration:
     cid = draw(u32) if collections else None
     h = draw(header(Opcode.DCP_EXPIRATION, doc=True))
     h = _doc_header(h, 0)
-    return Expiration(h, draw(seqno), draw(seqno), draw(u32), cid, draw(st.binary(min_size=1, max_size=30)), b"", None)
+    return Expiration(
+        h,
+        draw(seqno),
+        draw(seqno),
+        draw(u32),
+        cid,
+        draw(st.binary(min_size=1, max_size=30)),
+        b"",
+        None,
+    )
 
 
 @st.composite
@@ -161,7 +179,9 @@ def snapshot_markers(draw: st.DrawFn) -> SnapshotMarker:
         return SnapshotMarker(h, "1", start, end, flags)
     if version == "2.0":
         return SnapshotMarker(h, "2.0", start, end, flags, draw(seqno), draw(seqno))
-    return SnapshotMarker(h, "2.2", start, end, flags, draw(seqno), draw(seqno), draw(seqno), draw(seqno))
+    return SnapshotMarker(
+        h, "2.2", start, end, flags, draw(seqno), draw(seqno), draw(seqno), draw(seqno)
+    )
 
 
 @st.composite
@@ -170,13 +190,19 @@ def system_events(draw: st.DrawFn) -> SystemEvent:
     kind = draw(st.sampled_from(["create_v0", "create_v1", "drop", "scope", "drop_scope", "flat"]))
     uid, sid, cid, by_seqno = draw(u64), draw(u32), draw(u32), draw(seqno)
     if kind == "create_v0":
-        return SystemEvent(h, by_seqno, 0, 0, "create_collection", uid, sid, cid, draw(names), None, b"")
+        return SystemEvent(
+            h, by_seqno, 0, 0, "create_collection", uid, sid, cid, draw(names), None, b""
+        )
     if kind == "create_v1":
-        return SystemEvent(h, by_seqno, 0, 1, "create_collection", uid, sid, cid, draw(names), draw(u32), b"")
+        return SystemEvent(
+            h, by_seqno, 0, 1, "create_collection", uid, sid, cid, draw(names), draw(u32), b""
+        )
     if kind == "drop":
         return SystemEvent(h, by_seqno, 1, 0, "drop_collection", uid, sid, cid, None, None, b"")
     if kind == "scope":
-        return SystemEvent(h, by_seqno, 3, 0, "create_scope", uid, sid, None, draw(names), None, b"")
+        return SystemEvent(
+            h, by_seqno, 3, 0, "create_scope", uid, sid, None, draw(names), None, b""
+        )
     if kind == "drop_scope":
         return SystemEvent(h, by_seqno, 4, 0, "drop_scope", uid, sid, None, None, None, b"")
     event_id = draw(st.sampled_from([0, 5]))
@@ -228,7 +254,10 @@ def any_event(collections: bool) -> st.SearchStrategy[Event]:
         st.builds(OsoSnapshot, header(Opcode.DCP_OSO_SNAPSHOT), st.sampled_from([1, 2])),
         st.integers(0, 9).flatmap(
             lambda r: st.builds(
-                StreamEnd, header(Opcode.DCP_STREAM_END), st.just(r), st.just(stream_end_reason_name(r))
+                StreamEnd,
+                header(Opcode.DCP_STREAM_END),
+                st.just(r),
+                st.just(stream_end_reason_name(r)),
             )
         ),
         st.builds(Noop, header(Opcode.DCP_NOOP)),

@@ -20,7 +20,7 @@ from dcp_cdc.capture import (
 from dcp_cdc.cli import main
 from dcp_cdc.errors import CaptureFormatError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation
-from dcp_cdc.sample import sample_events, write_sample_capture
+from tests.unit.sample_session import sample_events, write_sample_capture
 
 MUTATION_8_2 = bytes.fromhex(
     "805700061f0102100000002c0000121017a8b0d8e6f40000000000000000000400000000000000010200000600"
@@ -29,8 +29,9 @@ MUTATION_8_2 = bytes.fromhex(
 
 
 def test_header_layout_and_round_trip() -> None:
-    header = CaptureHeader(bucket="b", collections=True, session_id="s", sequence=2,
-                           features=("xattr",), extra_field=1)  # type: ignore[call-arg]
+    header = CaptureHeader(
+        bucket="b", collections=True, session_id="s", sequence=2, features=("xattr",), extra_field=1
+    )  # type: ignore[call-arg]
     data = encode_header(header)
     assert data[:8] == b"DCPCAP\x00\x01" == MAGIC
     length = int.from_bytes(data[8:12], "big")
@@ -58,8 +59,9 @@ def test_bad_headers_name_the_problem(data: bytes, reason: str) -> None:
 
 
 def test_writer_rotates_by_size_and_reader_gives_file_offsets(tmp_path: Path) -> None:
-    with CaptureWriter(tmp_path, bucket="b", session_id="s1", collections=True,
-                       max_file_bytes=300) as writer:
+    with CaptureWriter(
+        tmp_path, bucket="b", session_id="s1", collections=True, max_file_bytes=300
+    ) as writer:
         for _ in range(10):
             writer.write(MUTATION_8_2)
     assert len(writer.paths) > 1
@@ -103,8 +105,22 @@ def test_decode_command_prints_json_lines(tmp_path: Path) -> None:
     assert first_mutation["file"] == str(paths[0])
     assert first_mutation["key"] == "airline_10" and first_mutation["collection_id"] == 8
     assert json.loads(first_mutation["value"])["name"] == "40-Mile Air"
-    for key in ("offset", "magic", "opcode", "vbucket", "opaque", "cas", "datatype", "stream_id",
-                "by_seqno", "rev_seqno", "flags", "expiration", "lock_time", "nru"):
+    for key in (
+        "offset",
+        "magic",
+        "opcode",
+        "vbucket",
+        "opaque",
+        "cas",
+        "datatype",
+        "stream_id",
+        "by_seqno",
+        "rev_seqno",
+        "flags",
+        "expiration",
+        "lock_time",
+        "nru",
+    ):
         assert key in first_mutation
     binary = next(r for r in records if r.get("key") == "logo.png")
     assert "value_b64" in binary and "value" not in binary
@@ -140,9 +156,10 @@ def test_decode_command_raw_without_collections(tmp_path: Path) -> None:
     assert record["key"] == "\x08hello" and "collection_id" not in record  # prefix kept
 
 
-def test_run_command_summarizes_the_sample(tmp_path: Path) -> None:
+def test_run_command_simulates_and_summarizes(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(["run", "--workdir", str(tmp_path)], out=out) == 0
     text = out.getvalue()
-    assert f"{len(sample_events())} frames" in text
-    assert "mutation" in text
+    assert "frames" in text and "mutation" in text
+    assert "injected on purpose" in text
+    assert list((tmp_path / "landing").glob("*.dcpcap"))

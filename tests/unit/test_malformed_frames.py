@@ -40,7 +40,9 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "data", "reason", "expected", "got"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "data", "reason", "expected", "got"), CASES, ids=[c[0] for c in CASES]
+)
 def test_malformed_frame_is_typed_and_located(
     name: str, data: bytes, reason: str, expected: str | None, got: str | None
 ) -> None:

@@ -36,7 +36,9 @@ def scenario_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Simulat
     return runs
 
 
-def _truth(result: SimulationResult) -> tuple[dict[str, Any], dict[tuple[int, bytes], dict[str, Any]]]:
+def _truth(
+    result: SimulationResult,
+) -> tuple[dict[str, Any], dict[tuple[int, bytes], dict[str, Any]]]:
     summary = json.loads(result.truth.read_text())
     docs = {}
     for line in (result.out / "truth" / "documents.jsonl").read_text().splitlines():
@@ -50,7 +52,9 @@ def _events(result: SimulationResult) -> list[tuple[Path, Event | MalformedFrame
     return [(p, e) for p in capture_files(result.out / "landing") for e in iter_capture(p)]
 
 
-def _matches_truth(consumer: ReferenceConsumer, docs: dict[tuple[int, bytes], dict[str, Any]]) -> bool:
+def _matches_truth(
+    consumer: ReferenceConsumer, docs: dict[tuple[int, bytes], dict[str, Any]]
+) -> bool:
     state = consumer.state()
     return {k: (v.seqno, v.rev_seqno) for k, v in state.items()} == {
         k: (d["seqno"], d["rev_seqno"]) for k, d in docs.items()
@@ -70,7 +74,9 @@ def test_captures_decode_with_only_the_injected_errors(
     for _, e in _events(result):
         if not isinstance(e, MalformedFrameError):
             counts[e.op] += 1
-    expected = {k: v for k, v in summary["event_counts"].items() if k not in ("malformed", "truncated")}
+    expected = {
+        k: v for k, v in summary["event_counts"].items() if k not in ("malformed", "truncated")
+    }
     assert dict(counts) == expected
 
 
@@ -87,7 +93,11 @@ def test_reference_consumer_ends_with_the_truth(tmp_path: Path, name: str, seed:
         v = live[ident]
         body = d["value"].encode() if "value" in d else base64.b64decode(d["value_b64"])
         assert (v.value, v.xattrs, v.expiry, v.cas, v.flags) == (
-            body, d["xattrs"], d["expiry"], d["cas"], d["flags"]
+            body,
+            d["xattrs"],
+            d["expiry"],
+            d["cas"],
+            d["flags"],
         )
     consistent = {vb: s.consistent for vb, s in consumer.streams.items()}
     for vb in summary["vbuckets"]:
@@ -229,7 +239,9 @@ def test_interrupted_reports_the_open_snapshot_and_a_cut_tail(
     assert len(cut) == 1 and cut[0].available > 0
 
 
-def test_oso_backfill_is_in_key_order_and_filtered(scenario_runs: dict[str, SimulationResult]) -> None:
+def test_oso_backfill_is_in_key_order_and_filtered(
+    scenario_runs: dict[str, SimulationResult],
+) -> None:
     result = scenario_runs["oso-backfill"]
     summary, docs = _truth(result)
     (target,) = summary["streamed_collections"]

@@ -36,62 +36,132 @@ EXAMPLES = [
         "000000000000000000000068656c6c6f7b2261223a317d",
         False,
         "mutation",
-        {**HELLO_HEADER, "magic": 0x80, "opcode": 0x57, "datatype": 0x01, "body_len": 43,
-         "cas": 0x17A8B0D8E6F40000, "key_len": 5, "ext_len": 31},
-        {"by_seqno": 4, "rev_seqno": 1, "flags": 0x02000006, "expiration": 0, "lock_time": 0,
-         "nmeta": 0, "nru": 0, "collection_id": None, "key": b"hello", "value": b'{"a":1}',
-         "xattrs": None},
+        {
+            **HELLO_HEADER,
+            "magic": 0x80,
+            "opcode": 0x57,
+            "datatype": 0x01,
+            "body_len": 43,
+            "cas": 0x17A8B0D8E6F40000,
+            "key_len": 5,
+            "ext_len": 31,
+        },
+        {
+            "by_seqno": 4,
+            "rev_seqno": 1,
+            "flags": 0x02000006,
+            "expiration": 0,
+            "lock_time": 0,
+            "nmeta": 0,
+            "nru": 0,
+            "collection_id": None,
+            "key": b"hello",
+            "value": b'{"a":1}',
+            "xattrs": None,
+        },
     ),
     Example(
         "8.2 mutation, collection 0x8",
-        "805700061f010210" "0000002c00001210" "17a8b0d8e6f40000" "0000000000000004"
-        "0000000000000001" "02000006" "00000000" "00000000" "0000" "00" "0868656c6c6f"
+        "805700061f010210"
+        "0000002c00001210"
+        "17a8b0d8e6f40000"
+        "0000000000000004"
+        "0000000000000001"
+        "02000006"
+        "00000000"
+        "00000000"
+        "0000"
+        "00"
+        "0868656c6c6f"
         "7b2261223a317d",
         True,
         "mutation",
         {**HELLO_HEADER, "key_len": 6, "body_len": 44, "cas": 0x17A8B0D8E6F40000},
-        {"by_seqno": 4, "rev_seqno": 1, "flags": 0x02000006, "collection_id": 8, "key": b"hello",
-         "value": b'{"a":1}'},
+        {
+            "by_seqno": 4,
+            "rev_seqno": 1,
+            "flags": 0x02000006,
+            "collection_id": 8,
+            "key": b"hello",
+            "value": b'{"a":1}',
+        },
     ),
     Example(
         "8.3 deletion V1, cid 8",
-        "8058000612000210" "0000001800001210" "17a8b0d8e6f50000" "0000000000000005"
-        "0000000000000002" "0000" "0868656c6c6f",
+        "8058000612000210"
+        "0000001800001210"
+        "17a8b0d8e6f50000"
+        "0000000000000005"
+        "0000000000000002"
+        "0000"
+        "0868656c6c6f",
         True,
         "deletion",
         {**HELLO_HEADER, "ext_len": 18, "body_len": 24, "cas": 0x17A8B0D8E6F50000},
-        {"by_seqno": 5, "rev_seqno": 2, "delete_time": None, "collection_id": 8, "key": b"hello",
-         "value": b""},
+        {
+            "by_seqno": 5,
+            "rev_seqno": 2,
+            "delete_time": None,
+            "collection_id": 8,
+            "key": b"hello",
+            "value": b"",
+        },
     ),
     Example(
         "8.4 deletion V2 with delete time",
-        "8058000615000210" "0000001b00001210" "17a8b0d8e6f50000" "0000000000000005"
-        "0000000000000002" "66a0b3c4" "00" "0868656c6c6f",
+        "8058000615000210"
+        "0000001b00001210"
+        "17a8b0d8e6f50000"
+        "0000000000000005"
+        "0000000000000002"
+        "66a0b3c4"
+        "00"
+        "0868656c6c6f",
         True,
         "deletion",
         {**HELLO_HEADER, "ext_len": 21, "body_len": 27},
-        {"by_seqno": 5, "rev_seqno": 2, "delete_time": 1721807812, "collection_id": 8,
-         "key": b"hello"},
+        {
+            "by_seqno": 5,
+            "rev_seqno": 2,
+            "delete_time": 1721807812,
+            "collection_id": 8,
+            "key": b"hello",
+        },
     ),
     Example(
         "8.5 expiration",
-        "8059000614000210" "0000001a00001210" "17a8b0d8e6f60000" "0000000000000006"
-        "0000000000000003" "66a0b3c4" "0868656c6c6f",
+        "8059000614000210"
+        "0000001a00001210"
+        "17a8b0d8e6f60000"
+        "0000000000000006"
+        "0000000000000003"
+        "66a0b3c4"
+        "0868656c6c6f",
         True,
         "expiration",
         {**HELLO_HEADER, "ext_len": 20, "body_len": 26, "cas": 0x17A8B0D8E6F60000},
-        {"by_seqno": 6, "rev_seqno": 3, "delete_time": 0x66A0B3C4, "collection_id": 8,
-         "key": b"hello"},
+        {
+            "by_seqno": 6,
+            "rev_seqno": 3,
+            "delete_time": 0x66A0B3C4,
+            "collection_id": 8,
+            "key": b"hello",
+        },
     ),
     Example(
         "8.6 snapshot marker V1 memory|checkpoint 4..6",
-        "8056000014000210" "0000001400001210" "0000000000000000" "0000000000000004"
-        "0000000000000006" "00000005",
+        "8056000014000210000000140000121000000000000000000000000000000004000000000000000600000005",
         True,
         "snapshot_marker",
         {**HELLO_HEADER, "ext_len": 20, "body_len": 20, "cas": 0},
-        {"marker_version": "1", "start_seqno": 4, "end_seqno": 6, "snapshot_flags": 0x05,
-         "max_visible_seqno": None, "purge_seqno": None},
+        {
+            "marker_version": "1",
+            "start_seqno": 4,
+            "end_seqno": 6,
+            "snapshot_flags": 0x05,
+            "max_visible_seqno": None,
+            "purge_seqno": None,
+        },
     ),
     Example(
         "8.7 snapshot marker V2.0 disk 0..8",
@@ -100,8 +170,15 @@ EXAMPLES = [
         True,
         "snapshot_marker",
         {**HELLO_HEADER, "ext_len": 1, "body_len": 37},
-        {"marker_version": "2.0", "start_seqno": 0, "end_seqno": 8, "snapshot_flags": 0x02,
-         "max_visible_seqno": 8, "high_completed_seqno": 7, "purge_seqno": None},
+        {
+            "marker_version": "2.0",
+            "start_seqno": 0,
+            "end_seqno": 8,
+            "snapshot_flags": 0x02,
+            "max_visible_seqno": 8,
+            "high_completed_seqno": 7,
+            "purge_seqno": None,
+        },
     ),
     Example(
         "8.7 snapshot marker V2.2 purge 3",
@@ -110,9 +187,16 @@ EXAMPLES = [
         True,
         "snapshot_marker",
         {**HELLO_HEADER, "ext_len": 1, "body_len": 53},
-        {"marker_version": "2.2", "start_seqno": 0, "end_seqno": 8, "snapshot_flags": 0x02,
-         "max_visible_seqno": 8, "high_completed_seqno": 7, "purge_seqno": 3,
-         "high_prepared_seqno": 7},
+        {
+            "marker_version": "2.2",
+            "start_seqno": 0,
+            "end_seqno": 8,
+            "snapshot_flags": 0x02,
+            "max_visible_seqno": 8,
+            "high_completed_seqno": 7,
+            "purge_seqno": 3,
+            "high_prepared_seqno": 7,
+        },
     ),
     Example(
         "8.8 create collection v1 with max TTL",
@@ -121,9 +205,17 @@ EXAMPLES = [
         True,
         "system_event",
         {**HELLO_HEADER, "key_len": 12, "ext_len": 13, "body_len": 45, "cas": 0},
-        {"by_seqno": 7, "event_id": 0, "version": 1, "event": "create_collection",
-         "manifest_uid": 2, "scope_id": 0, "collection_id": 8, "name": "mycollection",
-         "max_ttl": 72000},
+        {
+            "by_seqno": 7,
+            "event_id": 0,
+            "version": 1,
+            "event": "create_collection",
+            "manifest_uid": 2,
+            "scope_id": 0,
+            "collection_id": 8,
+            "name": "mycollection",
+            "max_ttl": 72000,
+        },
     ),
     Example(
         "8.8 create collection v0",
@@ -132,8 +224,16 @@ EXAMPLES = [
         True,
         "system_event",
         {**HELLO_HEADER, "body_len": 41},
-        {"by_seqno": 7, "version": 0, "event": "create_collection", "manifest_uid": 2,
-         "scope_id": 0, "collection_id": 8, "name": "mycollection", "max_ttl": None},
+        {
+            "by_seqno": 7,
+            "version": 0,
+            "event": "create_collection",
+            "manifest_uid": 2,
+            "scope_id": 0,
+            "collection_id": 8,
+            "name": "mycollection",
+            "max_ttl": None,
+        },
     ),
     Example(
         "8.9 drop collection",
@@ -142,8 +242,16 @@ EXAMPLES = [
         True,
         "system_event",
         {**HELLO_HEADER, "key_len": 0, "body_len": 29},
-        {"by_seqno": 9, "event_id": 1, "version": 0, "event": "drop_collection",
-         "manifest_uid": 3, "scope_id": 0, "collection_id": 8, "name": None},
+        {
+            "by_seqno": 9,
+            "event_id": 1,
+            "version": 0,
+            "event": "drop_collection",
+            "manifest_uid": 3,
+            "scope_id": 0,
+            "collection_id": 8,
+            "name": None,
+        },
     ),
     Example(
         "8.9 create scope inventory",
@@ -152,12 +260,19 @@ EXAMPLES = [
         True,
         "system_event",
         {**HELLO_HEADER, "key_len": 9, "body_len": 34},
-        {"by_seqno": 10, "event_id": 3, "event": "create_scope", "manifest_uid": 4,
-         "scope_id": 9, "collection_id": None, "name": "inventory"},
+        {
+            "by_seqno": 10,
+            "event_id": 3,
+            "event": "create_scope",
+            "manifest_uid": 4,
+            "scope_id": 9,
+            "collection_id": None,
+            "name": "inventory",
+        },
     ),
     Example(
         "8.10 seqno advanced to 12",
-        "8064000008000210" "0000000800001210" "0000000000000000" "000000000000000c",
+        "806400000800021000000008000012100000000000000000000000000000000c",
         True,
         "seqno_advanced",
         {**HELLO_HEADER, "ext_len": 8, "body_len": 8},
@@ -173,11 +288,18 @@ EXAMPLES = [
     ),
     Example(
         "8.11 stream end rollback, stream-id 7",
-        "0855030004000210" "0000000700001210" "0000000000000000" "220007" "00000006",
+        "08550300040002100000000700001210000000000000000022000700000006",
         True,
         "stream_end",
-        {**HELLO_HEADER, "magic": 0x08, "framing_extras_len": 3, "key_len": 0, "ext_len": 4,
-         "body_len": 7, "stream_id": 7},
+        {
+            **HELLO_HEADER,
+            "magic": 0x08,
+            "framing_extras_len": 3,
+            "key_len": 0,
+            "ext_len": 4,
+            "body_len": 7,
+            "stream_id": 7,
+        },
         {"reason_code": 6, "reason": "rollback"},
     ),
     Example(

@@ -1,4 +1,4 @@
-"""A small, fixed DCP session written as a capture: the embedded sample data.
+"""A small, fixed DCP session written as a capture: a hand-written test fixture.
 
 Two vbuckets stream a collection-aware session with every message a CDC consumer meets:
 stream requests and their responses (one a rollback), V1/V2.0/V2.2 snapshot markers,

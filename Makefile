@@ -1,0 +1,104 @@
+# dcp-cdc developer and CI entry points. Nothing here needs an activated venv.
+#
+#   make setup      .venv from requirements.lock, the project installed editable, Delta jars
+#   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
+#   make check      the same as make test
+#   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
+#
+# setup is stamp-driven: a second run with nothing changed does no work.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+# Stamps live inside what they stand for, so deleting .venv or .cache/jars redoes that step.
+STAMPS := $(VENV)/.stamps
+JARS_DIR := .cache/jars
+JARS_STAMP := $(JARS_DIR)/.stamp
+PIP := $(PY) -m pip --disable-pip-version-check
+
+PYTEST_ARGS ?=
+ARGS ?=
+
+.PHONY: help setup test check lint format typecheck run bench lock clean distclean
+
+help:
+	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
+	@echo "  make lint | format | typecheck | run ARGS=... | bench | clean | distclean"
+
+setup: $(STAMPS)/editable $(JARS_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls on a changed lock; packages dropped from the lock stay until `make distclean`.
+$(STAMPS)/deps: requirements.lock | $(PY)
+	$(PIP) install -q -r requirements.lock
+	@mkdir -p $(@D) && touch $@
+
+$(STAMPS)/editable: pyproject.toml $(STAMPS)/deps
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	@mkdir -p $(@D) && touch $@
+
+# The jars list depends on the pom and on what the installed pyspark ships (the lock).
+$(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STAMPS)/deps
+	$(PY) build-support/jars/fetch_jars.py --dest $(JARS_DIR)
+	@mkdir -p $(@D) && touch $@
+
+# CI runs this: lint and types first (seconds), then every test.
+test: setup lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: test
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: setup
+	$(VENV)/bin/mypy dcp_cdc
+
+run: setup
+	$(VENV)/bin/dcp-cdc run $(ARGS)
+
+# benchmarks/__main__.py if there is one, else each benchmarks/*.py that has a __main__ block,
+# run as a module (python -m benchmarks.NAME) so it imports like the tests do.
+bench: setup
+	@if [ -f benchmarks/__main__.py ]; then \
+		$(PY) -m benchmarks $(ARGS); \
+	elif compgen -G 'benchmarks/*.py' > /dev/null; then \
+		for f in benchmarks/*.py; do \
+			grep -q '^if __name__ == "__main__"' "$$f" || continue; \
+			mod=$$(basename "$$f" .py); echo "== benchmarks.$$mod"; \
+			$(PY) -m "benchmarks.$$mod" $(ARGS) || exit $$?; \
+		done; \
+	else \
+		echo "bench: no benchmarks/ yet"; \
+	fi
+
+# A throwaway venv resolves pyproject.toml (with the dev extra) and is frozen into the lock.
+# pip itself is left out: the venv's own pip installs the lock.
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/pip" install -q --disable-pip-version-check --upgrade pip setuptools && \
+	"$$tmp/venv/bin/pip" install -q --disable-pip-version-check -e '.[dev]' && \
+	"$$tmp/venv/bin/pip" check && \
+	{ echo "# Exact set for Python 3.11, resolved from pyproject.toml by 'make lock'. Do not edit by hand."; \
+	  "$$tmp/venv/bin/pip" freeze --all --exclude-editable | grep -v '^pip==' | LC_ALL=C sort -f -t= -k1,1; \
+	} > requirements.lock.new && mv requirements.lock.new requirements.lock
+	@echo "requirements.lock: $$(grep -c '==' requirements.lock) pins"
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf spark-warehouse metastore_db derby.log
+	find . -path ./.venv -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) .cache

@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``); figures go to benchmarks/results/."""

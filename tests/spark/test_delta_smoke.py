@@ -1,0 +1,212 @@
+"""Delta Lake works in the sessions pipelines.spark_session builds, with no network.
+
+MERGE with all three clause kinds (metrics and resulting table), time travel, history, the
+catalog, and a table registered by one Spark process found by the next one.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.spark_session import METASTORE_DIR_NAME, find_delta_jars
+
+if TYPE_CHECKING:
+    from tests.spark.conftest import Warehouse
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+DOC_SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.StringType(), nullable=False),
+        T.StructField("value", T.StringType(), nullable=True),
+        T.StructField("rev", T.LongType(), nullable=False),
+    ]
+)
+CHANGE_SCHEMA = T.StructType([*DOC_SCHEMA.fields, T.StructField("deleted", T.BooleanType(), False)])
+
+INITIAL_DOCS = [("k1", "a", 1), ("k2", "b", 1), ("k3", "c", 1)]
+CHANGES = [
+    ("k1", "a2", 2, False),  # matched: update
+    ("k2", None, 2, True),  # matched: delete
+    ("k4", "d", 1, False),  # not matched: insert
+    ("k5", None, 1, True),  # not matched, deleted: nothing to do
+]
+EXPECTED_AFTER_MERGE = [("k1", "a2", 2), ("k3", "c", 1), ("k4", "d", 1)]
+
+
+def _write_initial(spark: SparkSession, path: str) -> None:
+    docs = spark.createDataFrame(INITIAL_DOCS, schema=DOC_SCHEMA)
+    docs.write.format("delta").save(path)
+
+
+def _merge_changes(spark: SparkSession, path: str) -> DataFrame:
+    changes = spark.createDataFrame(CHANGES, schema=CHANGE_SCHEMA)
+    return (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(changes.alias("s"), "t.key = s.key")
+        .whenMatchedDelete(condition="s.deleted")
+        .whenMatchedUpdate(set={"value": "s.value", "rev": "s.rev"})
+        .whenNotMatchedInsert(
+            condition="NOT s.deleted",
+            values={"key": "s.key", "value": "s.value", "rev": "s.rev"},
+        )
+        .execute()
+    )
+
+
+def _rows(docs: DataFrame) -> list[tuple[object, ...]]:
+    return [tuple(row) for row in docs.select("key", "value", "rev").orderBy("key").collect()]
+
+
+def test_merge_updates_deletes_and_inserts(spark: SparkSession, warehouse: Warehouse) -> None:
+    path = warehouse.table_path("docs")
+    _write_initial(spark, path)
+
+    metrics = _merge_changes(spark, path).collect()
+
+    assert [row.asDict() for row in metrics] == [
+        {
+            "num_affected_rows": 3,
+            "num_updated_rows": 1,
+            "num_deleted_rows": 1,
+            "num_inserted_rows": 1,
+        }
+    ]
+    assert _rows(spark.read.format("delta").load(path)) == EXPECTED_AFTER_MERGE
+
+
+def test_time_travel_and_history(spark: SparkSession, warehouse: Warehouse) -> None:
+    path = warehouse.table_path("docs")
+    _write_initial(spark, path)
+    _merge_changes(spark, path)
+
+    version_0 = spark.read.format("delta").option("versionAsOf", 0).load(path)
+    assert _rows(version_0) == INITIAL_DOCS
+    assert _rows(spark.read.format("delta").load(path)) == EXPECTED_AFTER_MERGE
+
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").orderBy("version").collect()
+    assert [(h.version, h.operation) for h in history] == [(0, "WRITE"), (1, "MERGE")]
+    merge_metrics = history[1].operationMetrics
+    assert merge_metrics["numTargetRowsUpdated"] == "1"
+    assert merge_metrics["numTargetRowsDeleted"] == "1"
+    assert merge_metrics["numTargetRowsInserted"] == "1"
+
+
+def test_catalog_table_is_delta_under_the_test_warehouse(
+    spark: SparkSession, warehouse: Warehouse
+) -> None:
+    docs = spark.createDataFrame(INITIAL_DOCS, schema=DOC_SCHEMA)
+    docs.write.format("delta").saveAsTable("docs")
+
+    assert spark.catalog.tableExists(f"{warehouse.database}.docs")
+    detail = spark.sql("DESCRIBE DETAIL docs").collect()[0]
+    assert detail.format == "delta"
+    assert detail.location.removeprefix("file:").startswith(str(warehouse.path))
+    assert _rows(spark.table(f"{warehouse.database}.docs")) == INITIAL_DOCS
+
+
+def test_session_settings(spark: SparkSession, spark_warehouse: Path) -> None:
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert spark.conf.get("spark.sql.catalogImplementation") == "hive"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert "spark.jars.packages" not in dict(spark.sparkContext.getConf().getAll())
+    # The embedded metastore and Derby's log live in the warehouse, not in the working directory.
+    assert (spark_warehouse / METASTORE_DIR_NAME / "service.properties").is_file()
+    assert (spark_warehouse / "derby.log").is_file()
+
+
+def test_arrow_round_trip(spark: SparkSession) -> None:
+    frame = pd.DataFrame({"key": ["k1", "k2"], "rev": [1, 2]})
+    docs = spark.createDataFrame(frame).select("key", (F.col("rev") * 10).alias("rev"))
+    back: Any = docs.toPandas()
+    assert back.to_dict("list") == {"key": ["k1", "k2"], "rev": [10, 20]}
+
+
+def test_jars_match_the_python_packages() -> None:
+    """The resolved jars are the Delta release the pinned delta-spark package expects."""
+    delta_version = importlib.metadata.version("delta-spark")
+    names = {jar.name for jar in find_delta_jars()}
+    assert f"delta-spark_2.13-{delta_version}.jar" in names
+    assert f"delta-storage-{delta_version}.jar" in names
+    # apache-airflow-providers-apache-spark brings pyspark-client, which writes into the same
+    # pyspark/ folder: harmless only while both are the same release.
+    try:
+        client_version = importlib.metadata.version("pyspark-client")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    assert client_version == importlib.metadata.version("pyspark")
+
+
+_WRITE_TABLE = """
+import sys
+from pipelines.spark_session import build_spark_session
+
+spark = build_spark_session("writer", sys.argv[1], master="local[1]", shuffle_partitions=1)
+spark.sql("CREATE TABLE default.docs (key STRING, rev BIGINT) USING delta")
+spark.sql("INSERT INTO default.docs VALUES ('k1', 1), ('k2', 2)")
+spark.stop()
+"""
+
+_READ_TABLE = """
+import json, sys
+from pipelines.spark_session import build_spark_session
+
+spark = build_spark_session("reader", sys.argv[1], master="local[1]", shuffle_partitions=1)
+detail = spark.sql("DESCRIBE DETAIL default.docs").collect()[0]
+rows = [tuple(r) for r in spark.table("default.docs").orderBy("key").collect()]
+print(json.dumps({"format": detail.format, "rows": rows}))
+spark.stop()
+"""
+
+
+def _run_python(code: str, *args: str, cwd: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_catalog_table_outlives_its_spark_process(tmp_path: Path) -> None:
+    """A table registered by one Spark process is found by the next on the same warehouse.
+
+    Separate processes, because the shared session's JVM holds its own Derby metastore.
+    """
+    warehouse = tmp_path / "warehouse"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+
+    _run_python(_WRITE_TABLE, str(warehouse), cwd=cwd)
+    out = _run_python(_READ_TABLE, str(warehouse), cwd=cwd)
+
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "format": "delta",
+        "rows": [["k1", 1], ["k2", 2]],
+    }
+    assert (warehouse / METASTORE_DIR_NAME).is_dir()
+    assert (warehouse / "derby.log").is_file()
+    assert list(cwd.iterdir()) == [], "a Spark session wrote into its working directory"
