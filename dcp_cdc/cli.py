@@ -84,22 +84,72 @@ def summarize(paths: Sequence[Path], out: TextIO) -> int:
     return 1 if errors else 0
 
 
-def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    """The main job on embedded default data: simulate a small bucket, then decode it."""
-    from dcp_cdc.simulator import SimConfig, simulate
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
 
-    target = Path(args.workdir)
-    for folder in ("landing", "truth"):  # each run starts from fresh sample data
-        shutil.rmtree(target / folder, ignore_errors=True)
-    config = SimConfig(scenario="mixed", seed=1, vbuckets=16, docs=400, ops=2000,
-                       inject_malformed=1)  # fmt: skip
-    result = simulate(target, config)
-    out.write(f"simulated bucket {config.bucket!r} ({config.scenario}, seed {config.seed}) "
-              f"into {target / 'landing'}\n")  # fmt: skip
-    code = summarize(result.files, out)
-    expected = len(result.expected_errors)
-    out.write(f"{expected} of the errors above were injected on purpose by the simulator\n")
-    return 0 if code == 0 or expected else code
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    """The main job. Without ``--config``: simulate a small bucket into ``--workdir`` (fresh
+    each time) and run the pipeline on a local warehouse there; with it, run on real data."""
+    from dcp_cdc.config import load_config
+    from dcp_cdc.simulator import SimConfig, simulate
+    from pipelines.bronze.job import run as ingest
+
+    if args.config:
+        config = load_config(args.config)
+    else:
+        target = Path(args.workdir)
+        for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
+            shutil.rmtree(target / folder, ignore_errors=True)
+        config = load_config(
+            DEFAULT_CONFIG, landing=str(target / "landing"), warehouse=str(target / "warehouse")
+        )
+        sim = SimConfig(scenario="mixed", seed=1, bucket=config.buckets[0].name, vbuckets=16,
+                        docs=400, ops=2000, inject_malformed=1)  # fmt: skip
+        result = simulate(target, sim)
+        out.write(f"1/2 simulated bucket {sim.bucket!r} ({sim.scenario}, seed {sim.seed}): "
+                  f"{result.frames} frames in {len(result.files)} files under "
+                  f"{target / 'landing'}\n")  # fmt: skip
+    out.write("2/2 ingesting into bronze (Spark)...\n")
+    out.flush()
+    for summary in ingest(config, args.bucket):
+        out.write(summary.render() + "\n")
+    from pipelines.bronze.job import table_names
+
+    events = table_names(config.buckets[0].name)["events"]
+    out.write(f"\ntables are in the catalog under {config.warehouse}; try\n"
+              f"  .venv/bin/dcp-cdc sql \"SELECT op, count(*) AS n FROM {events} GROUP BY op\"\n")  # fmt: skip
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one SQL statement against the catalog and print the result as a table."""
+    from dcp_cdc.config import load_config
+    from pipelines.spark_session import build_spark_session
+
+    config = load_config(args.config or DEFAULT_CONFIG)
+    spark = build_spark_session("dcp-cdc-sql", config.warehouse, master=config.spark.master,
+                                shuffle_partitions=config.spark.shuffle_partitions)  # fmt: skip
+    rows = spark.sql(args.query).limit(args.limit + 1).collect()
+    columns = rows[0].__fields__ if rows else []
+    cells = [[("NULL" if v is None else str(v))[:80] for v in row] for row in rows[: args.limit]]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    out.write(" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + "\n")
+    out.write("-+-".join("-" * w for w in widths) + "\n")
+    for r in cells:
+        out.write(" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "\n")
+    more = " (more not shown)" if len(rows) > args.limit else ""
+    out.write(f"({len(cells)} rows{more})\n")
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
+    from dcp_cdc.config import load_config
+    from pipelines.bronze.job import run as ingest
+
+    config = load_config(args.config)
+    for summary in ingest(config, args.bucket):
+        out.write(summary.render() + "\n")
+    return 0
 
 
 def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
@@ -160,9 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write N corrupted frames (reported in the truth)")  # fmt: skip
     sim.set_defaults(func=cmd_simulate)
 
-    run = sub.add_parser("run", help="the main job on the embedded default data")
-    run.add_argument("--workdir", default="work", help="where data and tables go")
+    run = sub.add_parser("run", help="the main job (embedded sample data unless --config)")
+    run.add_argument("--workdir", default="work", help="where the embedded demo's data go")
+    run.add_argument("--config", help="a TOML file in conf/: run on its landing data instead")
+    run.add_argument("--bucket", help="only this bucket")
     run.set_defaults(func=cmd_run)
+
+    ingest = sub.add_parser("ingest", help="new capture files into bronze Delta tables")
+    ingest.add_argument("--config", required=True, help="a TOML file in conf/")
+    ingest.add_argument("--bucket", help="only this bucket")
+    ingest.set_defaults(func=cmd_ingest)
+
+    sql = sub.add_parser("sql", help="run a SQL query against the catalog")
+    sql.add_argument("query")
+    sql.add_argument("--config", help="a TOML file in conf/ (default: conf/local.toml)")
+    sql.add_argument("--limit", type=int, default=50, help="rows to print")
+    sql.set_defaults(func=cmd_sql)
     return parser
 
 

@@ -149,6 +149,10 @@ def build_spark_session(
     if extra_java:
         conf[_DRIVER_JAVA_OPTIONS] += " " + extra_java
     conf.update(extra)
+    if master.startswith("local"):
+        # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only
+        # spark-submit): the interpreter of this venv, unless the caller chose another.
+        os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
     builder = SparkSession.builder.enableHiveSupport()
     for key, value in conf.items():
         builder = builder.config(key, value)

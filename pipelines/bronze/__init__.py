@@ -1,0 +1,1 @@
+"""Bronze: capture files into ``bronze.<bucket>_events``, exactly once per frame."""

@@ -1,0 +1,442 @@
+"""The bronze ingest job: new capture files of the landing location into bronze Delta tables.
+
+Run it as often as you like (``dcp-cdc ingest``, ``python -m pipelines.bronze.job``,
+``spark-submit``). Exactly once per frame comes from the ingest log plus Delta's idempotent
+writes:
+
+1. **plan**: the files to ingest are chosen (in session order; a file waits until the previous
+   file of its session is in) and written to the ingest log as ``planned`` under a new run
+   version N, before any data is written;
+2. **write**: events and quarantine rows are appended with ``txnAppId``/``txnVersion = N``,
+   so a write that already committed is skipped by Delta when the run is repeated;
+3. **close**: the files are logged ``ingested`` with their counts and end-of-file stream state.
+
+A run that dies anywhere is finished by the next run, which finds the plan without its
+``ingested`` rows and repeats exactly that plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
+from dcp_cdc.errors import CaptureFormatError, DcpError
+from dcp_cdc.naming import identifier
+from pipelines import schemas
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("dcp_cdc.bronze")
+TXN_APP_ID = "dcp-cdc-bronze"
+EVENTS_CLUSTERING = ("vbucket", "by_seqno")
+
+
+def table_names(bucket: str) -> dict[str, str]:
+    base = identifier(bucket)
+    return {
+        "events": f"bronze.{base}_events",
+        "quarantine": f"bronze.{base}_quarantine",
+        "ingest_log": f"bronze.{base}_ingest_log",
+    }
+
+
+@dataclass(frozen=True, order=True)
+class CaptureFile:
+    path: str
+    size: int
+    modified_ms: int
+    bucket: str = ""
+    session_id: str = ""
+    file_sequence: int = -1
+    collections: bool = True
+    header_length: int = 0
+
+
+@dataclass
+class IngestSummary:
+    bucket: str
+    run_version: int | None = None
+    run_id: str = ""
+    files: int = 0
+    frames: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    waiting: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    resumed: bool = False
+
+    @property
+    def events_per_second(self) -> float:
+        return self.frames / self.seconds if self.seconds else 0.0
+
+    def render(self) -> str:
+        lines = [
+            f"bronze ingest of bucket {self.bucket!r}: "
+            + (
+                f"run {self.run_version}{' (resumed)' if self.resumed else ''}: {self.files} "
+                f"files, {self.frames} frames, {self.errors} quarantined, {self.seconds:.1f} s "
+                f"({self.events_per_second:,.0f} events/s)"
+                if self.run_version is not None
+                else "nothing new to ingest"
+            )
+        ]
+        lines += [
+            f"  waiting (an earlier file of its session is missing): {w}" for w in self.waiting
+        ]
+        lines += [f"  CHANGED after ingest, not re-read: {c}" for c in self.changed]
+        lines += [f"  unreadable (not a capture file): {u}" for u in self.unreadable]
+        return "\n".join(lines)
+
+
+# --- landing -----------------------------------------------------------------------------
+
+
+def list_captures(spark: SparkSession, location: str) -> list[CaptureFile]:
+    """Every ``*.dcpcap`` below ``location`` (a local path, or any Hadoop filesystem URI)."""
+    if not is_uri(location):
+        root = Path(location).resolve()
+        return sorted(
+            CaptureFile(str(p), (st := p.stat()).st_size, int(st.st_mtime * 1000))
+            for p in root.rglob(f"*{EXTENSION}")
+        ) if root.exists() else []  # fmt: skip
+    jvm: Any = spark._jvm  # listing goes through Hadoop, so every Hadoop filesystem works
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return []
+    found = []
+    files = fs.listFiles(path, True)
+    while files.hasNext():
+        status = files.next()
+        name = status.getPath().toString()
+        if name.endswith(EXTENSION):
+            found.append(CaptureFile(name, status.getLen(), status.getModificationTime()))
+    return sorted(found)
+
+
+def read_header(file: CaptureFile) -> CaptureFile:
+    from pipelines.bronze.decode import open_input
+
+    with open_input(file.path) as fh:
+        head = fh.read(PREAMBLE_LEN)
+        if len(head) == PREAMBLE_LEN:
+            head += fh.read(int.from_bytes(head[8:12], "big"))
+    header, length = parse_header(head, file=file.path)
+    return CaptureFile(
+        file.path, file.size, file.modified_ms, header.bucket, header.session_id,
+        header.sequence, header.collections, length,
+    )  # fmt: skip
+
+
+# --- tables ------------------------------------------------------------------------------
+
+
+def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> dict[str, str]:
+    from delta.tables import DeltaTable
+
+    names = table_names(bucket)
+    spark.sql("CREATE DATABASE IF NOT EXISTS bronze")
+    for kind, schema in (
+        ("events", schemas.EVENTS),
+        ("quarantine", schemas.QUARANTINE),
+        ("ingest_log", schemas.INGEST_LOG),
+    ):
+        builder = DeltaTable.createIfNotExists(spark).tableName(names[kind]).addColumns(schema)
+        if kind == "events":
+            builder = builder.clusterBy(*EVENTS_CLUSTERING)
+        for key, value in config.tables.properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+    return names
+
+
+@dataclass
+class LogState:
+    ingested: dict[str, dict[str, Any]]  # path -> the ingested row
+    changed_seen: set[tuple[str, int, int]]
+    open_plan: list[dict[str, Any]]  # planned rows of a run without ingested rows
+    last_version: int
+
+
+def read_log(spark: SparkSession, table: str) -> LogState:
+    rows = [r.asDict() for r in spark.table(table).collect()]
+    ingested = {r["file"]: r for r in rows if r["status"] == "ingested"}
+    changed = {(r["file"], r["size"], r["modified_ms"]) for r in rows if r["status"] == "changed"}
+    done_versions = {r["run_version"] for r in rows if r["status"] == "ingested"}
+    planned = [
+        r for r in rows if r["status"] == "planned" and r["run_version"] not in done_versions
+    ]
+    open_version = max((r["run_version"] for r in planned), default=None)
+    open_plan = [r for r in planned if r["run_version"] == open_version]
+    last = max((r["run_version"] for r in rows if r["run_version"] is not None), default=0)
+    return LogState(ingested, changed, open_plan, last)
+
+
+def _log_rows(
+    spark: SparkSession, table: str, rows: list[dict[str, Any]], version: int, status: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    full = [
+        {**{f.name: None for f in schemas.INGEST_LOG.fields}, **r, "status": status,
+         "run_version": version, "logged_at": None}
+        for r in rows
+    ]  # fmt: skip
+    df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
+        "logged_at", F.current_timestamp()
+    )
+    df.write.format("delta").mode("append").saveAsTable(table)
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def plan_files(
+    files: list[CaptureFile], state: LogState, bucket: str, limit: int, max_bytes: int,
+    summary: IngestSummary,
+) -> tuple[list[CaptureFile], list[dict[str, Any]]]:  # fmt: skip
+    """The files to ingest now, in session order, and ``changed`` rows to log."""
+    changed_rows = []
+    candidates = []
+    for f in files:
+        done = state.ingested.get(f.path)
+        if done is not None:
+            if (done["size"], done["modified_ms"]) != (f.size, f.modified_ms):
+                summary.changed.append(f.path)
+                if (f.path, f.size, f.modified_ms) not in state.changed_seen:
+                    changed_rows.append({
+                        "file": f.path, "size": f.size, "modified_ms": f.modified_ms,
+                        "message": f"was {done['size']} bytes at {done['modified_ms']} ms when "
+                                   f"ingested in run {done['run_version']}",
+                    })  # fmt: skip
+            continue
+        if f.size > max_bytes:
+            summary.unreadable.append(f"{f.path} ({f.size} bytes > max_file_bytes)")
+            continue
+        try:
+            header = read_header(f)
+        except CaptureFormatError as exc:
+            summary.unreadable.append(f"{f.path}: {exc.reason}")
+            continue
+        if header.bucket == bucket:
+            candidates.append(header)
+    next_seq: dict[str, int] = {}
+    for row in state.ingested.values():
+        sid = row["session_id"]
+        next_seq[sid] = max(next_seq.get(sid, 0), row["file_sequence"] + 1)
+    chosen = []
+    for f in sorted(candidates, key=lambda c: (c.session_id, c.file_sequence)):
+        expected = next_seq.get(f.session_id, 0)
+        if f.file_sequence == expected:
+            chosen.append(f)
+            next_seq[f.session_id] = expected + 1
+        else:
+            summary.waiting.append(
+                f"{f.path} (session {f.session_id} sequence {f.file_sequence}, "
+                f"needs sequence {expected} first)"
+            )
+    if limit:
+        chosen = _keep_session_prefixes(chosen, limit)
+    return chosen, changed_rows
+
+
+def _keep_session_prefixes(files: list[CaptureFile], limit: int) -> list[CaptureFile]:
+    return files[:limit]  # files are sorted by session then sequence: any prefix is in order
+
+
+def carry_in_rows(state: LogState, files: list[CaptureFile]) -> list[dict[str, Any]]:
+    """Per session of this run, the stream state its previous file ended with."""
+    rows = []
+    for f in files:
+        prev = [r for r in state.ingested.values()
+                if r["session_id"] == f.session_id and r["file_sequence"] == f.file_sequence - 1]  # fmt: skip
+        if not prev or not prev[0]["end_state"]:
+            continue
+        for vb, (start, end, flags, oso, vb_uuid) in json.loads(prev[0]["end_state"]).items():
+            rows.append({
+                "session_id": f.session_id, "vb_key": int(vb),
+                "carry_snapshot": {"start": start, "end": end, "flags": flags, "oso": oso},
+                "carry_vb_uuid": vb_uuid,
+            })  # fmt: skip
+    return rows
+
+
+Hook = Callable[[str], None]
+
+
+def _no_hook(point: str) -> None:
+    return None
+
+
+def ingest_bucket(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, hook: Hook = _no_hook
+) -> IngestSummary:
+    """One run for one bucket. ``hook(point)`` is called between the steps (tests use it)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pipelines.bronze import transforms
+    from pipelines.bronze.decode import decode_files
+
+    started = time.perf_counter()
+    summary = IngestSummary(bucket.name)
+    names = ensure_tables(spark, config, bucket.name)
+    state = read_log(spark, names["ingest_log"])
+    files = list_captures(spark, config.landing_for(bucket))
+    chosen, changed_rows = plan_files(
+        files, state, bucket.name, config.ingest.max_files_per_run, config.ingest.max_file_bytes,
+        summary,
+    )  # fmt: skip
+    if changed_rows:
+        _log_rows(spark, names["ingest_log"], changed_rows, state.last_version, "changed")
+    if state.open_plan:  # a run that did not finish: repeat exactly its plan
+        version = state.open_plan[0]["run_version"]
+        run_id = state.open_plan[0]["ingest_run_id"]
+        by_path = {f.path: f for f in files}
+        chosen = [read_header(by_path[r["file"]]) for r in state.open_plan if r["file"] in by_path]
+        summary.resumed = True
+    elif not chosen:
+        log.info(summary.render())
+        return summary
+    else:
+        version = state.last_version + 1
+        run_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        _log_rows(spark, names["ingest_log"], [
+            {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
+             "session_id": f.session_id, "file_sequence": f.file_sequence,
+             "ingest_run_id": run_id}
+            for f in chosen
+        ], version, "planned")  # fmt: skip
+    hook("planned")
+    summary.run_version, summary.run_id, summary.files = version, run_id, len(chosen)
+    log.info("run %s: ingesting %d files of bucket %s", version, len(chosen), bucket.name)
+
+    file_rows = [
+        {"path": f.path, "bucket": f.bucket, "session_id": f.session_id,
+         "file_sequence": f.file_sequence, "collections": f.collections,
+         "header_length": f.header_length, "size": f.size}
+        for f in chosen
+    ]  # fmt: skip
+    out_schema = schemas.arrow_schema(schemas.DECODE_OUTPUT)
+    chunk, raw_limit = config.ingest.chunk_bytes, config.ingest.quarantine_raw_bytes
+    frames = (
+        spark.createDataFrame(file_rows, schema=schemas.FILES)
+        .repartition(max(len(file_rows), 1))
+        .mapInArrow(
+            lambda batches: decode_files(batches, out_schema, chunk_bytes=chunk, raw_limit=raw_limit),
+            schemas.DECODE_OUTPUT,
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )  # fmt: skip
+    try:
+        carry = spark.createDataFrame(carry_in_rows(state, chosen), schema=transforms.CARRY_IN)
+        ordered = transforms.with_session_order(frames.where(F.col("op") != "error"), carry)
+        ordered = ordered.persist(StorageLevel.MEMORY_AND_DISK)
+        ingested_at = F.current_timestamp()
+        _append(transforms.events(ordered, run_id, ingested_at).sortWithinPartitions(
+            *EVENTS_CLUSTERING), names["events"], version)  # fmt: skip
+        hook("events")
+        _append(transforms.quarantine(frames, run_id, ingested_at), names["quarantine"], version)
+        hook("quarantine")
+        counts = {r["file"]: r for r in transforms.file_counts(frames).collect()}
+        end_states = _fold_end_states(state, chosen, transforms.file_end_states(ordered).collect())
+        _log_rows(spark, names["ingest_log"], [
+            {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
+             "session_id": f.session_id, "file_sequence": f.file_sequence,
+             "ingest_run_id": run_id,
+             "frames": counts[f.path]["frames"] if f.path in counts else 0,
+             "errors": counts[f.path]["errors"] if f.path in counts else 0,
+             "end_state": end_states[f.path]}
+            for f in chosen
+        ], version, "ingested")  # fmt: skip
+        summary.frames = sum(r["frames"] for r in counts.values())
+        summary.errors = sum(r["errors"] for r in counts.values())
+    finally:
+        frames.unpersist()
+    summary.seconds = time.perf_counter() - started
+    log.info(summary.render())
+    return summary
+
+
+def _append(df: DataFrame, table: str, version: int) -> None:
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", TXN_APP_ID)
+        .option("txnVersion", version)
+        .saveAsTable(table)
+    )
+
+
+def _fold_end_states(state: LogState, files: list[CaptureFile], rows: list[Any]) -> dict[str, str]:
+    """Each file's end state: its predecessor's, updated by the streams the file touched."""
+    touched: dict[str, dict[str, list[Any]]] = {}
+    for r in rows:
+        s = r["state"]
+        snap = s["snapshot"]
+        touched.setdefault(r["file"], {})[str(r["vb_key"])] = [
+            snap["start"], snap["end"], snap["flags"], bool(snap["oso"]), s["vb_uuid"],
+        ]  # fmt: skip
+    previous: dict[str, dict[str, list[Any]]] = {}
+    for row in state.ingested.values():
+        previous[f"{row['session_id']}#{row['file_sequence']}"] = json.loads(
+            row["end_state"] or "{}"
+        )
+    out = {}
+    for f in sorted(files, key=lambda f: (f.session_id, f.file_sequence)):
+        current = dict(previous.get(f"{f.session_id}#{f.file_sequence - 1}", {}))
+        current.update(touched.get(f.path, {}))
+        previous[f"{f.session_id}#{f.file_sequence}"] = current
+        out[f.path] = json.dumps(current, separators=(",", ":"), sort_keys=True)
+    return out
+
+
+# --- entry point -------------------------------------------------------------------------
+
+
+def run(
+    config: AppConfig, bucket: str | None = None, *, spark: SparkSession | None = None
+) -> list[IngestSummary]:
+    """Ingest every configured bucket (or one); builds the Spark session if none is given."""
+    from pipelines.spark_session import build_spark_session
+
+    buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
+    session = spark or build_spark_session(
+        "dcp-cdc-bronze", config.warehouse, master=config.spark.master,
+        shuffle_partitions=config.spark.shuffle_partitions, extra_conf=config.spark.conf,
+    )  # fmt: skip
+    return [ingest_bucket(session, config, b) for b in buckets]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.bronze.job", description=__doc__)
+    parser.add_argument("--config", required=True, help="a TOML file in conf/")
+    parser.add_argument("--bucket", help="only this bucket")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        config = load_config(args.config)
+        for summary in run(config, args.bucket):
+            print(summary.render())
+    except DcpError as exc:
+        print(f"dcp-cdc ingest: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

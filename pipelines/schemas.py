@@ -1,0 +1,154 @@
+"""Every explicit schema of the Spark jobs, in one place.
+
+The decoded-frame columns come from :data:`dcp_cdc.columnar.ARROW_SCHEMA` (the columnar
+decoder's output), converted type by type; the rest is declared here. Arrow schemas for
+``mapInArrow`` are derived from the Spark ones so both sides always agree.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from dcp_cdc.columnar import ARROW_SCHEMA
+
+_SCALARS: dict[pa.DataType, T.DataType] = {
+    pa.int16(): T.ShortType(),
+    pa.int32(): T.IntegerType(),
+    pa.int64(): T.LongType(),
+    pa.bool_(): T.BooleanType(),
+    pa.string(): T.StringType(),
+    pa.binary(): T.BinaryType(),
+}
+
+
+def spark_type(arrow: pa.DataType) -> T.DataType:
+    """The Spark type of an Arrow type of the decoder's schema."""
+    if arrow in _SCALARS:
+        return _SCALARS[arrow]
+    if pa.types.is_map(arrow):
+        return T.MapType(spark_type(arrow.key_type), spark_type(arrow.item_type), True)
+    if pa.types.is_list(arrow):
+        return T.ArrayType(spark_type(arrow.value_type), True)
+    if pa.types.is_struct(arrow):
+        return T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in arrow])
+    if pa.types.is_timestamp(arrow):
+        return T.TimestampType()
+    raise TypeError(f"no Spark type for Arrow {arrow}")
+
+
+def arrow_type(spark: T.DataType) -> pa.DataType:
+    """The Arrow type ``mapInArrow`` must produce for a Spark type."""
+    for arrow, candidate in _SCALARS.items():
+        if candidate == spark:
+            return arrow
+    if isinstance(spark, T.MapType):
+        return pa.map_(arrow_type(spark.keyType), arrow_type(spark.valueType))
+    if isinstance(spark, T.ArrayType):
+        return pa.list_(arrow_type(spark.elementType))
+    if isinstance(spark, T.StructType):
+        return pa.struct([pa.field(f.name, arrow_type(f.dataType)) for f in spark.fields])
+    if isinstance(spark, T.TimestampType):
+        return pa.timestamp("us", tz="UTC")
+    raise TypeError(f"no Arrow type for Spark {spark}")
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    return pa.schema([pa.field(f.name, arrow_type(f.dataType)) for f in schema.fields])
+
+
+def _fields(*pairs: tuple[str, T.DataType]) -> list[T.StructField]:
+    return [T.StructField(name, dtype, True) for name, dtype in pairs]
+
+
+DECODED = T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in ARROW_SCHEMA])
+"""One row per frame, as :func:`dcp_cdc.columnar.decode_batch` gives it."""
+
+LINEAGE = _fields(
+    ("bucket", T.StringType()),
+    ("session_id", T.StringType()),
+    ("file", T.StringType()),
+    ("file_sequence", T.IntegerType()),
+    ("frame_index", T.LongType()),
+)
+"""Where a frame came from: ``offset`` (a decoded column) is its byte offset in ``file``."""
+
+ERROR = _fields(
+    ("error_reason", T.StringType()),
+    ("error_expected", T.StringType()),
+    ("error_got", T.StringType()),
+    ("error_frame_length", T.LongType()),
+    ("error_truncated", T.BooleanType()),
+    ("error_raw_length", T.LongType()),
+)
+
+DECODE_OUTPUT = T.StructType([*DECODED.fields, *LINEAGE, *ERROR])
+"""What the decode tasks emit: frames, and ``op = 'error'`` rows for the quarantine."""
+
+SESSION_ORDER = _fields(
+    ("in_snapshot_start", T.LongType()),
+    ("in_snapshot_end", T.LongType()),
+    ("in_snapshot_flags", T.LongType()),
+    ("in_oso", T.BooleanType()),
+    ("in_vb_uuid", T.LongType()),
+)
+"""Derived from session order: the snapshot (or OSO backfill) a frame arrived in and the vb
+uuid in force (entry 0 of the last failover log of its stream)."""
+
+RUN = _fields(("ingest_run_id", T.StringType()), ("ingested_at", T.TimestampType()))
+
+EVENTS = T.StructType([*DECODED.fields, *SESSION_ORDER, *LINEAGE, *RUN])
+"""``bronze.<bucket>_events``."""
+
+QUARANTINE = T.StructType(
+    _fields(
+        ("bucket", T.StringType()),
+        ("session_id", T.StringType()),
+        ("file", T.StringType()),
+        ("file_sequence", T.IntegerType()),
+        ("offset", T.LongType()),
+        ("opcode", T.ShortType()),
+        ("reason", T.StringType()),
+        ("expected", T.StringType()),
+        ("got", T.StringType()),
+        ("frame_length", T.LongType()),
+        ("truncated", T.BooleanType()),
+        ("raw", T.BinaryType()),
+        ("raw_length", T.LongType()),
+    )
+    + RUN
+)
+"""``bronze.<bucket>_quarantine``: malformed frames and cut tails, raw bytes bounded."""
+
+INGEST_LOG = T.StructType(
+    _fields(
+        ("run_version", T.LongType()),
+        ("ingest_run_id", T.StringType()),
+        ("status", T.StringType()),
+        ("file", T.StringType()),
+        ("size", T.LongType()),
+        ("modified_ms", T.LongType()),
+        ("session_id", T.StringType()),
+        ("file_sequence", T.IntegerType()),
+        ("frames", T.LongType()),
+        ("errors", T.LongType()),
+        ("end_state", T.StringType()),
+        ("message", T.StringType()),
+        ("logged_at", T.TimestampType()),
+    )
+)
+"""``bronze.<bucket>_ingest_log``: ``planned`` then ``ingested`` per file and run; ``changed``
+when a file ingested before is found with another size or time."""
+
+FILES = T.StructType(
+    _fields(
+        ("path", T.StringType()),
+        ("bucket", T.StringType()),
+        ("session_id", T.StringType()),
+        ("file_sequence", T.IntegerType()),
+        ("collections", T.BooleanType()),
+        ("header_length", T.LongType()),
+        ("size", T.LongType()),
+    )
+)
+"""The files a run decodes: one row each, the input of the decode tasks."""

@@ -1,0 +1,57 @@
+"""Configuration: invalid settings fail before Spark starts, naming the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dcp_cdc.config import load_config
+from dcp_cdc.errors import ConfigError
+from dcp_cdc.naming import identifier
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["local.toml", "cluster.example.toml"])
+def test_shipped_configurations_load(name: str) -> None:
+    config = load_config(REPO / "conf" / name)
+    assert config.buckets and config.landing and config.warehouse
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('warehouse = "w"\n[[buckets]]\nname = "b"\n', "landing: Field required"),
+        ('landing = "l"\nwarehouse = "w"\nbuckets = []\n', "buckets: List should have at least 1"),
+        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b c"\n', "buckets.0.name"),
+        ('landing = "l"\nwarehouse = "w"\ncolour = 1\n[[buckets]]\nname = "b"\n', "colour: Extra inputs"),
+        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[ingest]\nchunk_bytes = 10\n',
+         "ingest.chunk_bytes"),
+        ('landing = "l"\nwarehouse = "w"\n[[buckets]\n', "not valid TOML"),
+    ],
+)  # fmt: skip
+def test_invalid_configuration_names_file_and_field(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_unknown_bucket(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    config = load_config(REPO / "conf" / "local.toml")
+    with pytest.raises(ConfigError, match="'other' is not configured"):
+        config.bucket("other")
+
+
+def test_identifier_rule_is_readable_and_injective() -> None:
+    assert identifier("airline") == "airline"
+    assert identifier("travel-sample") == "travel_sample_a8560dff"
+    assert identifier("orders%2026") == "orders_pct_2026_6070f28b"
+    names = ["a-b", "a_b", "A_b", "a%b", "a.b", "a_pct_b", "ab"]
+    assert len({identifier(n) for n in names}) == len(names)
