@@ -106,18 +106,34 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         sim = SimConfig(scenario="mixed", seed=1, bucket=config.buckets[0].name, vbuckets=16,
                         docs=400, ops=2000, inject_malformed=1)  # fmt: skip
         result = simulate(target, sim)
-        out.write(f"1/2 simulated bucket {sim.bucket!r} ({sim.scenario}, seed {sim.seed}): "
+        out.write(f"1/3 simulated bucket {sim.bucket!r} ({sim.scenario}, seed {sim.seed}): "
                   f"{result.frames} frames in {len(result.files)} files under "
                   f"{target / 'landing'}\n")  # fmt: skip
-    out.write("2/2 ingesting into bronze (Spark)...\n")
+    from pipelines.silver.job import run as apply
+
+    out.write("2/3 ingesting into bronze (Spark)...\n")
     out.flush()
     for summary in ingest(config, args.bucket):
         out.write(summary.render() + "\n")
+    out.write("3/3 applying to silver...\n")
+    out.flush()
+    for applied in apply(config, args.bucket):
+        out.write(applied.render() + "\n")
     from pipelines.bronze.job import table_names
 
     events = table_names(config.buckets[0].name)["events"]
     out.write(f"\ntables are in the catalog under {config.warehouse}; try\n"
               f"  .venv/bin/dcp-cdc sql \"SELECT op, count(*) AS n FROM {events} GROUP BY op\"\n")  # fmt: skip
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
+    from dcp_cdc.config import load_config
+    from pipelines.silver.job import run as apply
+
+    config = load_config(args.config)
+    for summary in apply(config, args.bucket, collection=args.collection):
+        out.write(summary.render() + "\n")
     return 0
 
 
@@ -220,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--config", required=True, help="a TOML file in conf/")
     ingest.add_argument("--bucket", help="only this bucket")
     ingest.set_defaults(func=cmd_ingest)
+
+    apply = sub.add_parser("apply", help="bronze events into silver tables (MERGE)")
+    apply.add_argument("--config", required=True, help="a TOML file in conf/")
+    apply.add_argument("--bucket", help="only this bucket")
+    apply.add_argument("--collection", metavar="SCOPE.NAME", help="only this collection")
+    apply.set_defaults(func=cmd_apply)
 
     sql = sub.add_parser("sql", help="run a SQL query against the catalog")
     sql.add_argument("query")

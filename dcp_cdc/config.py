@@ -57,6 +57,12 @@ class TableConfig(_Model):
     """Delta table properties set when a table is created."""
 
 
+class SilverConfig(_Model):
+    retire: Literal["archive", "drop"] = "archive"
+    """What happens to a collection's table once its drop reached every vbucket: ``archive``
+    renames it ``<table>__dropped_<cid>_<yyyymmdd>``, ``drop`` removes it."""
+
+
 class SparkConfig(_Model):
     master: str = "local[2]"
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
@@ -71,6 +77,7 @@ class AppConfig(_Model):
     buckets: Annotated[list[BucketConfig], Field(min_length=1)]
     ingest: IngestConfig = IngestConfig()
     tables: TableConfig = TableConfig()
+    silver: SilverConfig = SilverConfig()
     spark: SparkConfig = SparkConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

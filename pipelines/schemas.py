@@ -66,12 +66,14 @@ DECODED = T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in
 
 LINEAGE = _fields(
     ("bucket", T.StringType()),
+    ("session_started_at", T.StringType()),
     ("session_id", T.StringType()),
     ("file", T.StringType()),
     ("file_sequence", T.IntegerType()),
     ("frame_index", T.LongType()),
 )
-"""Where a frame came from: ``offset`` (a decoded column) is its byte offset in ``file``."""
+"""Where a frame came from: ``offset`` (a decoded column) is its byte offset in ``file``.
+Session order is (``session_started_at``, ``session_id``, ``file_sequence``, ``offset``)."""
 
 ERROR = _fields(
     ("error_reason", T.StringType()),
@@ -144,6 +146,7 @@ FILES = T.StructType(
     _fields(
         ("path", T.StringType()),
         ("bucket", T.StringType()),
+        ("session_started_at", T.StringType()),
         ("session_id", T.StringType()),
         ("file_sequence", T.IntegerType()),
         ("collections", T.BooleanType()),

@@ -98,6 +98,9 @@ def spark_conf(
     }
     if master.startswith("local"):
         conf |= {
+            # Local mode runs every task in the driver JVM: its default 1g heap is far too
+            # small for a million decoded frames (this machine has 24 GiB).
+            "spark.driver.memory": "6g",
             # Loopback only: a local session must start with no network (and no DNS) at all.
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",

@@ -48,6 +48,10 @@ class SimConfig:
     inject_malformed: int = 0
     binary_share: float = 0.03
     xattr_share: float = 0.2
+    vbucket_offset: int = 0
+    """Added to every vbucket on the wire and in the truth: simulations with disjoint offsets
+    and key prefixes can share one bucket (many seeds in one pipeline run)."""
+    key_prefix: str = ""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -118,8 +122,10 @@ class Simulation:
     def open_session(self, directory: Path, **options: object) -> Session:
         n = len(self.sessions) + 1
         opts = SessionOptions(
-            session_id=f"{self.config.bucket}-s{n:02d}-{self.config.seed}",
+            session_id=f"{self.config.bucket}-s{n:02d}-{self.config.seed}"
+            + (f"-o{self.config.vbucket_offset}" if self.config.vbucket_offset else ""),
             max_file_bytes=self.config.max_file_bytes,
+            vbucket_offset=self.config.vbucket_offset,
             **options,  # type: ignore[arg-type]
         )
         session = Session(self.bucket, directory, opts, self.rng, self.counts)
@@ -168,9 +174,10 @@ class Simulation:
         self.key_seq[cid] += 1
         n = self.key_seq[cid]
         prefix = self.bucket.collections[cid].name.split("%")[0].split("-")[0]
+        mine = self.config.key_prefix
         if n % 97 == 0:
-            return f"{prefix}::ключ-{n:07d}".encode()
-        return f"{prefix}::{n:07d}".encode()
+            return f"{mine}{prefix}::ключ-{n:07d}".encode()
+        return f"{mine}{prefix}::{n:07d}".encode()
 
     def create(self, cid: int, key: bytes | None = None) -> Doc:
         key = key or self.new_key(cid)
@@ -212,7 +219,9 @@ class Simulation:
         cid = rng.choice(cids)
         keys = self.keys.get(cid) or []
         r = rng.random()
-        if not keys or r < 0.2:
+        # new keys until the key space is twice the initial load; after that, deleted keys
+        # come back instead, so memory stays bounded however many changes are simulated
+        if not keys or (r < 0.2 and len(keys) < 2 * self.config.docs // len(cids) + 1):
             self.create(cid)
         elif r < 0.85:
             pool = keys[:hot] if hot else keys

@@ -67,6 +67,7 @@ class SessionOptions:
     noop_every: int = 2000
     buffer_ack_bytes: int = 4 * 1024 * 1024
     max_file_bytes: int = 64 * 1024 * 1024
+    vbucket_offset: int = 0  # added to every vbucket on the wire (several buckets in one)
 
     def features(self) -> tuple[str, ...]:
         names = ["json"]
@@ -165,6 +166,7 @@ class Session:
         self.frames += 1
 
     def _hdr(self, opcode: int, vbid: int, *, cas: int = 0, datatype: int = 0) -> FrameHeader:
+        vbid += self.options.vbucket_offset  # the vbucket as the wire shows it
         sid = vbid + 1 if self.options.stream_ids else None
         return make_header(
             opcode, vbucket=vbid, opaque=vbid, cas=cas, datatype=datatype, stream_id=sid
@@ -183,29 +185,30 @@ class Session:
         end: int = NO_END_SEQNO,
     ) -> int | None:
         """Send a stream request and its response; returns a rollback seqno, or None if open."""
+        wire = vb.vbid + self.options.vbucket_offset
         snap_start = start if snap_start is None else snap_start
         snap_end = start if snap_end is None else snap_end
         value: dict[str, object] = {"uid": format(vb.manifest_uid, "x")}
         if self.options.stream_ids:
-            value["sid"] = vb.vbid + 1
+            value["sid"] = wire + 1
         if self.options.collection_filter is not None:
             value["collections"] = [format(c, "x") for c in self.options.collection_filter]
         if not self.options.collections:
             value = {}
         self._write_plain(StreamRequest(
-            make_header(Opcode.DCP_STREAM_REQ, vbucket=vb.vbid, opaque=vb.vbid), 0, start, end,
+            make_header(Opcode.DCP_STREAM_REQ, vbucket=wire, opaque=wire), 0, start, end,
             vb_uuid, snap_start, snap_end, json.dumps(value, sort_keys=True) if value else "",
         ))  # fmt: skip
         rollback = self._rollback_point(vb, start, vb_uuid, snap_start)
         if rollback is not None:
             self._write_plain(StreamRequestResponse(
-                make_header(Opcode.DCP_STREAM_REQ, status=Status.ROLLBACK, opaque=vb.vbid),
+                make_header(Opcode.DCP_STREAM_REQ, status=Status.ROLLBACK, opaque=wire),
                 "rollback", None, rollback, b"",
             ))  # fmt: skip
             return rollback
         log = tuple(vb.failover_log)
         self._write_plain(StreamRequestResponse(
-            make_header(Opcode.DCP_STREAM_REQ, status=Status.SUCCESS, opaque=vb.vbid),
+            make_header(Opcode.DCP_STREAM_REQ, status=Status.SUCCESS, opaque=wire),
             "success", log, None, b"",
         ))  # fmt: skip
         state = self.streams[vb.vbid]
@@ -289,6 +292,9 @@ class Session:
                  if self._visible(Item(d.seqno, doc=d))]  # fmt: skip
         items.sort(key=lambda i: i.doc.key if i.doc else b"")
         self.write(OsoSnapshot(self._hdr(Opcode.DCP_OSO_SNAPSHOT, vb.vbid), OsoFlag.START))
+        for ev in vb.sys_events:  # the filtered collections' own events come with them
+            if self._visible(Item(ev.seqno, sys=ev)):
+                self.write(self._sys_event(vb.vbid, ev))
         for item in items:
             self.write(self.doc_event(vb.vbid, item.doc, disk=True))  # type: ignore[arg-type]
         if vb.high_seqno:

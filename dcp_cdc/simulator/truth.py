@@ -38,7 +38,7 @@ def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
     }  # fmt: skip
     _text_or_b64(rec, "key", doc.key)
     rec.update(
-        vbucket=doc.vbucket, seqno=doc.seqno, rev_seqno=doc.rev_seqno, cas=doc.cas,
+        vbucket=doc.vbucket + sim.config.vbucket_offset, seqno=doc.seqno, rev_seqno=doc.rev_seqno, cas=doc.cas,
         flags=doc.flags, expiry=doc.expiry,
         expired=0 < doc.expiry <= sim.bucket.now, is_json=doc.is_json,
     )  # fmt: skip
@@ -93,7 +93,7 @@ def write_truth(sim: Simulation, out: Path) -> Path:
         "live_documents": len(docs),
         "vbuckets": [
             {
-                "vbucket": vb.vbid,
+                "vbucket": vb.vbid + sim.config.vbucket_offset,
                 "vb_uuid": vb.uuid,
                 "failover_log": [list(e) for e in vb.failover_log],
                 "last_consistent_seqno": last.streams[vb.vbid].consistent,

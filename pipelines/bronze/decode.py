@@ -109,6 +109,7 @@ def _with_lineage(
     columns: dict[str, pa.Array] = {name: decoded.column(name) for name in decoded.column_names}
     columns["bucket"] = _constant(file["bucket"], n)
     columns["session_id"] = _constant(file["session_id"], n)
+    columns["session_started_at"] = _constant(file["session_started_at"] or "", n)
     columns["file"] = _constant(file["path"], n)
     columns["file_sequence"] = pa.array(np.full(n, file["file_sequence"], dtype=np.int32))
     columns["frame_index"] = pa.array(index)

@@ -62,6 +62,7 @@ class CaptureFile:
     file_sequence: int = -1
     collections: bool = True
     header_length: int = 0
+    started_at: str = ""
 
 
 @dataclass
@@ -137,7 +138,7 @@ def read_header(file: CaptureFile) -> CaptureFile:
     header, length = parse_header(head, file=file.path)
     return CaptureFile(
         file.path, file.size, file.modified_ms, header.bucket, header.session_id,
-        header.sequence, header.collections, length,
+        header.sequence, header.collections, length, header.started_at or "",
     )  # fmt: skip
 
 
@@ -325,7 +326,8 @@ def ingest_bucket(
     log.info("run %s: ingesting %d files of bucket %s", version, len(chosen), bucket.name)
 
     file_rows = [
-        {"path": f.path, "bucket": f.bucket, "session_id": f.session_id,
+        {"path": f.path, "bucket": f.bucket, "session_started_at": f.started_at,
+         "session_id": f.session_id,
          "file_sequence": f.file_sequence, "collections": f.collections,
          "header_length": f.header_length, "size": f.size}
         for f in chosen

@@ -18,6 +18,7 @@ SCHEMA = schemas.arrow_schema(schemas.DECODE_OUTPUT)
 def _decode(path: Path, chunk: int) -> pa.Table:
     header, length = read_capture_header(path)
     file = {"path": str(path), "bucket": header.bucket, "session_id": header.session_id,
+            "session_started_at": header.started_at,
             "file_sequence": header.sequence, "collections": header.collections,
             "header_length": length, "size": path.stat().st_size}  # fmt: skip
     return pa.Table.from_batches(list(decode_file(file, SCHEMA, chunk_bytes=chunk, raw_limit=64)),

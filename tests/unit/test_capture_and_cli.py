@@ -154,12 +154,3 @@ def test_decode_command_raw_without_collections(tmp_path: Path) -> None:
     assert main(["decode", "--raw", "--no-collections", str(raw)], out=out) == 0
     (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert record["key"] == "\x08hello" and "collection_id" not in record  # prefix kept
-
-
-def test_run_command_simulates_and_summarizes(tmp_path: Path) -> None:
-    out = io.StringIO()
-    assert main(["run", "--workdir", str(tmp_path)], out=out) == 0
-    text = out.getvalue()
-    assert "frames" in text and "mutation" in text
-    assert "injected on purpose" in text
-    assert list((tmp_path / "landing").glob("*.dcpcap"))

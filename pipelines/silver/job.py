@@ -1,0 +1,194 @@
+"""The silver apply job: bronze events → one current-state Delta table per collection.
+
+Per run and bucket:
+
+1. read the bronze frames no run has consumed yet (from the oldest run holding an unfinished
+   snapshot of some vbucket) and walk each vbucket's frames in session order
+   (:mod:`pipelines.silver.walk`, inside ``applyInArrow``): only complete snapshots commit;
+2. register collections from committed system events (``silver.<bucket>__collections``);
+3. retract rolled-back changes: every key of vbucket V with ``_seqno > R`` returns to its last
+   state at or before R on the surviving branch, rebuilt from bronze;
+4. apply drops and flushes: rows of the collection in V below the event's seqno go;
+5. MERGE the newest committed change per key into its collection's table, only where it is
+   newer than the row (replays and reordered batches are harmless); deletions and expirations
+   become tombstones;
+6. save each vbucket's position and state (``silver.<bucket>__stream_state``).
+
+The table a user queries, ``silver.<bucket>__<scope>__<collection>``, is a view of live
+documents (no tombstones, nothing past its expiry) over ``..._all``, which keeps tombstones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from dcp_cdc.errors import DcpError
+from dcp_cdc.naming import identifier
+from pipelines.bronze.job import table_names as bronze_tables
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("dcp_cdc.silver")
+MAX_COMMIT_ATTEMPTS = 5
+
+
+class SilverConflictError(DcpError):
+    """Another writer kept winning the Delta commit race on a silver table."""
+
+
+def bucket_prefix(bucket: str) -> str:
+    return f"silver.{identifier(bucket)}"
+
+
+def collection_table(bucket: str, scope: str, collection: str) -> str:
+    """The name users query (a view of live documents); ``_all`` holds tombstones too."""
+    return f"{bucket_prefix(bucket)}__{identifier(scope)}__{identifier(collection)}"
+
+
+def registry_table(bucket: str) -> str:
+    return f"{bucket_prefix(bucket)}__collections"
+
+
+def state_table(bucket: str) -> str:
+    return f"{bucket_prefix(bucket)}__stream_state"
+
+
+@dataclass
+class ApplySummary:
+    bucket: str
+    frames: int = 0
+    changes: int = 0
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)
+    rebuilt_keys: int = 0
+    dropped_rows: int = 0
+    ignored: int = 0
+    tables: dict[str, int] = field(default_factory=dict)  # table -> rows merged
+    open_snapshots: int = 0
+    seconds: float = 0.0
+
+    def render(self) -> str:
+        lines = [
+            f"silver apply of bucket {self.bucket!r}: {self.frames} frames read, {self.changes} "
+            f"committed changes into {len(self.tables)} tables, {len(self.rollbacks)} rollbacks "
+            f"({self.rebuilt_keys} keys rebuilt), {self.dropped_rows} rows removed by drops and "
+            f"flushes, {self.ignored} changes to dropped collections ignored, "
+            f"{self.open_snapshots} vbuckets with an open snapshot, {self.seconds:.1f} s"
+        ]
+        lines += [f"  {t}: {n} changes" for t, n in sorted(self.tables.items())]
+        return "\n".join(lines)
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+def apply_bucket(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, collection: str | None = None
+) -> ApplySummary:
+    from pyspark.sql import functions as F
+
+    from pipelines.silver import transforms
+
+    started = time.perf_counter()
+    summary = ApplySummary(bucket.name)
+    name = bucket.name
+    transforms.ensure_support_tables(spark, name, config.tables.properties)
+    bronze = bronze_tables(name)
+    if not spark.catalog.tableExists(bronze["events"]):
+        log.info("no bronze table for bucket %s yet", name)
+        return summary
+    states = transforms.read_states(spark, state_table(name))
+    frames = transforms.unconsumed_frames(spark, bronze, states)
+    walked = transforms.walk_vbuckets(spark, frames, states).cache()
+    try:
+        controls = [
+            r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()
+        ]
+        summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
+        new_states = {
+            r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
+        }
+        if not new_states:
+            summary.seconds = time.perf_counter() - started
+            return summary
+        summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
+        summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
+        changes = walked.where(F.col("kind") == "change")
+        change_cids = {
+            r["collection_id"] for r in changes.select("collection_id").distinct().collect()
+        }
+        registry = transforms.update_registry(
+            spark, name, controls, config.tables.properties, change_cids
+        )
+        rollbacks = [
+            (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
+        ]
+        summary.rollbacks = rollbacks
+        if collection is not None:
+            scope, _, coll = collection.partition(".")
+            keep = [
+                c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
+            ]
+            changes = changes.where(F.col("collection_id").isin(keep))
+        if rollbacks:
+            summary.rebuilt_keys = transforms.rebuild_rolled_back(
+                spark, name, bronze["events"], registry, rollbacks, new_states
+            )
+        summary.dropped_rows = transforms.apply_drops(spark, name, registry, controls)
+        summary.tables = transforms.merge_changes(spark, name, registry, changes)
+        summary.changes = sum(summary.tables.values())
+        transforms.retire_dropped(spark, name, registry, new_states, config)
+        transforms.save_states(spark, state_table(name), states, new_states)
+    finally:
+        walked.unpersist()
+    summary.seconds = time.perf_counter() - started
+    log.info(summary.render())
+    return summary
+
+
+def run(
+    config: AppConfig,
+    bucket: str | None = None,
+    *,
+    collection: str | None = None,
+    spark: SparkSession | None = None,
+) -> list[ApplySummary]:
+    from pipelines.spark_session import build_spark_session
+
+    buckets = config.bucket(bucket)
+    session = spark or build_spark_session(
+        "dcp-cdc-silver", config.warehouse, master=config.spark.master,
+        shuffle_partitions=config.spark.shuffle_partitions, extra_conf=config.spark.conf,
+    )  # fmt: skip
+    return [apply_bucket(session, config, b, collection=collection) for b in buckets]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.silver.job", description=__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--bucket")
+    parser.add_argument("--collection", help="SCOPE.NAME: only this collection's table")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        config = load_config(args.config)
+        for summary in run(config, args.bucket, collection=args.collection):
+            print(summary.render())
+    except DcpError as exc:
+        print(f"dcp-cdc apply: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
