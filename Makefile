@@ -3,6 +3,7 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
+#   make test-long  silver against the truth over 200 simulator seeds
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
 # setup is stamp-driven: a second run with nothing changed does no work.
@@ -22,7 +23,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test check lint format typecheck run bench lock clean distclean
+.PHONY: help setup test test-long check lint format typecheck run bench lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
@@ -52,6 +53,10 @@ test: setup lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 check: test
+
+# Silver against the simulator's truth over 200 seeds (CI runs 24).
+test-long: setup
+	DCP_CDC_SEEDS=200 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -107,8 +107,10 @@ def apply_bucket(
         log.info("no bronze table for bucket %s yet", name)
         return summary
     states = transforms.read_states(spark, state_table(name))
-    frames = transforms.unconsumed_frames(spark, bronze, states)
-    walked = transforms.walk_vbuckets(spark, frames, states).cache()
+    frames, again = transforms.unconsumed_frames(spark, bronze, states)
+    if again:
+        log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
+    walked = transforms.walk_vbuckets(spark, frames, states, again).cache()
     try:
         controls = [
             r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()

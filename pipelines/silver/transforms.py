@@ -185,20 +185,60 @@ def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
     }
 
 
+def run_versions(spark: SparkSession, bronze: dict[str, str]) -> DataFrame:
+    """``ingest_run_id → run_version`` of the bronze runs that finished."""
+    return (
+        spark.table(bronze["ingest_log"])
+        .where(F.col("status") == "ingested")
+        .select("ingest_run_id", "run_version")
+        .distinct()
+    )
+
+
 def unconsumed_frames(
     spark: SparkSession, bronze: dict[str, str], states: dict[int, dict[str, Any]]
-) -> DataFrame:
-    """Bronze frames of the runs that may hold frames no silver run has consumed yet."""
-    events = spark.table(bronze["events"]).where(F.col("op").isin(WALK_OPS))
+) -> tuple[DataFrame, set[int]]:
+    """Bronze frames that may hold frames no silver run has consumed yet (with the
+    ``run_version`` of their ingest run), and the vbuckets to walk again from their start.
+
+    A vbucket is walked again when a new run brought frames that sort before the position
+    silver reached in it: files of an older session that arrived after a newer session was
+    applied. Walking its whole history again in session order gives what one run over all
+    of it would have given; the MERGE guard and the idempotent deletes make the replay safe.
+    """
+    versions_df = run_versions(spark, bronze)
+    events = (
+        spark.table(bronze["events"])
+        .where(F.col("op").isin(WALK_OPS))
+        .join(F.broadcast(versions_df), on="ingest_run_id", how="inner")
+        .withColumn("vb_key", vb_key())
+    )
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        return events
-    log = spark.table(bronze["ingest_log"]).where(F.col("status") == "ingested")
-    versions = {r["ingest_run_id"]: r["run_version"]
-                for r in log.select("ingest_run_id", "run_version").distinct().collect()}  # fmt: skip
+        return events, set()
+    seen = min(s["state"].get("seen_version", 0) for s in states.values())
+    positions = [
+        (vb, *s["state"]["position"]) for vb, s in states.items() if s["state"]["position"]
+    ]
+    saved = spark.createDataFrame(
+        positions, "p_vb INT, p_started STRING, p_session STRING, p_seq INT, p_offset LONG"
+    )
+    position = F.struct("session_started_at", "session_id", "file_sequence", "offset")
+    saved_position = F.struct("p_started", "p_session", "p_seq", "p_offset")
+    late = {
+        r["vb_key"]
+        for r in events.where(F.col("run_version") > seen)
+        .join(F.broadcast(saved), F.col("vb_key") == F.col("p_vb"))
+        .where(position <= saved_position)
+        .select("vb_key")
+        .distinct()
+        .collect()
+    }
+    versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
     oldest = min(versions.get(r, 0) for r in run_ids)
-    wanted = [run for run, v in versions.items() if v >= oldest]
-    return events.where(F.col("ingest_run_id").isin(wanted))
+    recent = F.col("run_version") >= oldest
+    wanted = (recent | F.col("vb_key").isin(sorted(late))) if late else recent
+    return events.where(wanted), late
 
 
 _WALK_COLUMNS = [
@@ -206,18 +246,22 @@ _WALK_COLUMNS = [
     "offset", "by_seqno", "rev_seqno", "cas", "flags", "expiration", "collection_id", "key",
     "value", "xattrs", "is_json", "start_seqno", "end_seqno", "purge_seqno", "event",
     "scope_id", "name", "manifest_uid", "max_ttl", "history", "oso_flags", "rollback_seqno",
-    "failover_log", "in_vb_uuid", "ingest_run_id",
+    "failover_log", "in_vb_uuid", "ingest_run_id", "run_version",
 ]  # fmt: skip
 
 
 def walk_vbuckets(
-    spark: SparkSession, frames: DataFrame, states: dict[int, dict[str, Any]]
+    spark: SparkSession,
+    frames: DataFrame,
+    states: dict[int, dict[str, Any]],
+    again: set[int] | frozenset[int] = frozenset(),
 ) -> DataFrame:
-    """Each vbucket's frames through :func:`pipelines.silver.walk.walk` (``applyInArrow``)."""
-    state_rows = [(vb, json.dumps(s["state"])) for vb, s in states.items()]
+    """Each vbucket's frames through :func:`pipelines.silver.walk.walk` (``applyInArrow``);
+    the vbuckets in ``again`` start over from a fresh state."""
+    state_rows = [(vb, json.dumps(s["state"])) for vb, s in states.items() if vb not in again]
     state_df = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING")
     keyed = (
-        frames.select(*_WALK_COLUMNS, vb_key().alias("vb_key"))
+        frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
         .join(F.broadcast(state_df), on="vb_key", how="left")
     )
@@ -230,17 +274,20 @@ def walk_vbuckets(
 def _walk_group(table: pa.Table, out_schema: pa.Schema) -> pa.Table:
     rows = table.to_pylist()
     vb = rows[0]["vb_key"]
-    saved = rows[0]["saved_state"]
-    state = VbState.from_json(json.loads(saved)) if saved else VbState(vb)
+    saved = json.loads(rows[0]["saved_state"]) if rows[0]["saved_state"] else None
+    state = VbState.from_json(saved) if saved else VbState(vb)
+    seen = saved.get("seen_version", 0) if saved else 0
     rows.sort(key=position_of)
     start = state.position
     fresh = [r for r in rows if start is None or position_of(r) > start]
     result = walk(fresh, state)
     out: list[dict[str, Any]] = []
-    for c in result.changes:
+    changes = list(result.changes)
+    events = list(result.system_events)
+    for c in changes:
         out.append({**{k: c.get(k) for k in out_schema.names}, "kind": "change", "vbucket": vb,
                     "state": None})  # fmt: skip
-    for e in result.system_events:
+    for e in events:
         out.append({**{k: e.get(k) for k in out_schema.names}, "kind": "system_event",
                     "event": e["kind"], "vbucket": vb, "state": None})  # fmt: skip
     for seqno in result.rollbacks:
@@ -250,10 +297,12 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema) -> pa.Table:
     after = [r for r in fresh if state.position is None or position_of(r) > state.position]
     position_run = (after[0] if after else fresh[-1])["ingest_run_id"] if fresh else None
     if position_run is None and saved:
-        position_run = json.loads(saved).get("run_id")
+        position_run = saved.get("run_id")
+    seen = max([seen, *(r["run_version"] for r in rows)])
     out.append({
-        "kind": "state", "vbucket": vb, "frames": len(fresh), "ignored": result.ignored,
-        "state": json.dumps({**state.to_json(), "run_id": position_run}),
+        "kind": "state", "vbucket": vb, "frames": len(fresh),
+        "ignored": result.ignored,
+        "state": json.dumps({**state.to_json(), "run_id": position_run, "seen_version": seen}),
         "position_run_id": position_run,
     })  # fmt: skip
     return pa.Table.from_pylist(out, schema=out_schema)
