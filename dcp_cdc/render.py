@@ -13,7 +13,8 @@ from dcp_cdc.protocol import snapshot_flag_names
 _SKIP = frozenset({"header", "nmeta"})
 
 
-def _bytes_field(out: dict[str, Any], name: str, data: bytes, *, text_ok: bool) -> None:
+def bytes_field(out: dict[str, Any], name: str, data: bytes, *, text_ok: bool = True) -> None:
+    """``out[name]`` as text when allowed and UTF-8, else ``out[name + "_b64"]``."""
     if text_ok:
         try:
             out[name] = data.decode("utf-8")
@@ -44,10 +45,10 @@ def event_to_json(event: Event, *, file: str | None = None) -> dict[str, Any]:
         if value is None:
             continue
         if f.name == "key":
-            _bytes_field(out, "key", value, text_ok=True)
+            bytes_field(out, "key", value, text_ok=True)
         elif f.name == "value" and isinstance(value, bytes):
             if value:
-                _bytes_field(out, "value", value, text_ok=h.is_json and hasattr(event, "xattrs"))
+                bytes_field(out, "value", value, text_ok=h.is_json and hasattr(event, "xattrs"))
         elif f.name == "failover_log":
             out["failover_log"] = [list(entry) for entry in value]
         else:

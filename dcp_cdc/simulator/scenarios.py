@@ -379,11 +379,7 @@ def catch_up(sim: Simulation, landing: Path, checkpoints: dict[int, Checkpoint],
     """A session that resumes from ``checkpoints`` and stops at each vbucket's high seqno."""
     s = sim.open_session(landing, **options)
     for vb in sim.bucket.vbuckets:
-        cp = checkpoints[vb.vbid]
-        start, uuid, log = cp.seqno, cp.vb_uuid, list(cp.failover_log)
-        while (rb := s.request(vb, start=start, vb_uuid=uuid, end=vb.high_seqno)) is not None:
-            start, log = rb, [e for e in log if e[1] <= rb]
-            uuid = log[0][0] if log and rb else 0
+        start = s.resume(vb, checkpoints[vb.vbid], end=vb.high_seqno)
         if start >= vb.high_seqno:
             s.end_stream(vb.vbid, StreamEndReason.OK)
         else:
@@ -451,11 +447,7 @@ def fail_over(sim: Simulation, s: Session, vb: VBucket) -> None:
     s.flush(vb)
     s.end_stream(vb.vbid, StreamEndReason.STATE_CHANGED)
     sim.bucket.failover(vb, point)
-    cp = s.checkpoints()[vb.vbid]
-    start, uuid, log = cp.seqno, cp.vb_uuid, list(cp.failover_log)
-    while (rb := s.request(vb, start=start, vb_uuid=uuid)) is not None:
-        start, log = rb, [e for e in log if e[1] <= rb]
-        uuid = log[0][0] if log and rb else 0
+    s.resume(vb, s.checkpoints()[vb.vbid])
     s.backfill(vb)
 
 

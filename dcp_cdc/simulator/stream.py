@@ -240,12 +240,18 @@ class Session:
                  end: int = NO_END_SEQNO) -> None:  # fmt: skip
         """Open a stream per vbucket, following rollbacks until each succeeds."""
         for vb in self.bucket.vbuckets:
-            cp = (checkpoints or {}).get(vb.vbid)
-            start, uuid, log = (cp.seqno, cp.vb_uuid, list(cp.failover_log)) if cp else (0, 0, [])
-            while (rollback := self.request(vb, start=start, vb_uuid=uuid, end=end)) is not None:
-                start = rollback  # prune entries above the rollback point (java client rule)
-                log = [e for e in log if e[1] <= rollback]
-                uuid = log[0][0] if log and rollback else 0
+            self.resume(vb, (checkpoints or {}).get(vb.vbid), end=end)
+
+    def resume(self, vb: VBucket, checkpoint: Checkpoint | None, *, end: int = NO_END_SEQNO) -> int:
+        """Request the stream from ``checkpoint``, following rollbacks until it opens (§7.5);
+        returns the seqno it opened at."""
+        cp = checkpoint
+        start, uuid, log = (cp.seqno, cp.vb_uuid, list(cp.failover_log)) if cp else (0, 0, [])
+        while (rollback := self.request(vb, start=start, vb_uuid=uuid, end=end)) is not None:
+            start = rollback  # prune entries above the rollback point (java client rule)
+            log = [e for e in log if e[1] <= rollback]
+            uuid = log[0][0] if log and rollback else 0
+        return start
 
     # --- backfill (disk snapshots, spec §6.3) ------------------------------------------
 

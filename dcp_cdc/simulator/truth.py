@@ -7,26 +7,17 @@ snapshots. ``truth/documents.jsonl``: every live document, one JSON object a lin
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dcp_cdc.render import bytes_field
+
 if TYPE_CHECKING:
     from dcp_cdc.simulator.model import Doc
     from dcp_cdc.simulator.scenarios import Simulation
-
-
-def _text_or_b64(out: dict[str, Any], name: str, data: bytes, text_ok: bool = True) -> None:
-    if text_ok:
-        try:
-            out[name] = data.decode("utf-8")
-            return
-        except UnicodeDecodeError:
-            pass
-    out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
 
 
 def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
@@ -36,13 +27,13 @@ def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
         "scope": scope.name, "scope_id": scope.scope_id, "collection": coll.name,
         "collection_id": coll.collection_id,
     }  # fmt: skip
-    _text_or_b64(rec, "key", doc.key)
+    bytes_field(rec, "key", doc.key)
     rec.update(
         vbucket=doc.vbucket + sim.config.vbucket_offset, seqno=doc.seqno, rev_seqno=doc.rev_seqno, cas=doc.cas,
         flags=doc.flags, expiry=doc.expiry,
         expired=0 < doc.expiry <= sim.bucket.now, is_json=doc.is_json,
     )  # fmt: skip
-    _text_or_b64(rec, "value", doc.body, text_ok=doc.is_json)
+    bytes_field(rec, "value", doc.body, text_ok=doc.is_json)
     rec["xattrs"] = doc.xattrs
     return rec
 
