@@ -131,15 +131,20 @@ def check_body(h: FrameHeader, buf: Buffer, pos: int) -> FrameHeader:
     try:
         stream_id = _stream_id(buf, pos + HEADER_LEN, h.framing_extras_len)
     except FieldError as exc:
-        raise MalformedFrameError(
-            exc.reason,
-            offset=h.offset,
-            opcode=h.opcode,
-            expected=exc.expected,
-            got=exc.got,
-            frame_length=h.frame_len,
-        ) from None
+        raise _located(exc, h) from None
     return h._replace(stream_id=stream_id)
+
+
+def _located(exc: FieldError, h: FrameHeader) -> MalformedFrameError:
+    """A part's error, placed at its frame (whose boundary is known, so it is skippable)."""
+    return MalformedFrameError(
+        exc.reason,
+        offset=h.offset,
+        opcode=h.opcode,
+        expected=exc.expected,
+        got=exc.got,
+        frame_length=h.frame_len,
+    )
 
 
 def _stream_id(buf: Buffer, start: int, length: int) -> int | None:
@@ -539,14 +544,7 @@ def _read(h: FrameHeader, buf: Buffer, pos: int, collections: bool) -> Event:
     try:
         return reader(h, ext, key, value, collections)
     except FieldError as exc:
-        raise MalformedFrameError(
-            exc.reason,
-            offset=h.offset,
-            opcode=h.opcode,
-            expected=exc.expected,
-            got=exc.got,
-            frame_length=h.frame_len,
-        ) from None
+        raise _located(exc, h) from None
 
 
 # --- the streaming face --------------------------------------------------------------------
