@@ -94,11 +94,11 @@ def timed(fn: Callable[[bytes], int], data: bytes, repeat: int) -> tuple[float, 
     return best, count
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frames", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     data = build_stream(args.frames)
     mb = len(data) / 1e6
     print(f"{args.frames} frames, {mb:.1f} MB")
