@@ -63,6 +63,10 @@ def state_table(bucket: str) -> str:
     return f"{bucket_prefix(bucket)}__stream_state"
 
 
+def purges_table(bucket: str) -> str:
+    return f"{bucket_prefix(bucket)}__tombstone_purges"
+
+
 @dataclass
 class ApplySummary:
     bucket: str
@@ -110,7 +114,9 @@ def apply_bucket(
     frames, again = transforms.unconsumed_frames(spark, bronze, states)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-    walked = transforms.walk_vbuckets(spark, frames, states, again).cache()
+    walked = transforms.walk_vbuckets(
+        spark, frames, states, again, eager=config.silver.eager_apply
+    ).cache()
     try:
         controls = [
             r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()
@@ -155,6 +161,26 @@ def apply_bucket(
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def purge_tombstones(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig
+) -> dict[str, int]:
+    """Maintenance: tombstones older than ``silver.tombstone_retention_hours`` leave every
+    collection table of ``bucket``; returns rows removed per table (the user-facing name)."""
+    from pipelines.silver import transforms
+
+    if not spark.catalog.tableExists(registry_table(bucket.name)):
+        return {}
+    transforms.ensure_support_tables(spark, bucket.name, config.tables.properties)
+    registry = [
+        r.asDict(recursive=True) for r in spark.table(registry_table(bucket.name)).collect()
+    ]
+    purged = transforms.purge_tombstones(
+        spark, bucket.name, registry, config.silver.tombstone_retention_hours
+    )
+    log.info("tombstone purge of bucket %s: %s", bucket.name, purged or "nothing to purge")
+    return purged
 
 
 def run(
