@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -498,7 +498,7 @@ def merge_changes(
         F.col("vbucket").alias("_vbucket"),
         F.col("purged_through_seqno").alias("_purged_through"),
     )
-    columns = {c: f"s.{c}" for c in SILVER.fieldNames()}
+    columns: dict[str, str | Column] = {c: f"s.{c}" for c in SILVER.fieldNames()}
     rows = silver_rows(changes).cache()
     merged: dict[str, int] = {}
     try:
@@ -664,10 +664,9 @@ def purge_tombstones(
     from pipelines.silver.job import purges_table
 
     marks_table = purges_table(bucket)
-    expired = (
-        F.col("_deleted")
-        & (F.col("_applied_at") < F.expr(f"current_timestamp() - INTERVAL {retention_hours} HOURS"))
-    )  # fmt: skip
+    old_tombstone = (
+        f"_deleted AND _applied_at < current_timestamp() - INTERVAL {retention_hours} HOURS"
+    )
     purged: dict[str, int] = {}
     for reg in registry:
         if reg["status"] == "retired":
@@ -675,7 +674,7 @@ def purge_tombstones(
         table = f"{reg['table_name']}_all"
         marks = (
             spark.table(table)
-            .where(expired)
+            .where(old_tombstone)
             .groupBy(F.col("_vbucket").alias("vbucket"))
             .agg(F.max("_seqno").alias("purged_through_seqno"))
             .select(F.lit(table).alias("table_name"), "vbucket", "purged_through_seqno",
@@ -696,9 +695,10 @@ def purge_tombstones(
                 .execute()
             ))  # fmt: skip
             metrics = with_retry(
-                table, lambda t=table: DeltaTable.forName(spark, t).delete(expired)
+                table,
+                lambda t=table: spark.sql(f"DELETE FROM {t} WHERE {old_tombstone}"),  # type: ignore[misc]
             )
-            purged[reg["table_name"]] = _metric(metrics, "num_deleted_rows")
+            purged[reg["table_name"]] = _metric(metrics, "num_affected_rows")
         finally:
             marks.unpersist()
     return purged
