@@ -167,7 +167,32 @@ def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str
         builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
         for k, v in properties.items():
             builder = builder.property(k, v)
-        builder.execute()
+        _create(spark, table, builder)
+
+
+def _create(spark: SparkSession, table: str, builder: Any) -> None:
+    """``createIfNotExists`` that tolerates a concurrent run creating the same table. Delta
+    reports that race as a protocol change (retried by :func:`with_retry`); the catalog as
+    "already exists", or the location as "not empty" while the other commit is under way:
+    wait, and ask again (the table exists by then and creating it is a no-op)."""
+    from pyspark.errors import AnalysisException
+
+    from pipelines.silver.job import MAX_COMMIT_ATTEMPTS, SilverConflictError
+
+    races = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
+    for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
+        try:
+            with_retry(table, builder.execute)
+            return
+        except AnalysisException as exc:
+            if exc.getCondition() not in races:
+                raise
+            if attempt == MAX_COMMIT_ATTEMPTS:
+                raise SilverConflictError(
+                    f"{table}: a concurrent run was still creating it after {attempt} attempts "
+                    f"({exc.getCondition()}); run again"
+                ) from exc
+            time.sleep(0.5 * attempt)
 
 
 def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str, str]) -> None:
@@ -182,11 +207,32 @@ def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str
     )
     for k, v in properties.items():
         builder = builder.property(k, v)
-    builder.execute()
-    spark.sql(
+    _create(spark, f"{name}_all", builder)
+    view = (
         f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {name}_all "
         "WHERE NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
     )
+    _catalog_step(spark, name, lambda: spark.sql(view), "TABLE_OR_VIEW_ALREADY_EXISTS")
+
+
+def _catalog_step(spark: SparkSession, name: str, step: Callable[[], object], race: str) -> None:
+    """A catalog change a concurrent run may make first: its ``race`` error (the other run's
+    effect) means done; a second such error in a row fails with a clear message."""
+    from pyspark.errors import AnalysisException
+
+    from pipelines.silver.job import SilverConflictError
+
+    for attempt in (1, 2):
+        try:
+            step()
+            return
+        except AnalysisException as exc:
+            if exc.getCondition() != race:
+                raise
+            if attempt == 2:
+                raise SilverConflictError(
+                    f"{name}: a concurrent run kept changing it in the catalog ({race}); run again"
+                ) from exc
 
 
 # --- reading and walking -------------------------------------------------------------------
@@ -614,7 +660,9 @@ def retire_dropped(
         if config.silver.retire == "archive":
             stamp = time.strftime("%Y%m%d", time.gmtime())
             archived = f"{name}__dropped_{row['collection_id']:x}_{stamp}"
-            spark.sql(f"ALTER TABLE {name}_all RENAME TO {archived}")
+            if not spark.catalog.tableExists(archived):  # or a concurrent run archived it
+                rename = f"ALTER TABLE {name}_all RENAME TO {archived}"
+                _catalog_step(spark, name, lambda q=rename: spark.sql(q), "TABLE_OR_VIEW_NOT_FOUND")  # type: ignore[misc]
         else:
             spark.sql(f"DROP TABLE IF EXISTS {name}_all")
         spark.sql(f"DROP VIEW IF EXISTS {name}")
