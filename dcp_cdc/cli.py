@@ -132,7 +132,7 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     from pipelines.silver.job import run as apply
 
     config = load_config(args.config)
-    for summary in apply(config, args.bucket, collection=args.collection):
+    for summary in apply(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
         out.write(summary.render() + "\n")
     return 0
 
@@ -241,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--config", required=True, help="a TOML file in conf/")
     apply.add_argument("--bucket", help="only this bucket")
     apply.add_argument("--collection", metavar="SCOPE.NAME", help="only this collection")
+    apply.add_argument("--rebuild", action="store_true",
+                       help="a backfill: empty the tables (or --collection's) and apply all of "
+                            "bronze again")  # fmt: skip
     apply.set_defaults(func=cmd_apply)
 
     sql = sub.add_parser("sql", help="run a SQL query against the catalog")

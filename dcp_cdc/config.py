@@ -70,11 +70,13 @@ class TableConfig(_Model):
 
     properties: dict[str, str] = Field(
         default_factory=lambda: {
-            "delta.enableDeletionVectors": "true",
+            "delta.enableDeletionVectors": "false",
             "delta.autoOptimize.optimizeWrite": "true",
         }
     )
-    """Delta table properties set when a table is created."""
+    """Delta table properties set when a table is created. Deletion vectors are off by
+    default: other Delta readers (delta-rs, the ``deltalake`` package, 1.6) refuse tables
+    with that reader feature, and turning it off later leaves the feature in the protocol."""
 
 
 class SilverConfig(_Model):
