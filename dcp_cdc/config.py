@@ -85,6 +85,13 @@ class SilverConfig(_Model):
     retire: Literal["archive", "drop"] = "archive"
     """What happens to a collection's table once its drop reached every vbucket: ``archive``
     renames it ``<table>__dropped_<cid>_<yyyymmdd>``, ``drop`` removes it."""
+    eager_apply: bool = False
+    """Also apply the changes of a vbucket's unfinished snapshot at once (they are not yet a
+    consistent point of the bucket); off: they wait until the snapshot completes."""
+    tombstone_retention_hours: Annotated[int, Field(ge=0)] = 168
+    """How long deletion and expiration tombstones stay in ``..._all`` tables before the
+    maintenance purge removes them. After the purge, a replayed older event of such a key in
+    its vbucket at or below the purged seqno is still refused (``__tombstone_purges``)."""
 
 
 class SparkConfig(_Model):

@@ -25,7 +25,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from dcp_cdc.errors import DcpError
 from dcp_cdc.naming import identifier
 from pipelines.bronze.job import table_names as bronze_tables
-from pipelines.silver.job import registry_table, state_table
+from pipelines.silver.job import purges_table, registry_table, state_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,7 +74,7 @@ def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
     """Every Delta table of ``bucket`` that exists: bronze, silver (support tables and the
     ``_all`` table of each collection not retired) and quality."""
     names = list(bronze_tables(bucket).values())
-    names += [registry_table(bucket), state_table(bucket)]
+    names += [registry_table(bucket), state_table(bucket), purges_table(bucket)]
     if spark.catalog.tableExists(registry_table(bucket)):
         live = spark.table(registry_table(bucket)).where("status != 'retired'")
         names += sorted(f"{r['table_name']}_all" for r in live.select("table_name").collect())
@@ -112,6 +113,22 @@ def optimize(spark: SparkSession, table: str) -> tuple[int, int]:
     return int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
 
 
+@contextmanager
+def _retention_check(spark: SparkSession, *, enabled: bool) -> Iterator[None]:
+    """Delta's refusal to VACUUM below its safe retention, off while the block runs when the
+    configuration asks for less (readers and time travel older than that break)."""
+    key = "spark.databricks.delta.retentionDurationCheck.enabled"
+    if enabled:
+        yield
+        return
+    before = spark.conf.get(key, "true") or "true"
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
 def maintain_bucket(
     spark: SparkSession, config: AppConfig, bucket: BucketConfig
 ) -> MaintenanceSummary:
@@ -129,9 +146,10 @@ def maintain_bucket(
         for table in tables:
             summary.optimized[table] = optimize(spark, table)
     hours = settings.vacuum_retention_hours
-    for table in tables:
-        spark.sql(f"VACUUM {table} RETAIN {hours} HOURS")
-        summary.vacuumed.append(table)
+    with _retention_check(spark, enabled=hours >= DELTA_MIN_SAFE_RETENTION_HOURS):
+        for table in tables:
+            spark.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+            summary.vacuumed.append(table)
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
@@ -144,9 +162,6 @@ def run(
 
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-maintenance")
-    if config.maintenance.vacuum_retention_hours < DELTA_MIN_SAFE_RETENTION_HOURS:
-        # The configuration asked for it: readers older than that and time travel break.
-        session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     return [maintain_bucket(session, config, b) for b in buckets]
 
 

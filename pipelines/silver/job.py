@@ -63,6 +63,10 @@ def state_table(bucket: str) -> str:
     return f"{bucket_prefix(bucket)}__stream_state"
 
 
+def purges_table(bucket: str) -> str:
+    return f"{bucket_prefix(bucket)}__tombstone_purges"
+
+
 @dataclass
 class ApplySummary:
     bucket: str
@@ -123,7 +127,9 @@ def apply_bucket(
     frames, again = transforms.unconsumed_frames(spark, bronze, states)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-    walked = transforms.walk_vbuckets(spark, frames, states, again).cache()
+    walked = transforms.walk_vbuckets(
+        spark, frames, states, again, eager=config.silver.eager_apply
+    ).cache()
     try:
         controls = [
             r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()
@@ -171,8 +177,8 @@ def apply_bucket(
 
 
 def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> list[str]:
-    """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone), the
-    first step of a rebuild; returns the tables emptied."""
+    """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone) and
+    their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
     registry = (
         [r.asDict() for r in spark.table(registry_table(bucket)).collect()]
         if spark.catalog.tableExists(registry_table(bucket))
@@ -189,10 +195,35 @@ def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> li
             )
         live = chosen
     tables = [f"{r['table_name']}_all" for r in live]
+    marks = purges_table(bucket)
     for table in tables:
         if spark.catalog.tableExists(table):
             spark.sql(f"DELETE FROM {table}")
+        # The table holds no key now: a purge mark would refuse every change at or below it,
+        # live documents too. The walk over bronze brings the purged tombstones back.
+        if spark.catalog.tableExists(marks):
+            spark.sql(f"DELETE FROM {marks} WHERE table_name = '{table}'")
     return tables
+
+
+def purge_tombstones(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig
+) -> dict[str, int]:
+    """Maintenance: tombstones older than ``silver.tombstone_retention_hours`` leave every
+    collection table of ``bucket``; returns rows removed per table (the user-facing name)."""
+    from pipelines.silver import transforms
+
+    if not spark.catalog.tableExists(registry_table(bucket.name)):
+        return {}
+    transforms.ensure_support_tables(spark, bucket.name, config.tables.properties)
+    registry = [
+        r.asDict(recursive=True) for r in spark.table(registry_table(bucket.name)).collect()
+    ]
+    purged = transforms.purge_tombstones(
+        spark, bucket.name, registry, config.silver.tombstone_retention_hours
+    )
+    log.info("tombstone purge of bucket %s: %s", bucket.name, purged or "nothing to purge")
+    return purged
 
 
 def run(

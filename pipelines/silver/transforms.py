@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -112,6 +112,18 @@ WALKED = T.StructType(
     ]
 )
 
+PURGES = T.StructType(
+    [
+        T.StructField("table_name", T.StringType()),
+        T.StructField("vbucket", T.IntegerType()),
+        T.StructField("purged_through_seqno", T.LongType()),
+        T.StructField("purged_at", T.TimestampType()),
+    ]
+)
+"""``silver.<bucket>__tombstone_purges``: per table and vbucket, the highest seqno of a
+tombstone the maintenance purge removed. A change at or below it for a key the table no
+longer has is refused: it is older than a deletion that was purged (no resurrection)."""
+
 _T = TypeVar("_T")
 
 
@@ -146,10 +158,12 @@ def with_retry(what: str, action: Callable[[], _T]) -> _T:
 def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str, str]) -> None:
     from delta.tables import DeltaTable
 
-    from pipelines.silver.job import registry_table, state_table
+    from pipelines.silver.job import purges_table, registry_table, state_table
 
     spark.sql("CREATE DATABASE IF NOT EXISTS silver")
-    for table, schema in ((registry_table(bucket), REGISTRY), (state_table(bucket), STATE)):
+    support = ((registry_table(bucket), REGISTRY), (state_table(bucket), STATE),
+               (purges_table(bucket), PURGES))  # fmt: skip
+    for table, schema in support:
         builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
         for k, v in properties.items():
             builder = builder.property(k, v)
@@ -255,6 +269,8 @@ def walk_vbuckets(
     frames: DataFrame,
     states: dict[int, dict[str, Any]],
     again: set[int] | frozenset[int] = frozenset(),
+    *,
+    eager: bool = False,
 ) -> DataFrame:
     """Each vbucket's frames through :func:`pipelines.silver.walk.walk` (``applyInArrow``);
     the vbuckets in ``again`` start over from a fresh state."""
@@ -267,11 +283,11 @@ def walk_vbuckets(
     )
     out_schema = schemas.arrow_schema(WALKED)
     return keyed.groupBy("vb_key").applyInArrow(
-        lambda table: _walk_group(table, out_schema), WALKED
+        lambda table: _walk_group(table, out_schema, eager), WALKED
     )
 
 
-def _walk_group(table: pa.Table, out_schema: pa.Schema) -> pa.Table:
+def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     rows = table.to_pylist()
     vb = rows[0]["vb_key"]
     saved = json.loads(rows[0]["saved_state"]) if rows[0]["saved_state"] else None
@@ -280,7 +296,7 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema) -> pa.Table:
     rows.sort(key=position_of)
     start = state.position
     fresh = [r for r in rows if start is None or position_of(r) > start]
-    result = walk(fresh, state)
+    result = walk(fresh, state, eager=eager)
     out: list[dict[str, Any]] = []
     changes = list(result.changes)
     events = list(result.system_events)
@@ -468,9 +484,21 @@ def silver_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFr
 def merge_changes(
     spark: SparkSession, bucket: str, registry: list[dict[str, Any]], changes: DataFrame
 ) -> dict[str, int]:
-    """MERGE each collection's newest changes, only where newer than the row (§7.1)."""
+    """MERGE each collection's newest changes, only where newer than the row (§7.1).
+
+    A key the table does not have is inserted unless its change is at or below the
+    tombstone-purge mark of its vbucket (:data:`PURGES`).
+    """
     from delta.tables import DeltaTable
 
+    from pipelines.silver.job import purges_table
+
+    purged = spark.table(purges_table(bucket)).select(
+        F.col("table_name").alias("_purged_table"),
+        F.col("vbucket").alias("_vbucket"),
+        F.col("purged_through_seqno").alias("_purged_through"),
+    )
+    columns: dict[str, str | Column] = {c: f"s.{c}" for c in SILVER.fieldNames()}
     rows = silver_rows(changes).cache()
     merged: dict[str, int] = {}
     try:
@@ -480,12 +508,18 @@ def merge_changes(
             table = _table_of(registry, cid)
             if table is None:
                 continue
-            source = rows.where(F.col("_collection_id") == cid)
+            marks = purged.where(F.col("_purged_table") == table).drop("_purged_table")
+            source = rows.where(F.col("_collection_id") == cid).join(
+                F.broadcast(marks), on="_vbucket", how="left"
+            )
             metrics = with_retry(table, lambda t=table, s=source: (  # type: ignore[misc]
                 DeltaTable.forName(spark, t).alias("t")
                 .merge(s.alias("s"), "t.key = s.key")
-                .whenMatchedUpdateAll(condition="s._seqno > t._seqno")
-                .whenNotMatchedInsertAll()
+                .whenMatchedUpdate(condition="s._seqno > t._seqno", set=columns)
+                .whenNotMatchedInsert(
+                    condition="s._purged_through IS NULL OR s._seqno > s._purged_through",
+                    values=columns,
+                )
                 .execute()
             ))  # fmt: skip
             merged[table.removesuffix("_all")] = _metric(metrics, "num_affected_rows")
@@ -615,3 +649,56 @@ def save_states(
         })  # fmt: skip
     df = spark.createDataFrame(rows, schema=STATE).withColumn("updated_at", F.current_timestamp())
     with_retry(table, lambda: df.write.format("delta").mode("overwrite").saveAsTable(table))
+
+
+def purge_tombstones(
+    spark: SparkSession, bucket: str, registry: list[dict[str, Any]], retention_hours: int
+) -> dict[str, int]:
+    """Remove tombstones applied more than ``retention_hours`` ago from every live table.
+
+    The purge mark of each vbucket is raised first (:data:`PURGES`), then the rows go, so an
+    interrupted purge never leaves a gap a replayed older change could slip through.
+    """
+    from delta.tables import DeltaTable
+
+    from pipelines.silver.job import purges_table
+
+    marks_table = purges_table(bucket)
+    old_tombstone = (
+        f"_deleted AND _applied_at < current_timestamp() - INTERVAL {retention_hours} HOURS"
+    )
+    purged: dict[str, int] = {}
+    for reg in registry:
+        if reg["status"] == "retired":
+            continue
+        table = f"{reg['table_name']}_all"
+        marks = (
+            spark.table(table)
+            .where(old_tombstone)
+            .groupBy(F.col("_vbucket").alias("vbucket"))
+            .agg(F.max("_seqno").alias("purged_through_seqno"))
+            .select(F.lit(table).alias("table_name"), "vbucket", "purged_through_seqno",
+                    F.current_timestamp().alias("purged_at"))
+        ).cache()  # fmt: skip
+        try:
+            if marks.isEmpty():
+                continue
+            with_retry(marks_table, lambda m=marks: (  # type: ignore[misc]
+                DeltaTable.forName(spark, marks_table).alias("t")
+                .merge(m.alias("s"), "t.table_name = s.table_name AND t.vbucket = s.vbucket")
+                .whenMatchedUpdate(
+                    condition="s.purged_through_seqno > t.purged_through_seqno",
+                    set={"purged_through_seqno": "s.purged_through_seqno",
+                         "purged_at": "s.purged_at"},
+                )
+                .whenNotMatchedInsertAll()
+                .execute()
+            ))  # fmt: skip
+            metrics = with_retry(
+                table,
+                lambda t=table: spark.sql(f"DELETE FROM {t} WHERE {old_tombstone}"),  # type: ignore[misc]
+            )
+            purged[reg["table_name"]] = _metric(metrics, "num_affected_rows")
+        finally:
+            marks.unpersist()
+    return purged

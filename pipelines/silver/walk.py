@@ -13,7 +13,9 @@ machine, the rules of spec §6–§7 a CDC sink must follow:
 
 Plain Python over plain dicts, so it is tested without Spark; silver runs it per vbucket inside
 ``applyInArrow``. The walk stops at the last complete snapshot: the frames of an unfinished one
-are read again by the next run.
+are read again by the next run. With ``eager`` (the ``silver.eager_apply`` setting) the data
+changes of that unfinished tail are applied now as well, without moving the consistent point;
+the next run reads the tail again and commits it when it completes.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class WalkResult:
     ignored: int = 0  # changes to collections already dropped in this vbucket
 
 
-def walk(frames: Iterable[dict[str, Any]], state: VbState) -> WalkResult:
+def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = False) -> WalkResult:
     """Walk one vbucket's frames (in session order, after ``state.position``)."""
     result = WalkResult(state)
     buffer: list[dict[str, Any]] = []
@@ -168,8 +170,27 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState) -> WalkResult:
             buffer.append(f)
             if not oso and snap_end is not None and f["by_seqno"] == snap_end:
                 complete(f)
+    if eager and not oso:
+        _apply_tail(buffer, state, result)
     state.position = last_position
     return result
+
+
+def _apply_tail(buffer: list[dict[str, Any]], state: VbState, result: WalkResult) -> None:
+    """Eager apply: the data changes of an unfinished snapshot, except those of collections
+    dropped, or created inside the tail itself (their table comes with the create event)."""
+    created_here = {
+        f["collection_id"] for f in buffer if f["op"] == "system_event" and f["collection_id"]
+    }
+    for f in buffer:
+        cid = f["collection_id"] or 0
+        if f["op"] not in DATA_OPS or cid in created_here:
+            continue
+        if cid in state.dropped and state.dropped[cid] <= f["by_seqno"]:
+            continue
+        result.changes.append(f)
+        # so that a rollback below it is recognised and retracts it
+        state.last_applied_seqno = max(state.last_applied_seqno, f["by_seqno"])
 
 
 def _before(frame: dict[str, Any]) -> Position:

@@ -1,0 +1,234 @@
+"""Silver apply rules beyond "equals the truth": order independence of MERGE batches,
+tombstone purge without resurrection, eager apply, and two runs at once."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
+from dcp_cdc.errors import DcpError
+from dcp_cdc.simulator import simulate
+from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.job import table_names as bronze_tables
+from pipelines.silver import transforms
+from pipelines.silver.job import (
+    apply_bucket,
+    purge_tombstones,
+    purges_table,
+    registry_table,
+    state_table,
+)
+from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline, silver_live
+
+# what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
+_COMPARED = ["key", "doc", "doc_binary", "xattrs", "_collection_id", "_vbucket", "_vb_uuid",
+             "_seqno", "_rev_seqno", "_cas", "_flags", "_expiry", "_deleted", "_change"]  # fmt: skip
+
+
+def _tables(spark: SparkSession, bucket: str) -> dict[str, set[tuple[Any, ...]]]:
+    registry = spark.table(registry_table(bucket)).where("status != 'retired'").collect()
+    out = {}
+    for reg in registry:
+        rows = spark.table(f"{reg['table_name']}_all").select(*_COMPARED).collect()
+        out[reg["table_name"]] = {tuple(_hashable(v) for v in r) for r in rows}
+    return out
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
+    return bytes(value) if isinstance(value, bytearray) else value
+
+
+# --- MERGE: batches in any order, some twice ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The committed changes of a `mixed` simulation (deletes, expirations, xattrs, binary
+    bodies, several collections), walked once; and the tables they were merged into."""
+    tmp = tmp_path_factory.mktemp("order")
+    bucket = "order_prop"
+    simulate(
+        tmp, bucket=bucket, scenario="ttl", seed=5, vbuckets=4, collections=1, docs=80, ops=400
+    )
+    config = AppConfig(landing=str(tmp / "landing"), warehouse=str(tmp / "wh"),
+                       buckets=[BucketConfig(name=bucket)])  # fmt: skip
+    ingest_bucket(spark, config, config.buckets[0])
+    apply_bucket(spark, config, config.buckets[0])
+    states = transforms.read_states(spark, state_table(bucket))
+    frames, _ = transforms.unconsumed_frames(spark, bronze_tables(bucket), {})
+    walked = transforms.walk_vbuckets(spark, frames, {})
+    changes = walked.where(F.col("kind") == "change").localCheckpoint()
+    registry = [r.asDict(recursive=True) for r in spark.table(registry_table(bucket)).collect()]
+    expected = _tables(spark, bucket)
+    assert states and changes.count() > 300
+    yield changes, registry, expected, bucket
+    _drop_all(spark, bucket)
+
+
+def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
+    for reg in registry:
+        spark.sql(f"DELETE FROM {reg['table_name']}_all")
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
+    spark: SparkSession, walked_changes: Any, data: st.DataObject
+) -> None:
+    """spec §7.1: the newest change per key wins whatever the batching and arrival order."""
+    changes, registry, expected, bucket = walked_changes
+    batches = data.draw(st.integers(2, 3), label="batches")
+    salt = data.draw(st.integers(0, 2**31 - 1), label="split")
+    order = data.draw(st.permutations(range(batches)), label="order")
+    twice = data.draw(st.sets(st.sampled_from(range(batches)), max_size=2), label="twice")
+    split: DataFrame = changes.withColumn(
+        "_batch", F.pmod(F.hash("key", "by_seqno", F.lit(salt)), F.lit(batches))
+    )
+    _empty_tables(spark, registry)
+    for b in [*order, *sorted(twice)]:
+        transforms.merge_changes(spark, bucket, registry, split.where(F.col("_batch") == b))
+    assert _tables(spark, bucket) == expected
+
+
+# --- tombstone purge -----------------------------------------------------------------------
+
+
+def _replay_old_mutations(spark: SparkSession, bucket: str, keys: list[str]) -> DataFrame:
+    """Bronze mutations of ``keys`` as walked changes: an old event arriving again."""
+    return (
+        spark.table(bronze_tables(bucket)["events"])
+        .where((F.col("op") == "mutation") & F.col("key").cast("string").isin(keys))
+        .withColumn("vbucket", F.col("vbucket").cast("int"))
+    )
+
+
+def test_purged_tombstones_still_refuse_older_changes(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    bucket = "purge_test"
+    try:
+        result, config = pipeline(spark, tmp_path, spark_warehouse, bucket, scenario="basic",
+                                  seed=3, vbuckets=4, docs=60, ops=400)  # fmt: skip
+        config = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
+        registry = [r.asDict(recursive=True) for r in spark.table(registry_table(bucket)).collect()]
+        table = next(f"{r['table_name']}_all" for r in registry if r["collection_id"] == 0)
+        deleted = [r["key"] for r in spark.table(table).where("_deleted").collect()]
+        assert len(deleted) >= 5
+
+        purged = purge_tombstones(spark, config, config.buckets[0])
+
+        assert sum(purged.values()) >= len(deleted)
+        assert spark.table(table).where("_deleted").count() == 0
+        marks = spark.table(purges_table(bucket)).where(F.col("table_name") == table).collect()
+        assert {m["vbucket"] for m in marks} <= {0, 1, 2, 3} and marks
+        transforms.merge_changes(
+            spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
+        )
+        assert_equal_to_truth(spark, bucket, result)  # nothing came back
+
+        # without the marks, the same replay would bring the deleted documents back
+        spark.sql(f"DELETE FROM {purges_table(bucket)}")
+        transforms.merge_changes(
+            spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
+        )
+        back = {k for (_, k) in silver_live(spark, bucket)}
+        assert set(deleted) <= back
+    finally:
+        _drop_all(spark, bucket)
+
+
+def test_purge_keeps_tombstones_younger_than_the_retention(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    bucket = "purge_young"
+    try:
+        _, config = pipeline(spark, tmp_path, spark_warehouse, bucket, scenario="basic", seed=4,
+                             vbuckets=2, docs=40, ops=200)  # fmt: skip
+        before = {t: len(rows) for t, rows in _tables(spark, bucket).items()}
+        assert purge_tombstones(spark, config, config.buckets[0]) == {}  # 168 h by default
+        assert {t: len(rows) for t, rows in _tables(spark, bucket).items()} == before
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- eager apply -----------------------------------------------------------------------------
+
+
+def test_eager_apply_shows_the_open_snapshot_and_then_converges(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """`interrupted` ends mid-snapshot: eager apply shows the tail at once; the default keeps
+    silver at the consistent point (the truth)."""
+    bucket = "eager_test"
+    try:
+        result = simulate(tmp_path, bucket=bucket, scenario="interrupted", seed=2, vbuckets=4,
+                          docs=60, ops=300)  # fmt: skip
+        config = AppConfig(landing=str(tmp_path / "landing"), warehouse=str(spark_warehouse),
+                           buckets=[BucketConfig(name=bucket)],
+                           silver=SilverConfig(eager_apply=True))  # fmt: skip
+        ingest_bucket(spark, config, config.buckets[0])
+        summary = apply_bucket(spark, config, config.buckets[0])
+        assert summary.open_snapshots >= 1
+        eager_rows = silver_live(spark, bucket)
+        open_state = spark.table(state_table(bucket)).where("open_snapshot_end IS NOT NULL")
+        tail = {
+            r["vbucket"]: (r["consistent_seqno"], r["last_applied_seqno"])
+            for r in open_state.collect()
+        }
+        assert any(applied > consistent for consistent, applied in tail.values())
+        beyond = [r for r in eager_rows.values()
+                  if r["_vbucket"] in tail and r["_seqno"] > tail[r["_vbucket"]][0]]  # fmt: skip
+        assert beyond  # rows past the consistent point are visible
+        with pytest.raises(AssertionError):
+            assert_equal_to_truth(spark, bucket, result)
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- two runs at once --------------------------------------------------------------------------
+
+
+def test_two_apply_runs_at_once_leave_correct_tables(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """Both runs read the same bronze and race for every commit: each either finishes or
+    fails with a typed DcpError naming the table; a run afterwards gives the truth."""
+    bucket = "race_test"
+    try:
+        result = simulate(tmp_path, bucket=bucket, scenario="collection-lifecycle", seed=8,
+                          vbuckets=4, docs=60, ops=300)  # fmt: skip
+        config = AppConfig(landing=str(tmp_path / "landing"), warehouse=str(spark_warehouse),
+                           buckets=[BucketConfig(name=bucket)])  # fmt: skip
+        ingest_bucket(spark, config, config.buckets[0])
+        outcomes: list[object] = []
+        barrier = threading.Barrier(2)
+
+        def one_run() -> None:
+            barrier.wait()
+            try:
+                outcomes.append(apply_bucket(spark, config, config.buckets[0]))
+            except BaseException as exc:  # collected and checked below
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=one_run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        assert all(isinstance(f, DcpError) for f in failures), failures
+        assert len(failures) < 2
+        apply_bucket(spark, config, config.buckets[0])
+        assert_equal_to_truth(spark, bucket, result)
+    finally:
+        _drop_all(spark, bucket)
