@@ -348,26 +348,41 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+README_MARKERS = ("<!-- config-reference:start -->\n", "<!-- config-reference:end -->")
+
+
+def with_reference(text: str) -> str:
+    """``text`` (a README) with the lines between its reference markers regenerated."""
+    start, end = README_MARKERS
+    if start not in text or end not in text:
+        raise ConfigError(f"expected the markers {start.strip()} and {end} in the file")
+    head, rest = text.split(start, 1)
+    return head + start + reference_markdown() + end + rest.split(end, 1)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m dcp_cdc.config",
-        description="Check a configuration file, or print the reference.",
+        description="Check a configuration file, or print the configuration reference.",
     )
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the configuration reference")
+    group.add_argument("--markdown", action="store_true", help="print the reference")
+    group.add_argument("--update", metavar="README", help="regenerate the reference in README")
     group.add_argument("--check", metavar="FILE", help="validate FILE and print it with defaults")
     args = parser.parse_args(argv)
-    if args.markdown:
-        print(reference_markdown(), end="")
-        return 0
     try:
-        config = load_config(args.check)
+        if args.markdown:
+            print(reference_markdown(), end="")
+        elif args.update:
+            readme = Path(args.update)
+            readme.write_text(with_reference(readme.read_text(encoding="utf-8")), encoding="utf-8")
+        else:
+            print(load_config(args.check).model_dump_json(indent=2))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(config.model_dump_json(indent=2))
     return 0
 
 
