@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 CONFIG_ENV = "DCP_CDC_CONFIG"
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
 MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
+BACKFILL_PARAM = "backfill"
 
 
 class DcpSparkSubmitOperator(SparkSubmitOperator):
@@ -49,21 +50,21 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
 
     What only a launcher can set (Delta jars on the driver class path, driver JVM options and
     memory) is computed at run time from the configuration and the master the Spark connection
-    names. ``param_flags`` maps a DAG param to a command-line flag: a true boolean adds the
-    flag, a non-empty string adds the flag and the value.
+    names. With ``backfill``, the run's ``backfill`` param becomes the silver job's flags:
+    ``"bucket"`` → ``--rebuild``, ``"SCOPE.NAME"`` → ``--rebuild --collection SCOPE.NAME``.
     """
 
     def __init__(
         self,
         *,
         config_path: str,
-        param_flags: Mapping[str, str] | None = None,
+        backfill: bool = False,
         driver_memory_override: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config_path = config_path
-        self.param_flags = dict(param_flags or {})
+        self.backfill = backfill
         self.driver_memory_override = driver_memory_override
         self.spark_submit = kwargs.get("spark_binary")
 
@@ -90,15 +91,10 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
         return self._hook
 
     def _flags(self, context: Context) -> list[str]:
-        params = context["params"]
-        flags: list[str] = []
-        for param, flag in self.param_flags.items():
-            value = params.get(param)
-            if value is True:
-                flags.append(flag)
-            elif isinstance(value, str) and value:
-                flags += [flag, value]
-        return flags
+        target = context["params"].get(BACKFILL_PARAM) if self.backfill else None
+        if not target:
+            return []
+        return ["--rebuild"] if target == "bucket" else ["--rebuild", "--collection", target]
 
 
 def _load(path: Path) -> AppConfig:
@@ -190,16 +186,13 @@ def pipeline_dag(config: AppConfig, config_path: Path, bucket: str) -> DAG:
         default_args=_default_args(config),
         tags=["dcp-cdc", bucket],
         params={
-            "rebuild": Param(
-                False,
-                type="boolean",
-                description="Backfill: rebuild the bucket's silver tables from all of bronze",
-            ),
-            "collection": Param(
+            BACKFILL_PARAM: Param(
                 "",
                 type="string",
-                pattern=r"^$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$",
-                description="With rebuild: only this collection's table (SCOPE.NAME)",
+                pattern=r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$",
+                description="A manual backfill: 'bucket' rebuilds every silver table of the "
+                "bucket from all of bronze, 'SCOPE.NAME' only that collection's; empty: a "
+                "normal run",
             ),
         },
         doc_md=__doc__,
@@ -210,7 +203,7 @@ def pipeline_dag(config: AppConfig, config_path: Path, bucket: str) -> DAG:
             "apply_silver",
             "silver/job.py",
             ["--bucket", bucket],
-            param_flags={"rebuild": "--rebuild", "collection": "--collection"},
+            backfill=True,
             **common,
         )
         # A failed check fails the run and leaves the data in place; the next run goes on.

@@ -233,14 +233,19 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     be given for a session on ``config``'s catalog: the settings :func:`session_for` uses,
     including those that only work at JVM start (the Delta jars on the driver's class path,
     driver JVM options and memory). ``master=None``: the launcher's ``--master`` decides."""
+    jars = find_delta_jars()
     conf = spark_conf(
         app_name,
         _warehouse_location(config.warehouse),
         master=master,
         shuffle_partitions=config.spark.shuffle_partitions,
-        jars=find_delta_jars(),
+        jars=jars,
         metastore=config.spark.metastore,
     )
+    # On the driver's own class path too: the Thrift server and spark-sql load the Delta
+    # catalog from threads that do not see spark.jars (ClassNotFoundException: DeltaCatalog).
+    # A path a cluster-mode driver does not have is ignored there, spark.jars ships the jars.
+    conf["spark.driver.extraClassPath"] = os.pathsep.join(str(jar) for jar in jars)
     return _merge_conf(conf, config.spark.conf)
 
 

@@ -96,7 +96,7 @@ pool = "spark_pool"
         assert (dag.max_active_runs, dag.catchup) == (1, False)
         assert dag.timetable.expression == "*/20 * * * *"
         assert dag.start_date == dt.datetime(2026, 2, 1, tzinfo=dt.UTC)
-        assert set(dag.params) == {"rebuild", "collection"}
+        assert set(dag.params) == {"backfill"}
         for task in dag.tasks:
             assert task._conn_id == "my_spark"
             assert task.retries == (0 if task.task_id == "check_quality" else 4)
@@ -119,10 +119,12 @@ pool = "spark_pool"
 def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
     config_file: Path,
 ) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
     _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n')
     dag = _dagbag().dags["dcp_cdc__orders"]
     apply = dag.get_task("apply_silver")
-    hook = apply.prepare({"params": {"rebuild": True, "collection": "inventory.airline"}})
+    hook = apply.prepare({"params": {"backfill": "inventory.airline"}})
     command = hook._build_spark_submit_command(apply.application)
     assert Path(command[0]).name == "spark-submit" and Path(command[0]).exists()
     assert command[command.index("--master") + 1] == "local[2]"
@@ -137,6 +139,17 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
         "--config", str(config_file), "--bucket", "orders",
         "--rebuild", "--collection", "inventory.airline",
     ]  # fmt: skip
+    assert apply._flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
+    assert apply._flags({"params": {"backfill": ""}}) == []
+    ingest = dag.get_task("ingest_bronze")  # a backfill is silver's business only
+    command = ingest.prepare({"params": {"backfill": "bucket"}})._build_spark_submit_command(
+        ingest.application
+    )
+    assert command[-4:] == ["--config", str(config_file), "--bucket", "orders"]
+    backfill = dag.params.get_param("backfill")
+    assert backfill.resolve("bucket") == "bucket"
+    with pytest.raises(ParamValidationError):
+        backfill.resolve("no dot")
 
 
 @pytest.mark.slow
