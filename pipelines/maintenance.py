@@ -63,7 +63,8 @@ class MaintenanceSummary:
         lines = [
             f"maintenance of bucket {self.bucket!r}: {sum(self.purged.values())} tombstones "
             f"purged, {self.quality_rows_deleted} old quality results deleted, "
-            f"{len(self.optimized)} tables optimized ({removed} files compacted into {added}), "
+            f"{len(self.optimized)} tables with several files optimized ({removed} files "
+            f"compacted into {added}), "
             f"{len(self.vacuumed)} vacuumed, {self.seconds:.1f} s"
         ]
         lines += [f"  {t}: {n} tombstones purged" for t, n in sorted(self.purged.items()) if n]
@@ -144,7 +145,9 @@ def maintain_bucket(
     tables = bucket_tables(spark, bucket.name)
     if settings.optimize:
         for table in tables:
-            summary.optimized[table] = optimize(spark, table)
+            # One file has nothing to compact, and Delta would still plan a job for it.
+            if spark.sql(f"DESCRIBE DETAIL {table}").collect()[0]["numFiles"] > 1:
+                summary.optimized[table] = optimize(spark, table)
     hours = settings.vacuum_retention_hours
     with _retention_check(spark, enabled=hours >= DELTA_MIN_SAFE_RETENTION_HOURS):
         for table in tables:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import AppConfig, BucketConfig, MaintenanceConfig, SilverConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.simulator import SimulationResult
 from pipelines.bronze.job import table_names
-from pipelines.silver.job import apply_bucket, registry_table
+from pipelines.silver.job import apply_bucket, purge_tombstones, registry_table
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline
 
 # Scalar columns compared row by row between the two readers (doc_binary and xattrs too).
@@ -99,25 +99,68 @@ def test_deltalake_reads_the_same_rows(spark: SparkSession, applied: Applied) ->
     assert {tuple(r.values()) for r in rs.to_pylist()} == spark_events
 
 
-def test_rebuild_of_a_collection_gives_the_same_tables(
+def test_rebuild_of_a_collection_after_a_purge_gives_the_same_table(
     spark: SparkSession, applied: Applied
 ) -> None:
+    """The backfill empties the table and its purge marks, then walks all of bronze: the live
+    documents and the tombstones (purged ones too) come back as they were."""
     from pyspark.sql import functions as F
 
     bucket, result, config = applied.bucket, applied.result, applied.config
     tables = _silver_tables(spark, bucket)
     before = {t: _spark_rows(spark, t) for t, _ in tables}
-    table, collection = next((t, c) for t, c in tables if before[t])
+    table, collection = next(
+        (t, c) for t, c in tables if any(r[SILVER_COLUMNS.index("_deleted")] for r in before[t])
+    )
+    now = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
+    assert sum(purge_tombstones(spark, now, config.buckets[0]).values()) > 0
+    purged = {t: _spark_rows(spark, t) for t, _ in tables}
     spark.sql(f"DELETE FROM {table} WHERE _vbucket = 0")  # damage for the backfill to repair
     started = spark.sql("SELECT current_timestamp() AS t").collect()[0]["t"]
 
     summary = apply_bucket(spark, config, config.buckets[0], collection=collection, rebuild=True)
     assert summary.changes >= len(before[table])
-    assert {t: _spark_rows(spark, t) for t in before} == before
+    assert {t: _spark_rows(spark, t) for t in before} == {**purged, table: before[table]}
     oldest = spark.table(table).agg(F.min("_applied_at")).collect()[0][0]
     assert oldest >= started  # every row was written again: the table was emptied first
-
     assert_equal_to_truth(spark, bucket, result)
 
     with pytest.raises(ConfigError, match=r"'nope\.nope' is not a live collection"):
         apply_bucket(spark, config, BucketConfig(name=bucket), collection="nope.nope", rebuild=True)
+
+
+def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
+    spark: SparkSession, applied: Applied
+) -> None:
+    from pipelines.maintenance import maintain_bucket, quality_results_table
+
+    bucket, config = applied.bucket, applied.config
+    spark.sql("CREATE DATABASE IF NOT EXISTS quality")
+    results = quality_results_table(bucket)
+    spark.sql(f"CREATE TABLE {results} (expectation STRING, checked_at TIMESTAMP) USING delta")
+    spark.sql(f"INSERT INTO {results} VALUES ('old', current_timestamp() - INTERVAL 40 DAYS), "
+              "('new', current_timestamp() - INTERVAL 1 DAYS)")  # fmt: skip
+    tables = [t for t, _ in _silver_tables(spark, bucket)]
+    tombstones = sum(spark.table(t).where("_deleted").count() for t in tables)
+    live = {t: spark.table(t).where("NOT _deleted").count() for t in tables}
+    settings = config.model_copy(update={
+        "silver": SilverConfig(tombstone_retention_hours=0),
+        "maintenance": MaintenanceConfig(vacuum_retention_hours=0, quality_results_retention_days=30),
+    })  # fmt: skip
+    try:
+        summary = maintain_bucket(spark, settings, settings.buckets[0])
+        assert sum(summary.purged.values()) == tombstones
+        assert {t: spark.table(t).count() for t in tables} == live
+        assert summary.quality_rows_deleted == 1
+        assert [r["expectation"] for r in spark.table(results).collect()] == ["new"]
+        events = table_names(bucket)["events"]
+        assert {events, results, *tables} <= set(summary.vacuumed)
+        assert summary.optimized and set(summary.optimized) <= set(summary.vacuumed)
+        assert all(removed >= added for removed, added in summary.optimized.values())
+        for table in (events, *tables):  # VACUUM RETAIN 0 HOURS: only live files stay
+            detail = spark.sql(f"DESCRIBE DETAIL {table}").collect()[0]
+            folder = Path(detail["location"].removeprefix("file:"))
+            assert len(list(folder.rglob("*.parquet"))) == detail["numFiles"], table
+        assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled") != "false"
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {results}")

@@ -43,6 +43,8 @@ def test_local_launch_has_jars_catalog_and_driver_settings(tmp_path: Path, jars:
     assert java[0] == f"-Dderby.system.home={tmp_path / 'w'}"
     assert java[-1] == "-XX:+UseSerialGC"  # the configuration's options come after the session's
     assert (conf["spark.driver.memory"], conf["x.y"]) == ("6g", "z")
+    # launchers put the jars on the driver's class path too (the Thrift server needs it)
+    assert conf["spark.driver.extraClassPath"] == conf["spark.jars"].replace(",", ":")
 
 
 def test_master_left_to_the_launcher_and_shared_metastore(jars: Path) -> None:
