@@ -23,11 +23,11 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test test-long check lint format typecheck run bench lock clean distclean
+.PHONY: help setup test test-long check lint format typecheck run bench pyfiles lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
-	@echo "  make lint | format | typecheck | run ARGS=... | bench | clean | distclean"
+	@echo "  make lint | format | typecheck | run ARGS=... | bench | pyfiles | clean | distclean"
 
 setup: $(STAMPS)/editable $(JARS_STAMP)
 
@@ -86,6 +86,13 @@ bench: setup
 	else \
 		echo "bench: no benchmarks/ yet"; \
 	fi
+
+# The code of dcp_cdc and pipelines as one zip for spark-submit --py-files on a cluster
+# (committed files only: git archive of HEAD).
+pyfiles:
+	@mkdir -p dist
+	git archive --format=zip -o dist/dcp_cdc.zip HEAD dcp_cdc pipelines
+	@echo "dist/dcp_cdc.zip: spark-submit --py-files dist/dcp_cdc.zip ..."
 
 # A throwaway venv resolves pyproject.toml (with the dev extra) and is frozen into the lock.
 # pip itself is left out: the venv's own pip installs the lock.

@@ -10,15 +10,20 @@ import argparse
 import json
 import shutil
 import sys
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from dcp_cdc.capture import EXTENSION, iter_capture, iter_stream, read_capture_header
 from dcp_cdc.errors import DcpError, MalformedFrameError
 from dcp_cdc.events import Event
 from dcp_cdc.render import error_to_json, event_to_json
+
+if TYPE_CHECKING:
+    from dcp_cdc.config import AppConfig
 
 
 def _capture_paths(paths: Sequence[str]) -> list[Path]:
@@ -85,19 +90,79 @@ def summarize(paths: Sequence[Path], out: TextIO) -> int:
 
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
+THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+
+
+class _Step:
+    """One numbered step of a long command: its line, a running clock while it works (on a
+    terminal), and how long it took."""
+
+    def __init__(self, out: TextIO, number: int, total: int, label: str) -> None:
+        self.out, self.line = out, f"[{number}/{total}] {label}"
+        self.done = threading.Event()
+        self.ticker: threading.Thread | None = None
+
+    def __enter__(self) -> _Step:
+        self.started = time.perf_counter()
+        self.out.write(self.line + " ...")
+        self.out.flush()
+        if self.out.isatty():
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self.done.wait(1.0):
+            self.out.write(f"\r{self.line} ... {time.perf_counter() - self.started:.0f} s")
+            self.out.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.ticker is not None:
+            self.ticker.join()
+        seconds = time.perf_counter() - self.started
+        ending = "done" if exc[0] is None else "FAILED"
+        self.out.write(f"\r{self.line} ... {ending} in {seconds:.1f} s\n")
+        self.out.flush()
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _command_name() -> str:
+    """How the reader calls this command again: ``dcp-cdc`` if it is on the PATH."""
+    if shutil.which("dcp-cdc"):
+        return "dcp-cdc"
+    beside = Path(sys.executable).with_name("dcp-cdc")
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
+
+
+def _load(args: argparse.Namespace) -> AppConfig:
+    """``--config`` (default ``conf/local.toml``), with ``--warehouse`` over its warehouse."""
+    from dcp_cdc.config import load_config
+
+    overrides = {"warehouse": str(Path(args.warehouse).resolve())} if args.warehouse else {}
+    return load_config(args.config or DEFAULT_CONFIG, **overrides)
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     """The main job. Without ``--config``: simulate a small bucket into ``--workdir`` (fresh
-    each time) and run the pipeline on a local warehouse there; with it, run on real data."""
+    each time) and run the pipeline on a local warehouse there; with it, run on real data.
+    Exit 1 when a quality check of severity error failed (the data stay)."""
     from dcp_cdc.config import load_config
     from dcp_cdc.simulator import SimConfig, simulate
-    from pipelines.bronze.job import run as ingest
 
+    simulated = not args.config
+    total = 5 if simulated else 4
+    number = iter(range(1, total + 1))
     if args.config:
         config = load_config(args.config)
     else:
-        target = Path(args.workdir)
+        target = Path(args.workdir).resolve()
         for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
             shutil.rmtree(target / folder, ignore_errors=True)
         config = load_config(
@@ -105,26 +170,50 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         )
         sim = SimConfig(scenario="mixed", seed=1, bucket=config.buckets[0].name, vbuckets=16,
                         docs=400, ops=2000, inject_malformed=1)  # fmt: skip
-        result = simulate(target, sim)
-        out.write(f"1/3 simulated bucket {sim.bucket!r} ({sim.scenario}, seed {sim.seed}): "
-                  f"{result.frames} frames in {len(result.files)} files under "
-                  f"{target / 'landing'}\n")  # fmt: skip
+        with _Step(out, next(number), total, f"simulating bucket {sim.bucket!r} "
+                   f"({sim.scenario} scenario, seed {sim.seed})"):  # fmt: skip
+            result = simulate(target, sim)
+        out.write(f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
+                  f"under {target / 'landing'}\n")  # fmt: skip
+    buckets = [b.name for b in config.bucket(args.bucket)]
+
+    from pipelines.bronze.job import run as ingest
+    from pipelines.catalog import bucket_overview
+    from pipelines.quality.job import run as check
     from pipelines.silver.job import run as apply
+    from pipelines.spark_session import session_for
 
-    out.write("2/3 ingesting into bronze (Spark)...\n")
-    out.flush()
-    for summary in ingest(config, args.bucket):
-        out.write(summary.render() + "\n")
-    out.write("3/3 applying to silver...\n")
-    out.flush()
-    for applied in apply(config, args.bucket):
-        out.write(applied.render() + "\n")
-    from pipelines.bronze.job import table_names
+    with _Step(out, next(number), total, f"starting Spark ({config.spark.master}) on "
+               f"{config.warehouse}"):  # fmt: skip
+        spark = session_for(config, "dcp-cdc-run")
+    with _Step(out, next(number), total, "ingesting capture files into bronze"):
+        ingested = ingest(config, args.bucket, spark=spark)
+    out.write("".join(_indent(s.render()) + "\n" for s in ingested))
+    with _Step(out, next(number), total, "applying bronze to silver (MERGE per collection)"):
+        applied = apply(config, args.bucket, spark=spark)
+    out.write("".join(_indent(s.render()) + "\n" for s in applied))
+    with _Step(out, next(number), total, "checking data quality"):
+        reports = check(config, args.bucket, spark=spark)
 
-    events = table_names(config.buckets[0].name)["events"]
-    out.write(f"\ntables are in the catalog under {config.warehouse}; try\n"
-              f"  .venv/bin/dcp-cdc sql \"SELECT op, count(*) AS n FROM {events} GROUP BY op\"\n")  # fmt: skip
-    return 0
+    cli = _command_name()
+    default_warehouse = load_config(DEFAULT_CONFIG).warehouse
+    where = "" if config.warehouse == default_warehouse else f" --warehouse {config.warehouse}"
+    where += f" --config {args.config}" if args.config else ""
+    for bucket in buckets:
+        overview = bucket_overview(spark, bucket)
+        out.write(f"\n=== bucket {bucket!r} ===\n\n{overview.render()}\n\n")
+        for report in (r for r in reports if r.bucket == bucket):
+            out.write(report.render() + "\n")
+        sample = next((c.table for c in overview.collections if c.live), None)
+        out.write("\nTry (the tables are in the catalog under "
+                  f"{config.warehouse}):\n"
+                  f"  {cli} tables{where}\n"
+                  f'  {cli} sql{where} "SELECT op, count(*) AS n FROM {overview.events_table} '
+                  f'GROUP BY op ORDER BY n DESC"\n')  # fmt: skip
+        if sample:
+            out.write(f'  {cli} sql{where} "SELECT key, _seqno, _change, doc FROM {sample} '
+                      f'ORDER BY _seqno DESC LIMIT 5"\n')  # fmt: skip
+    return 0 if all(r.passed for r in reports) else 1
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
@@ -132,30 +221,112 @@ def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
     from pipelines.silver.job import run as apply
 
     config = load_config(args.config)
-    for summary in apply(config, args.bucket, collection=args.collection):
+    for summary in apply(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
         out.write(summary.render() + "\n")
     return 0
 
 
+def _print_table(out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    out.write(" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
+    out.write("-+-".join("-" * w for w in widths) + "\n")
+    for r in rows:
+        out.write(" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
 def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
     """Run one SQL statement against the catalog and print the result as a table."""
-    from dcp_cdc.config import load_config
-    from pipelines.spark_session import build_spark_session
+    from pipelines.spark_session import session_for
 
-    config = load_config(args.config or DEFAULT_CONFIG)
-    spark = build_spark_session("dcp-cdc-sql", config.warehouse, master=config.spark.master,
-                                shuffle_partitions=config.spark.shuffle_partitions)  # fmt: skip
+    spark = session_for(_load(args), "dcp-cdc-sql")
     rows = spark.sql(args.query).limit(args.limit + 1).collect()
     columns = rows[0].__fields__ if rows else []
     cells = [[("NULL" if v is None else str(v))[:80] for v in row] for row in rows[: args.limit]]
-    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-    out.write(" | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + "\n")
-    out.write("-+-".join("-" * w for w in widths) + "\n")
-    for r in cells:
-        out.write(" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "\n")
+    _print_table(out, columns, cells)
     more = " (more not shown)" if len(rows) > args.limit else ""
     out.write(f"({len(cells)} rows{more})\n")
     return 0
+
+
+def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
+    """Bronze, silver and quality tables with their row counts."""
+    from pipelines.catalog import list_tables
+    from pipelines.spark_session import session_for
+
+    config = _load(args)
+    tables = list_tables(session_for(config, "dcp-cdc-tables"))
+    _print_table(
+        out,
+        ["layer", "table", "kind", "rows"],
+        [[t.layer, t.name, t.kind, f"{t.rows:,}"] for t in tables],
+    )
+    out.write(f"({len(tables)} tables and views in the catalog of {config.warehouse}; a view "
+              "holds a collection's live documents, its _all table tombstones too)\n")  # fmt: skip
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace, out: TextIO) -> int:
+    from dcp_cdc.config import load_config
+    from pipelines.maintenance import run as maintain
+
+    for summary in maintain(load_config(args.config), args.bucket):
+        out.write(summary.render() + "\n")
+    return 0
+
+
+def _launch_conf(args: argparse.Namespace, app_name: str) -> dict[str, str]:
+    from pipelines.spark_session import launch_conf
+
+    config = _load(args)
+    return launch_conf(config, app_name, master=config.spark.master)
+
+
+def cmd_spark_conf(args: argparse.Namespace, out: TextIO) -> int:
+    """The catalog's settings as a Spark properties file, for ``spark-sql``, ``pyspark`` and
+    ``spark-submit --properties-file``."""
+    from pipelines.spark_session import properties_text
+
+    text = properties_text(_launch_conf(args, "dcp-cdc-shell"))
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        out.write(f"wrote {args.out}: use it with spark-sql, pyspark or spark-submit "
+                  f"--properties-file {args.out}\n")  # fmt: skip
+    else:
+        out.write(text)
+    return 0
+
+
+def cmd_thrift_server(args: argparse.Namespace, out: TextIO) -> int:
+    """Serve the catalog over JDBC/ODBC (HiveServer2 protocol) until stopped."""
+    import subprocess
+    import tempfile
+
+    from pipelines.spark_session import properties_text
+
+    conf = _launch_conf(args, "dcp-cdc-thrift-server")
+    with tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props:
+        props.write(properties_text(conf))
+        props.flush()
+        command = [
+            _spark_script("spark-submit"), "--properties-file", props.name,
+            "--class", THRIFT_SERVER_CLASS, "spark-internal",
+            "--hiveconf", f"hive.server2.thrift.port={args.port}",
+            "--hiveconf", f"hive.server2.thrift.bind.host={args.host}",
+        ]  # fmt: skip
+        out.write(f"serving {conf['spark.sql.warehouse.dir']} on jdbc:hive2://{args.host}:"
+                  f"{args.port}/ (Ctrl-C stops)\n")  # fmt: skip
+        out.flush()
+        return subprocess.call(command)
+
+
+def _spark_script(name: str) -> str:
+    """A launcher script of the installed pyspark (``spark-submit``, ``beeline``, ...)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise DcpError("pyspark is not installed for this Python: run `make setup`")
+    return str(Path(spec.origin).parent / "bin" / name)
 
 
 def cmd_ingest(args: argparse.Namespace, out: TextIO) -> int:
@@ -241,13 +412,39 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--config", required=True, help="a TOML file in conf/")
     apply.add_argument("--bucket", help="only this bucket")
     apply.add_argument("--collection", metavar="SCOPE.NAME", help="only this collection")
+    apply.add_argument("--rebuild", action="store_true",
+                       help="a backfill: empty the tables (or --collection's) and apply all of "
+                            "bronze again")  # fmt: skip
     apply.set_defaults(func=cmd_apply)
 
-    sql = sub.add_parser("sql", help="run a SQL query against the catalog")
+    catalog = argparse.ArgumentParser(add_help=False)
+    catalog.add_argument("--config", help="a TOML file in conf/ (default: conf/local.toml)")
+    catalog.add_argument("--warehouse", help="this warehouse instead of the configuration's")
+
+    sql = sub.add_parser("sql", parents=[catalog], help="run a SQL query against the catalog")
     sql.add_argument("query")
-    sql.add_argument("--config", help="a TOML file in conf/ (default: conf/local.toml)")
     sql.add_argument("--limit", type=int, default=50, help="rows to print")
     sql.set_defaults(func=cmd_sql)
+
+    tables = sub.add_parser("tables", parents=[catalog],
+                            help="bronze, silver and quality tables with row counts")  # fmt: skip
+    tables.set_defaults(func=cmd_tables)
+
+    maintain = sub.add_parser("maintain", help="OPTIMIZE, VACUUM, tombstone purge, retention")
+    maintain.add_argument("--config", required=True, help="a TOML file in conf/")
+    maintain.add_argument("--bucket", help="only this bucket")
+    maintain.set_defaults(func=cmd_maintain)
+
+    conf = sub.add_parser("spark-conf", parents=[catalog],
+                          help="the catalog's Spark settings for spark-sql, pyspark, spark-submit")  # fmt: skip
+    conf.add_argument("--out", help="write them to this properties file (default: print)")
+    conf.set_defaults(func=cmd_spark_conf)
+
+    thrift = sub.add_parser("thrift-server", parents=[catalog],
+                            help="serve the catalog over JDBC (Spark Thrift server)")  # fmt: skip
+    thrift.add_argument("--port", type=int, default=10000)
+    thrift.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    thrift.set_defaults(func=cmd_thrift_server)
     return parser
 
 

@@ -1,18 +1,31 @@
 """Configuration: pydantic models (frozen, ``extra="forbid"``) and the one loader.
 
-A file in ``conf/`` is TOML. Relative paths in it are relative to the working directory the
-job starts in (``make run`` starts in the repository). A wrong or missing setting fails with
+A file in ``conf/`` is TOML. Relative local paths in it (``landing``, ``warehouse``, a
+bucket's ``landing``) are relative to the file's own folder, so a job finds the same data
+whatever directory it starts in (an Airflow worker's is anyone's guess). A wrong or missing setting fails with
 :class:`ConfigError` naming the file and the field, before any Spark session starts.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import re
+import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from types import UnionType
+from typing import Annotated, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from dcp_cdc.errors import ConfigError
 
@@ -25,18 +38,23 @@ def is_uri(location: str) -> bool:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Attribute docstrings become field descriptions: the README's configuration reference is
+    # generated from them (``python -m dcp_cdc.config --markdown``).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class BucketConfig(_Model):
     """One Couchbase bucket whose captures land in the landing location."""
 
     name: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.%-]+$")]
+    """The bucket's name; the capture headers' ``bucket`` must match it."""
     landing: str | None = None
     """Where this bucket's captures land; default: the global landing location."""
 
 
 class IngestConfig(_Model):
+    """Bronze ingest of capture files."""
+
     chunk_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 64 << 20
     """Bytes of a capture file decoded at once inside a task (bounds executor memory)."""
     max_file_bytes: Annotated[int, Field(ge=1 << 10)] = 64 << 30
@@ -48,16 +66,22 @@ class IngestConfig(_Model):
 
 
 class TableConfig(_Model):
+    """Delta tables."""
+
     properties: dict[str, str] = Field(
         default_factory=lambda: {
-            "delta.enableDeletionVectors": "true",
+            "delta.enableDeletionVectors": "false",
             "delta.autoOptimize.optimizeWrite": "true",
         }
     )
-    """Delta table properties set when a table is created."""
+    """Delta table properties set when a table is created. Deletion vectors are off by
+    default: other Delta readers (delta-rs, the ``deltalake`` package, 1.6) refuse tables
+    with that reader feature, and turning it off later leaves the feature in the protocol."""
 
 
 class SilverConfig(_Model):
+    """Silver apply."""
+
     retire: Literal["archive", "drop"] = "archive"
     """What happens to a collection's table once its drop reached every vbucket: ``archive``
     renames it ``<table>__dropped_<cid>_<yyyymmdd>``, ``drop`` removes it."""
@@ -71,22 +95,92 @@ class SilverConfig(_Model):
 
 
 class SparkConfig(_Model):
+    """Spark sessions of the jobs."""
+
     master: str = "local[2]"
+    """The master of sessions a job builds itself (``dcp-cdc``, ``python -m``); under
+    ``spark-submit`` (and so under Airflow) the submitter's ``--master`` wins."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
+    """``spark.sql.shuffle.partitions``."""
+    metastore: str | None = None
+    """A shared Hive metastore (``thrift://host:9083``) for the catalog. Default: an embedded
+    Derby database in ``<warehouse>/metastore_db``, which needs a local warehouse."""
     conf: dict[str, str] = Field(default_factory=dict)
+    """Any other Spark settings, applied last (e.g. ``spark.hadoop.fs.s3a.*``)."""
+
+
+class AirflowConfig(_Model):
+    """How the DAGs in ``dags/`` schedule the jobs (read when Airflow parses the DAG file)."""
+
+    schedule: str | None = "@hourly"
+    """Schedule of each bucket's pipeline DAG: a cron expression or preset; empty: manual runs
+    only."""
+    maintenance_schedule: str | None = "@daily"
+    """Schedule of the maintenance DAG (``dcp_cdc_maintenance``)."""
+    start_date: dt.date = dt.date(2026, 1, 1)
+    """The first logical date of the DAGs."""
+    catchup: bool = False
+    """Run the intervals missed since ``start_date`` (each run takes whatever landed anyway)."""
+    retries: Annotated[int, Field(ge=0)] = 2
+    """Retries of a failed task (a failed quality check is not retried)."""
+    retry_delay_seconds: Annotated[int, Field(ge=0)] = 300
+    """Delay before the first retry."""
+    retry_exponential_backoff: Annotated[float, Field(ge=0)] = 2.0
+    """Multiplier of the delay at each further retry; 0: a constant delay."""
+    max_retry_delay_seconds: Annotated[int, Field(ge=0)] = 3600
+    """Upper bound of the retry delay."""
+    execution_timeout_minutes: Annotated[int, Field(ge=1)] = 120
+    """A task running longer is stopped and fails (then retried)."""
+    spark_conn_id: str = "dcp_cdc_spark"
+    """The Airflow connection ``spark-submit`` takes the master (and deploy mode) from:
+    ``local[2]`` here, ``yarn`` or ``spark://`` or ``k8s://`` on a cluster."""
+    spark_submit: str | None = None
+    """The ``spark-submit`` a worker runs: a path, or a name on its PATH. Default: the one of
+    the pyspark installed beside Airflow, else ``spark-submit`` from the PATH."""
+    py_files: str | None = None
+    """``--py-files`` for ``spark-submit``: a wheel or zip of ``dcp_cdc`` and ``pipelines`` for
+    executors that do not have the package installed."""
+    application_dir: str | None = None
+    """Where ``spark-submit`` finds the entry scripts (``bronze/job.py``, ...): a path or URI
+    of the ``pipelines`` folder. Default: the installed ``pipelines`` package."""
+    driver_memory: str | None = None
+    """``spark.driver.memory`` (default: 6g with a local master, Spark's own otherwise)."""
+    pool: str | None = None
+    """The Airflow pool of every task. With the embedded Derby catalog only one Spark job may
+    use the warehouse at a time: give such a deployment a pool with one slot."""
+
+
+class MaintenanceConfig(_Model):
+    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``)."""
+
+    optimize: bool = True
+    """OPTIMIZE every table: compacts small files and re-clusters the liquid-clustered ones
+    (bronze events by ``(vbucket, by_seqno)``, silver by ``(_vbucket, key)``)."""
+    vacuum_retention_hours: Annotated[int, Field(ge=0)] = 168
+    """VACUUM removes files unreferenced for longer than this; time travel and change data
+    feed reads further back stop working. Below 168 Delta's safety check is turned off for
+    the maintenance session only."""
+    quality_results_retention_days: Annotated[int, Field(ge=1)] = 90
+    """Rows of ``quality.<bucket>_results`` older than this are deleted."""
 
 
 class AppConfig(_Model):
     """The whole configuration of a dcp-cdc deployment."""
 
     landing: str
+    """Where capture files land: a local path or any Hadoop URI (``s3a://...``)."""
     warehouse: str
+    """The Spark warehouse: Delta tables and (when local) the Derby metastore."""
     buckets: Annotated[list[BucketConfig], Field(min_length=1)]
+    """The buckets whose captures land there (at least one)."""
     ingest: IngestConfig = IngestConfig()
     tables: TableConfig = TableConfig()
     silver: SilverConfig = SilverConfig()
     spark: SparkConfig = SparkConfig()
+    airflow: AirflowConfig = AirflowConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of the jobs."""
 
     @field_validator("landing", "warehouse")
     @classmethod
@@ -94,6 +188,20 @@ class AppConfig(_Model):
         if not value.strip():
             raise ValueError("must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _catalog_reachable(self) -> AppConfig:
+        if (
+            is_uri(self.warehouse)
+            and not self.warehouse.startswith("file:")
+            and not (self.spark.metastore or "spark.hadoop.hive.metastore.uris" in self.spark.conf)
+        ):
+            raise ValueError(
+                f"warehouse {self.warehouse!r} is not a local path: set spark.metastore to a "
+                "shared Hive metastore (thrift://host:9083); the embedded Derby catalog only "
+                "lives in a local warehouse"
+            )
+        return self
 
     def bucket(self, name: str | None) -> list[BucketConfig]:
         """The buckets a command works on: all of them, or the one named."""
@@ -109,8 +217,18 @@ class AppConfig(_Model):
         return bucket.landing or self.landing
 
 
+def _anchored(location: object, folder: Path) -> object:
+    """A relative local path as seen from ``folder``; URIs, absolute paths and anything that
+    is not a string (validation reports those) as they are."""
+    if not isinstance(location, str) or not location.strip() or is_uri(location):
+        return location
+    path = Path(location).expanduser()
+    return location if path.is_absolute() else os.path.normpath(folder / path)
+
+
 def load_config(path: str | Path, **overrides: object) -> AppConfig:
-    """Read and validate ``path``; ``overrides`` replace top-level keys (e.g. for tests)."""
+    """Read and validate ``path``; ``overrides`` replace top-level keys (e.g. for tests) and
+    are taken as given (relative paths in them stay relative to the working directory)."""
     file = Path(path)
     try:
         raw = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -118,6 +236,13 @@ def load_config(path: str | Path, **overrides: object) -> AppConfig:
         raise ConfigError(f"{file}: configuration file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    folder = file.resolve().parent
+    for key in ("landing", "warehouse"):
+        if key in raw:
+            raw[key] = _anchored(raw[key], folder)
+    for bucket in raw.get("buckets", []) if isinstance(raw.get("buckets"), list) else []:
+        if isinstance(bucket, dict) and "landing" in bucket:
+            bucket["landing"] = _anchored(bucket["landing"], folder)
     raw.update(overrides)
     try:
         return AppConfig.model_validate(raw)
@@ -127,3 +252,139 @@ def load_config(path: str | Path, **overrides: object) -> AppConfig:
             for err in exc.errors()
         )
         raise ConfigError(f"{file}: invalid configuration: {problems}") from None
+
+
+# --- the configuration reference ---------------------------------------------------------
+
+
+def _type_name(annotation: object) -> str:
+    """A reader's name for a field's type: ``int``, ``archive | drop``, ``table``, ..."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " \\| ".join(str(arg) for arg in get_args(annotation))
+    if origin is dict:
+        return "table"
+    if origin is list:
+        return "array"
+    if origin in (UnionType, Union):
+        names = [_type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
+        return " \\| ".join(names)
+    plain: dict[object, str] = {
+        str: "string", int: "integer", float: "number", bool: "boolean", dt.date: "date"
+    }  # fmt: skip
+    return plain.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _toml_value(value: object) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        unit, size = ("GiB", value >> 30) if value % (1 << 30) == 0 else ("MiB", value >> 20)
+        return f"`{value}` ({size} {unit})"
+    if isinstance(value, dict):
+        return "<br>".join(f'`"{k}" = "{v}"`' for k, v in value.items()) or "`{}`"
+    return f"`{value}`"
+
+
+def _prose(text: str | None) -> str:
+    """A docstring as one Markdown line: reST ``literals`` become `code`, pipes are escaped."""
+    return " ".join((text or "").split()).replace("``", "`").replace("|", "\\|")
+
+
+def _bounds(info: FieldInfo) -> str:
+    """`` (≥ 0)``, `` (65536 – 1073741824)``: the limits a field's value must keep."""
+    low = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
+    high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
+    if low is not None and high is not None:
+        return f" ({low} – {high})"
+    return f" (≥ {low})" if low is not None else ""
+
+
+def _rows(model: type[_Model], prefix: str) -> list[str]:
+    rows = []
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, _Model):
+            continue  # a section of its own
+        default = (
+            "required"
+            if info.is_required()
+            else _toml_value(info.get_default(call_default_factory=True))
+        )
+        annotation = info.annotation
+        item = get_args(annotation)[0] if get_origin(annotation) is list else None
+        if isinstance(item, type) and issubclass(item, _Model):
+            for sub, sub_info in item.model_fields.items():
+                sub_default = (
+                    "required"
+                    if sub_info.is_required()
+                    else _toml_value(sub_info.get_default(call_default_factory=True))
+                )
+                rows.append(
+                    f"| `[[{name}]] {sub}` | {_type_name(sub_info.annotation)}{_bounds(sub_info)} "
+                    f"| {sub_default} "
+                    f"| {_prose(sub_info.description)} |"
+                )
+            continue
+        rows.append(
+            f"| `{prefix}{name}` | {_type_name(annotation)}{_bounds(info)} | {default} "
+            f"| {_prose(info.description)} |"
+        )
+    return rows
+
+
+def reference_markdown() -> str:
+    """The configuration reference, generated from the models (the README holds a copy)."""
+    head = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    lines = [*head, *_rows(AppConfig, "")]
+    for name, info in AppConfig.model_fields.items():
+        section = info.annotation
+        if isinstance(section, type) and issubclass(section, _Model):
+            lines += ["", f"`[{name}]` — {_prose(section.__doc__)}", "", *head]
+            lines += _rows(section, "")
+    return "\n".join(lines) + "\n"
+
+
+README_MARKERS = ("<!-- config-reference:start -->\n", "<!-- config-reference:end -->")
+
+
+def with_reference(text: str) -> str:
+    """``text`` (a README) with the lines between its reference markers regenerated."""
+    start, end = README_MARKERS
+    if start not in text or end not in text:
+        raise ConfigError(f"expected the markers {start.strip()} and {end} in the file")
+    head, rest = text.split(start, 1)
+    return head + start + reference_markdown() + end + rest.split(end, 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m dcp_cdc.config",
+        description="Check a configuration file, or print the configuration reference.",
+    )
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--markdown", action="store_true", help="print the reference")
+    group.add_argument("--update", metavar="README", help="regenerate the reference in README")
+    group.add_argument("--check", metavar="FILE", help="validate FILE and print it with defaults")
+    args = parser.parse_args(argv)
+    try:
+        if args.markdown:
+            print(reference_markdown(), end="")
+        elif args.update:
+            readme = Path(args.update)
+            readme.write_text(with_reference(readme.read_text(encoding="utf-8")), encoding="utf-8")
+        else:
+            print(load_config(args.check).model_dump_json(indent=2))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,6 +11,12 @@ Embedded Derby admits one JVM at a time: two live Spark processes cannot share a
 While a session runs, asking for one on another warehouse is an error. JVM options (the jars,
 ``derby.system.home``) are fixed by the first session of a Python process: after ``stop()`` a
 new session may use another warehouse, but ``derby.log`` stays where the first one put it.
+A warehouse on object storage (``s3a://...``) needs a shared Hive metastore instead
+(``spark.metastore``).
+
+Launchers get the same settings from :func:`launch_conf`: the Airflow DAGs pass them to
+``spark-submit`` (whose ``--master`` then wins over ``spark.master``), ``dcp-cdc spark-conf``
+writes them as a properties file for ``spark-sql``, ``pyspark`` and the Thrift server.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from dcp_cdc.config import is_uri
 from dcp_cdc.errors import DcpError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from dcp_cdc.config import AppConfig
 
 JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 """Environment variable naming a folder of Delta jars to use instead of ``.cache/jars``."""
@@ -62,41 +71,61 @@ def find_delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
 
 def spark_conf(
     app_name: str,
-    warehouse: Path,
+    warehouse: str | Path,
     *,
-    master: str,
+    master: str | None,
     shuffle_partitions: int,
     jars: Sequence[Path],
+    metastore: str | None = None,
 ) -> dict[str, str]:
-    """The configuration :func:`build_spark_session` starts a session with (no JVM needed)."""
-    metastore = warehouse / METASTORE_DIR_NAME
-    java_options = (
-        f"-Dderby.system.home={warehouse}",
+    """The configuration :func:`build_spark_session` starts a session with (no JVM needed).
+
+    ``master=None`` leaves the master, and the settings only a local master needs, to whoever
+    launches the JVM (``spark-submit --master``). ``warehouse`` is a local folder (with the
+    embedded Derby catalog in it) unless ``metastore`` names a shared Hive metastore.
+    """
+    local_warehouse = isinstance(warehouse, Path)
+    java_options = [
         "-Duser.timezone=UTC",
         f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
-    )
+    ]
     conf = {
-        "spark.master": master,
         "spark.app.name": app_name,
         "spark.jars": ",".join(str(jar) for jar in jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(warehouse),
-        "spark.hadoop.javax.jdo.option.ConnectionURL": (
-            f"jdbc:derby:;databaseName={metastore};create=true"
-        ),
+    }
+    if metastore:
+        conf["spark.hadoop.hive.metastore.uris"] = metastore
+    elif local_warehouse:
+        java_options.insert(0, f"-Dderby.system.home={warehouse}")
+        conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+            f"jdbc:derby:;databaseName={Path(warehouse) / METASTORE_DIR_NAME};create=true"
+        )
+    else:
+        raise SparkSetupError(
+            f"warehouse {warehouse} is not a local folder: a shared metastore is needed "
+            "(spark.metastore in the configuration)"
+        )
+    conf |= {
         # Spark's launcher splits this string shell-style, so quoted paths may hold spaces.
         _DRIVER_JAVA_OPTIONS: " ".join(shlex.quote(opt) for opt in java_options),
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         # Delta replays its log with 50 partitions by default: far too many for small tables.
         "spark.databricks.delta.snapshotPartitions": str(shuffle_partitions),
+        # VACUUM lists a table's folders with this many tasks (default 10000): 100 s for a
+        # small table on two cores, 9 s with 4.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
-    if master.startswith("local"):
+    if master is not None:
+        conf["spark.master"] = master
+    if master is not None and master.startswith("local"):
         conf |= {
             # Local mode runs every task in the driver JVM: its default 1g heap is far too
             # small for a million decoded frames (this machine has 24 GiB).
@@ -110,6 +139,33 @@ def spark_conf(
     return conf
 
 
+def launched_by_spark_submit() -> bool:
+    """True in a Python driver started by ``spark-submit`` (or ``pyspark``): its JVM is
+    already running, with the master and launch settings the submitter chose."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _warehouse_location(warehouse: str | Path) -> str | Path:
+    """A local warehouse as an absolute folder; a URI (``s3a://...``) as it is."""
+    if isinstance(warehouse, str) and is_uri(warehouse) and not warehouse.startswith("file:"):
+        return warehouse
+    return _local_path(str(warehouse))
+
+
+def _merge_conf(conf: dict[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
+    """``extra`` applied over ``conf``; JVM options are appended, so the session's own
+    (Derby home, timezone, logging) survive."""
+    merged = dict(conf)
+    rest = dict(extra or {})
+    extra_java = rest.pop(_DRIVER_JAVA_OPTIONS, "").strip()
+    if extra_java:
+        merged[_DRIVER_JAVA_OPTIONS] = (
+            f"{merged.get(_DRIVER_JAVA_OPTIONS, '')} {extra_java}".strip()
+        )
+    merged.update(rest)
+    return merged
+
+
 def build_spark_session(
     app_name: str,
     warehouse: str | Path,
@@ -117,6 +173,7 @@ def build_spark_session(
     master: str = "local[2]",
     shuffle_partitions: int = 4,
     extra_conf: Mapping[str, str] | None = None,
+    metastore: str | None = None,
 ) -> SparkSession:
     """A Delta-enabled session whose catalog and tables live under ``warehouse``.
 
@@ -124,35 +181,35 @@ def build_spark_session(
     ``spark.driver.extraJavaOptions`` are appended to the session's own. If this process
     already runs a session, it is returned (with ``extra_conf``'s runtime settings applied)
     provided it uses the same warehouse; a different warehouse raises :class:`SparkSetupError`.
+    Under ``spark-submit`` the submitter's master is kept (``master`` is ignored): the same
+    job runs locally or on a cluster by changing only how it is submitted.
     """
     from pyspark.sql import SparkSession
 
-    warehouse_dir = Path(warehouse).expanduser().resolve()
+    location = _warehouse_location(warehouse)
     jars = find_delta_jars()
     active = SparkSession.getActiveSession()
     if active is not None:
-        current = _local_path(active.conf.get("spark.sql.warehouse.dir") or "")
-        if current != warehouse_dir:
+        current = _warehouse_location(active.conf.get("spark.sql.warehouse.dir") or "")
+        if current != location:
             raise SparkSetupError(
                 f"a Spark session on warehouse {current} is already running in this process; "
-                f"expected none, or one on {warehouse_dir}. Stop it first (spark.stop())."
+                f"expected none, or one on {location}. Stop it first (spark.stop())."
             )
 
-    warehouse_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(location, Path):
+        location.mkdir(parents=True, exist_ok=True)
+    submitted = launched_by_spark_submit()
     conf = spark_conf(
         app_name,
-        warehouse_dir,
-        master=master,
+        location,
+        master=None if submitted else master,
         shuffle_partitions=shuffle_partitions,
         jars=jars,
+        metastore=metastore,
     )
-    extra = dict(extra_conf or {})
-    # The session's own JVM options (Derby home, timezone, logging) must survive: append.
-    extra_java = extra.pop(_DRIVER_JAVA_OPTIONS, "").strip()
-    if extra_java:
-        conf[_DRIVER_JAVA_OPTIONS] += " " + extra_java
-    conf.update(extra)
-    if master.startswith("local"):
+    conf = _merge_conf(conf, extra_conf)
+    if "spark.pyspark.python" in conf:
         # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only
         # spark-submit): the interpreter of this venv, unless the caller chose another.
         os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
@@ -162,7 +219,48 @@ def build_spark_session(
     return builder.getOrCreate()
 
 
+def session_for(config: AppConfig, app_name: str) -> SparkSession:
+    """The session a job of ``config`` runs in (built once per process)."""
+    return build_spark_session(
+        app_name,
+        config.warehouse,
+        master=config.spark.master,
+        shuffle_partitions=config.spark.shuffle_partitions,
+        extra_conf=config.spark.conf,
+        metastore=config.spark.metastore,
+    )
+
+
+def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict[str, str]:
+    """What a launcher (``spark-submit``, ``spark-sql``, ``pyspark``, the Thrift server) must
+    be given for a session on ``config``'s catalog: the settings :func:`session_for` uses,
+    including those that only work at JVM start (the Delta jars on the driver's class path,
+    driver JVM options and memory). ``master=None``: the launcher's ``--master`` decides."""
+    jars = find_delta_jars()
+    conf = spark_conf(
+        app_name,
+        _warehouse_location(config.warehouse),
+        master=master,
+        shuffle_partitions=config.spark.shuffle_partitions,
+        jars=jars,
+        metastore=config.spark.metastore,
+    )
+    # On the driver's own class path too: the Thrift server and spark-sql load the Delta
+    # catalog from threads that do not see spark.jars (ClassNotFoundException: DeltaCatalog).
+    # A path a cluster-mode driver does not have is ignored there, spark.jars ships the jars.
+    conf["spark.driver.extraClassPath"] = os.pathsep.join(str(jar) for jar in jars)
+    return _merge_conf(conf, config.spark.conf)
+
+
+def properties_text(conf: Mapping[str, str]) -> str:
+    """``conf`` as a Spark properties file (``--properties-file``)."""
+    lines = ["# Written by dcp-cdc spark-conf; settings of the dcp-cdc catalog."]
+    for key, value in conf.items():
+        lines.append(f"{key}={value.replace(chr(92), chr(92) * 2)}")
+    return "\n".join(lines) + "\n"
+
+
 def _local_path(location: str) -> Path:
     """``/a/b`` from ``file:/a/b``, ``file:///a/b`` or ``/a/b``."""
     parsed = urlparse(location)
-    return Path(parsed.path if parsed.scheme == "file" else location).resolve()
+    return Path(parsed.path if parsed.scheme == "file" else location).expanduser().resolve()

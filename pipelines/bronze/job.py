@@ -413,13 +413,10 @@ def run(
     config: AppConfig, bucket: str | None = None, *, spark: SparkSession | None = None
 ) -> list[IngestSummary]:
     """Ingest every configured bucket (or one); builds the Spark session if none is given."""
-    from pipelines.spark_session import build_spark_session
+    from pipelines.spark_session import session_for
 
     buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
-    session = spark or build_spark_session(
-        "dcp-cdc-bronze", config.warehouse, master=config.spark.master,
-        shuffle_partitions=config.spark.shuffle_partitions, extra_conf=config.spark.conf,
-    )  # fmt: skip
+    session = spark or session_for(config, "dcp-cdc-bronze")
     return [ingest_bucket(session, config, b) for b in buckets]
 
 

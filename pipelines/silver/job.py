@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dcp_cdc.config import AppConfig, BucketConfig, load_config
-from dcp_cdc.errors import DcpError
+from dcp_cdc.errors import ConfigError, DcpError
 from dcp_cdc.naming import identifier
 from pipelines.bronze.job import table_names as bronze_tables
 
@@ -96,8 +96,15 @@ class ApplySummary:
 
 
 def apply_bucket(
-    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, collection: str | None = None
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    *,
+    collection: str | None = None,
+    rebuild: bool = False,
 ) -> ApplySummary:
+    """One run for one bucket. ``collection`` (``SCOPE.NAME``) alone merges only that
+    collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
     from pyspark.sql import functions as F
 
     from pipelines.silver import transforms
@@ -111,6 +118,12 @@ def apply_bucket(
         log.info("no bronze table for bucket %s yet", name)
         return summary
     states = transforms.read_states(spark, state_table(name))
+    if rebuild:
+        emptied = empty_tables(spark, name, collection)
+        log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), name)
+        # Every vbucket is walked from its first frame again; the tables not emptied see
+        # only changes they already hold, which the MERGE guard leaves alone.
+        states = {}
     frames, again = transforms.unconsumed_frames(spark, bronze, states)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
@@ -141,7 +154,7 @@ def apply_bucket(
             (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
         ]
         summary.rollbacks = rollbacks
-        if collection is not None:
+        if collection is not None and not rebuild:
             scope, _, coll = collection.partition(".")
             keep = [
                 c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
@@ -161,6 +174,36 @@ def apply_bucket(
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> list[str]:
+    """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone) and
+    their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
+    registry = (
+        [r.asDict() for r in spark.table(registry_table(bucket)).collect()]
+        if spark.catalog.tableExists(registry_table(bucket))
+        else []
+    )
+    live = [r for r in registry if r["status"] != "retired"]
+    if collection is not None:
+        chosen = [r for r in live if f"{r['scope']}.{r['name']}" == collection]
+        if not chosen:
+            known = ", ".join(sorted(f"{r['scope']}.{r['name']}" for r in live)) or "none"
+            raise ConfigError(
+                f"collection {collection!r} is not a live collection of bucket {bucket!r} "
+                f"(known: {known})"
+            )
+        live = chosen
+    tables = [f"{r['table_name']}_all" for r in live]
+    marks = purges_table(bucket)
+    for table in tables:
+        if spark.catalog.tableExists(table):
+            spark.sql(f"DELETE FROM {table}")
+        # The table holds no key now: a purge mark would refuse every change at or below it,
+        # live documents too. The walk over bronze brings the purged tombstones back.
+        if spark.catalog.tableExists(marks):
+            spark.sql(f"DELETE FROM {marks} WHERE table_name = '{table}'")
+    return tables
 
 
 def purge_tombstones(
@@ -188,16 +231,16 @@ def run(
     bucket: str | None = None,
     *,
     collection: str | None = None,
+    rebuild: bool = False,
     spark: SparkSession | None = None,
 ) -> list[ApplySummary]:
-    from pipelines.spark_session import build_spark_session
+    from pipelines.spark_session import session_for
 
     buckets = config.bucket(bucket)
-    session = spark or build_spark_session(
-        "dcp-cdc-silver", config.warehouse, master=config.spark.master,
-        shuffle_partitions=config.spark.shuffle_partitions, extra_conf=config.spark.conf,
-    )  # fmt: skip
-    return [apply_bucket(session, config, b, collection=collection) for b in buckets]
+    session = spark or session_for(config, "dcp-cdc-silver")
+    return [
+        apply_bucket(session, config, b, collection=collection, rebuild=rebuild) for b in buckets
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,12 +248,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--bucket")
     parser.add_argument("--collection", help="SCOPE.NAME: only this collection's table")
+    parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="a backfill: empty the tables (or --collection's) and apply all of bronze again",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     try:
         config = load_config(args.config)
-        for summary in run(config, args.bucket, collection=args.collection):
+        for summary in run(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
             print(summary.render())
     except DcpError as exc:
         print(f"dcp-cdc apply: error: {exc}", file=sys.stderr)

@@ -55,3 +55,50 @@ def test_identifier_rule_is_readable_and_injective() -> None:
     assert identifier("orders%2026") == "orders_pct_2026_6070f28b"
     names = ["a-b", "a_b", "A_b", "a%b", "a.b", "a_pct_b", "ab"]
     assert len({identifier(n) for n in names}) == len(names)
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "c.toml").write_text(
+        'landing = "../data/landing"\nwarehouse = "/abs/warehouse"\n'
+        '[[buckets]]\nname = "a"\nlanding = "s3a://x/a"\n[[buckets]]\nname = "b"\nlanding = "b"\n'
+    )
+    config = load_config(conf / "c.toml")
+    assert config.landing == str(tmp_path / "data" / "landing")
+    assert config.warehouse == "/abs/warehouse"
+    assert [b.landing for b in config.buckets] == ["s3a://x/a", str(conf / "b")]
+    # overrides are the caller's: taken as given
+    assert load_config(conf / "c.toml", warehouse="rel/w").warehouse == "rel/w"
+
+
+def test_warehouse_on_object_storage_needs_a_shared_metastore(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('landing = "s3a://l"\nwarehouse = "s3a://w"\n[[buckets]]\nname = "b"\n')
+    with pytest.raises(ConfigError, match=r"set spark\.metastore") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    path.write_text(
+        'landing = "s3a://l"\nwarehouse = "s3a://w"\n[[buckets]]\nname = "b"\n'
+        '[spark]\nmetastore = "thrift://hms:9083"\n'
+    )
+    assert load_config(path).spark.metastore == "thrift://hms:9083"
+
+
+def test_airflow_and_maintenance_settings(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+        '[airflow]\nschedule = "*/15 * * * *"\nstart_date = 2026-03-01\nretries = 5\n'
+        "[maintenance]\nvacuum_retention_hours = 24\n"
+    )
+    config = load_config(path)
+    assert config.airflow.schedule == "*/15 * * * *"
+    assert str(config.airflow.start_date) == "2026-03-01"
+    assert (config.airflow.retries, config.airflow.catchup) == (5, False)
+    assert config.maintenance.vacuum_retention_hours == 24
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[airflow]\nretries = -1\n'
+    )
+    with pytest.raises(ConfigError, match=r"airflow\.retries"):
+        load_config(path)

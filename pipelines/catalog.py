@@ -1,0 +1,135 @@
+"""What the catalog holds: the tables of each layer with row counts, and a bucket's overview.
+
+``dcp-cdc tables`` and the summary ``dcp-cdc run`` prints read the catalog through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pipelines.bronze.job import table_names as bronze_tables
+from pipelines.silver.job import registry_table, state_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+LAYERS = ("bronze", "silver", "quality")
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    layer: str
+    name: str
+    kind: str  # "table" (Delta) or "view"
+    rows: int
+
+
+def list_tables(spark: SparkSession, layers: Sequence[str] = LAYERS) -> list[TableInfo]:
+    """Every table and view of the layers' databases, with its row count (a view of live
+    documents counts the live documents)."""
+    found = []
+    for layer in layers:
+        if not spark.catalog.databaseExists(layer):
+            continue
+        for table in sorted(spark.catalog.listTables(layer), key=lambda t: t.name):
+            name = f"{layer}.{table.name}"
+            kind = "view" if table.tableType == "VIEW" else "table"
+            found.append(TableInfo(layer, name, kind, spark.table(name).count()))
+    return found
+
+
+@dataclass(frozen=True)
+class CollectionCount:
+    collection: str  # scope.name as in Couchbase
+    table: str  # the view of live documents
+    live: int
+    tombstones: int
+    expired: int  # past their expiry, no expiration event from the server yet
+
+
+@dataclass
+class BucketOverview:
+    bucket: str
+    events_by_op: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0
+    collections: list[CollectionCount] = field(default_factory=list)
+    open_snapshots: list[int] = field(default_factory=list)  # vbuckets
+    events_table: str = ""
+
+    def render(self) -> str:
+        lines = [f"Events in {self.events_table} by type:"]
+        width = max((len(op) for op in self.events_by_op), default=0) + 2
+        for op, n in sorted(self.events_by_op.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {op:<{width}}{n:>9,}")
+        lines.append(f"  {'total':<{width}}{sum(self.events_by_op.values()):>9,}")
+        if self.quarantined:
+            lines.append(f"  ({self.quarantined} malformed frames quarantined)")
+        lines += ["", "Documents in silver by collection:"]
+        if self.collections:
+            name_w = max(len(c.collection) for c in self.collections) + 2
+            table_w = max(len(c.table) for c in self.collections) + 2
+            lines.append(
+                f"  {'collection':<{name_w}}{'table (live documents)':<{table_w}}"
+                f"{'live':>7}{'tombstones':>12}{'expired':>9}"
+            )
+            for c in self.collections:
+                lines.append(
+                    f"  {c.collection:<{name_w}}{c.table:<{table_w}}{c.live:>7,}"
+                    f"{c.tombstones:>12,}{c.expired:>9,}"
+                )
+        else:
+            lines.append("  (no collections yet)")
+        lines.append("")
+        if self.open_snapshots:
+            vbuckets = ", ".join(map(str, self.open_snapshots))
+            lines.append(
+                f"Open snapshots: {len(self.open_snapshots)} vbuckets stopped inside a snapshot "
+                f"(vbuckets {vbuckets}); their partial changes wait for the snapshot's end."
+            )
+        else:
+            lines.append("Open snapshots: none, every vbucket stands at a consistent point.")
+        return "\n".join(lines)
+
+
+def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
+    """Events by type, documents per collection and open snapshots of ``bucket``."""
+    from pyspark.sql import functions as F
+
+    names = bronze_tables(bucket)
+    overview = BucketOverview(bucket, events_table=names["events"])
+    if spark.catalog.tableExists(names["events"]):
+        counts = spark.table(names["events"]).groupBy("op").count().collect()
+        overview.events_by_op = {r["op"]: r["count"] for r in counts}
+    if spark.catalog.tableExists(names["quarantine"]):
+        overview.quarantined = spark.table(names["quarantine"]).count()
+    if spark.catalog.tableExists(registry_table(bucket)):
+        registry = spark.table(registry_table(bucket)).where(F.col("status") != "retired").collect()
+        now = F.unix_timestamp()
+        deleted, expiry = F.col("_deleted"), F.col("_expiry")
+        tallies = [
+            F.count_if(~deleted & ((expiry == 0) | (expiry > now))).alias("live"),
+            F.count_if(deleted).alias("tombstones"),
+            F.count_if(~deleted & (expiry != 0) & (expiry <= now)).alias("expired"),
+        ]
+        for reg in sorted(registry, key=lambda r: (r["scope"], r["name"])):
+            row = spark.table(f"{reg['table_name']}_all").agg(*tallies).collect()[0]
+            overview.collections.append(
+                CollectionCount(
+                    f"{reg['scope']}.{reg['name']}",
+                    reg["table_name"],
+                    row["live"],
+                    row["tombstones"],
+                    row["expired"],
+                )
+            )
+    if spark.catalog.tableExists(state_table(bucket)):
+        overview.open_snapshots = sorted(
+            r["vbucket"]
+            for r in spark.table(state_table(bucket))
+            .where(F.col("open_snapshot_start").isNotNull())
+            .select("vbucket")
+            .collect()
+        )
+    return overview

@@ -1,0 +1,189 @@
+"""Maintenance of a bucket's tables: OPTIMIZE, VACUUM, tombstone purge, quality retention.
+
+Run daily by the ``dcp_cdc_maintenance`` DAG, or by hand (``dcp-cdc maintain``,
+``python -m pipelines.maintenance --config F [--bucket B]``). Per bucket, in this order:
+
+1. **tombstone purge**: deletion and expiration tombstones older than
+   ``silver.tombstone_retention_hours`` leave the silver ``_all`` tables
+   (:func:`pipelines.silver.job.purge_tombstones`);
+2. **quality retention**: rows of ``quality.<bucket>_results`` older than
+   ``maintenance.quality_results_retention_days`` are deleted;
+3. **OPTIMIZE** every Delta table of the bucket: small files are compacted; the
+   liquid-clustered tables (bronze events by ``(vbucket, by_seqno)``, silver by
+   ``(_vbucket, key)``) are clustered incrementally, which is what a Z-order would give them
+   (and Delta refuses ``ZORDER BY`` on a clustered table);
+4. **VACUUM** every table with ``maintenance.vacuum_retention_hours``.
+
+Deletes come first so that OPTIMIZE rewrites the files they touched (their deletion vectors
+are applied) and VACUUM can then remove what both left behind, on the same day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from dcp_cdc.errors import DcpError
+from dcp_cdc.naming import identifier
+from pipelines.bronze.job import table_names as bronze_tables
+from pipelines.silver.job import purges_table, registry_table, state_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("dcp_cdc.maintenance")
+DELTA_MIN_SAFE_RETENTION_HOURS = 168
+"""``delta.deletedFileRetentionDuration``'s default: VACUUM refuses less unless told."""
+
+
+def quality_results_table(bucket: str) -> str:
+    return f"quality.{identifier(bucket)}_results"
+
+
+@dataclass
+class MaintenanceSummary:
+    bucket: str
+    purged: dict[str, int] = field(default_factory=dict)  # silver table -> tombstones removed
+    quality_rows_deleted: int = 0
+    optimized: dict[str, tuple[int, int]] = field(default_factory=dict)  # files (removed, added)
+    vacuumed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def render(self) -> str:
+        removed = sum(r for r, _ in self.optimized.values())
+        added = sum(a for _, a in self.optimized.values())
+        lines = [
+            f"maintenance of bucket {self.bucket!r}: {sum(self.purged.values())} tombstones "
+            f"purged, {self.quality_rows_deleted} old quality results deleted, "
+            f"{len(self.optimized)} tables with several files optimized ({removed} files "
+            f"compacted into {added}), "
+            f"{len(self.vacuumed)} vacuumed, {self.seconds:.1f} s"
+        ]
+        lines += [f"  {t}: {n} tombstones purged" for t, n in sorted(self.purged.items()) if n]
+        return "\n".join(lines)
+
+
+def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
+    """Every Delta table of ``bucket`` that exists: bronze, silver (support tables and the
+    ``_all`` table of each collection not retired) and quality."""
+    names = list(bronze_tables(bucket).values())
+    names += [registry_table(bucket), state_table(bucket), purges_table(bucket)]
+    if spark.catalog.tableExists(registry_table(bucket)):
+        live = spark.table(registry_table(bucket)).where("status != 'retired'")
+        names += sorted(f"{r['table_name']}_all" for r in live.select("table_name").collect())
+    names.append(quality_results_table(bucket))
+    return [name for name in names if spark.catalog.tableExists(name)]
+
+
+def delete_old_quality_results(spark: SparkSession, bucket: str, days: int) -> int:
+    """Rows of the bucket's quality results older than ``days``; 0 if there is no table."""
+    from pyspark.sql import types as T
+
+    table = quality_results_table(bucket)
+    if not spark.catalog.tableExists(table):
+        return 0
+    stamps = [
+        f.name for f in spark.table(table).schema.fields if isinstance(f.dataType, T.TimestampType)
+    ]
+    if not stamps:
+        raise DcpError(
+            f"{table}: expected a TIMESTAMP column saying when a result was checked, got "
+            f"columns {spark.table(table).columns}"
+        )
+    column = stamps[0]
+    metrics = spark.sql(
+        f"DELETE FROM {table} WHERE {column} < current_timestamp() - INTERVAL {days} DAYS"
+    ).collect()
+    return int(metrics[0]["num_affected_rows"]) if metrics else 0
+
+
+def optimize(spark: SparkSession, table: str) -> tuple[int, int]:
+    """OPTIMIZE ``table``; (files removed, files added)."""
+    rows = spark.sql(f"OPTIMIZE {table}").collect()
+    if not rows:
+        return 0, 0
+    metrics = rows[0]["metrics"]
+    return int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"])
+
+
+@contextmanager
+def _retention_check(spark: SparkSession, *, enabled: bool) -> Iterator[None]:
+    """Delta's refusal to VACUUM below its safe retention, off while the block runs when the
+    configuration asks for less (readers and time travel older than that break)."""
+    key = "spark.databricks.delta.retentionDurationCheck.enabled"
+    if enabled:
+        yield
+        return
+    before = spark.conf.get(key, "true") or "true"
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def maintain_bucket(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig
+) -> MaintenanceSummary:
+    from pipelines.silver.job import purge_tombstones
+
+    started = time.perf_counter()
+    settings = config.maintenance
+    summary = MaintenanceSummary(bucket.name)
+    summary.purged = purge_tombstones(spark, config, bucket)
+    summary.quality_rows_deleted = delete_old_quality_results(
+        spark, bucket.name, settings.quality_results_retention_days
+    )
+    tables = bucket_tables(spark, bucket.name)
+    if settings.optimize:
+        for table in tables:
+            # One file has nothing to compact, and Delta would still plan a job for it.
+            if spark.sql(f"DESCRIBE DETAIL {table}").collect()[0]["numFiles"] > 1:
+                summary.optimized[table] = optimize(spark, table)
+    hours = settings.vacuum_retention_hours
+    with _retention_check(spark, enabled=hours >= DELTA_MIN_SAFE_RETENTION_HOURS):
+        for table in tables:
+            spark.sql(f"VACUUM {table} RETAIN {hours} HOURS")
+            summary.vacuumed.append(table)
+    summary.seconds = time.perf_counter() - started
+    log.info(summary.render())
+    return summary
+
+
+def run(
+    config: AppConfig, bucket: str | None = None, *, spark: SparkSession | None = None
+) -> list[MaintenanceSummary]:
+    from pipelines.spark_session import session_for
+
+    buckets = config.bucket(bucket)
+    session = spark or session_for(config, "dcp-cdc-maintenance")
+    return [maintain_bucket(session, config, b) for b in buckets]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.maintenance", description=__doc__)
+    parser.add_argument("--config", required=True, help="a TOML file in conf/")
+    parser.add_argument("--bucket", help="only this bucket")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        config = load_config(args.config)
+        for summary in run(config, args.bucket):
+            print(summary.render())
+    except DcpError as exc:
+        print(f"dcp-cdc maintain: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

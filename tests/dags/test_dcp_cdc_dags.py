@@ -1,0 +1,195 @@
+"""The DAGs: made from the configuration, light to parse, and runnable end to end."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dags.conftest import DAGS
+
+PIPELINE = ["ingest_bronze", "apply_silver", "check_quality"]
+HEAVY = ("pyspark", "py4j", "great_expectations", "delta", "deltalake", "pandas", "pyarrow")
+
+
+def _config(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _dagbag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def test_parsing_imports_neither_spark_nor_great_expectations(
+    airflow_env: dict[str, str], config_file: Path
+) -> None:
+    """The DAG processor's view, in a fresh interpreter: no import errors, no heavy modules."""
+    _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "travel-sample"\n')
+    probe = (
+        "import json, sys\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
+        "print(json.dumps({'errors': bag.import_errors, 'dags': sorted(bag.dags),\n"
+        f"    'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {
+        "errors": {},
+        "dags": ["dcp_cdc__travel_sample_a8560dff", "dcp_cdc_maintenance"],
+        "heavy": [],
+    }
+
+
+def test_an_invalid_configuration_is_an_import_error_naming_the_field(config_file: Path) -> None:
+    _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+                         "[airflow]\nretries = -1\n")  # fmt: skip
+    bag = _dagbag()
+    assert not bag.dags
+    (error,) = bag.import_errors.values()
+    assert "airflow.retries" in error and str(config_file) in error
+
+
+def test_dags_tasks_and_settings_come_from_the_configuration(config_file: Path) -> None:
+    import datetime as dt
+
+    _config(config_file, """
+landing = "landing"
+warehouse = "warehouse"
+[[buckets]]
+name = "travel-sample"
+[[buckets]]
+name = "orders"
+[airflow]
+schedule = "*/20 * * * *"
+maintenance_schedule = "0 3 * * *"
+start_date = 2026-02-01
+retries = 4
+retry_delay_seconds = 60
+retry_exponential_backoff = 3.0
+max_retry_delay_seconds = 900
+execution_timeout_minutes = 45
+spark_conn_id = "my_spark"
+pool = "spark_pool"
+""")  # fmt: skip
+    bag = _dagbag()
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == [
+        "dcp_cdc__orders", "dcp_cdc__travel_sample_a8560dff", "dcp_cdc_maintenance"
+    ]  # fmt: skip
+    for dag_id in ("dcp_cdc__orders", "dcp_cdc__travel_sample_a8560dff"):
+        dag = bag.dags[dag_id]
+        assert [t.task_id for t in dag.topological_sort()] == PIPELINE
+        assert {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks} == {
+            "ingest_bronze": ["apply_silver"], "apply_silver": ["check_quality"],
+            "check_quality": [],
+        }  # fmt: skip
+        assert (dag.max_active_runs, dag.catchup) == (1, False)
+        assert dag.timetable.expression == "*/20 * * * *"
+        assert dag.start_date == dt.datetime(2026, 2, 1, tzinfo=dt.UTC)
+        assert set(dag.params) == {"backfill"}
+        for task in dag.tasks:
+            assert task._conn_id == "my_spark"
+            assert task.retries == (0 if task.task_id == "check_quality" else 4)
+            assert task.retry_delay == dt.timedelta(seconds=60)
+            assert task.retry_exponential_backoff == 3.0
+            assert task.max_retry_delay == dt.timedelta(seconds=900)
+            assert task.execution_timeout == dt.timedelta(minutes=45)
+            assert task.pool == "spark_pool" and not task.depends_on_past
+    bucket_args = {t.task_id: t.application_args for t in bag.dags["dcp_cdc__orders"].tasks}
+    assert bucket_args == {task: ["--config", str(config_file), "--bucket", "orders"]
+                           for task in PIPELINE}  # fmt: skip
+    maintenance = bag.dags["dcp_cdc_maintenance"]
+    assert maintenance.timetable.expression == "0 3 * * *" and maintenance.max_active_runs == 1
+    assert [t.task_id for t in maintenance.topological_sort()] == [
+        "maintain__travel_sample_a8560dff", "maintain__orders"
+    ]  # fmt: skip
+    assert all(t.application.endswith("pipelines/maintenance.py") for t in maintenance.tasks)
+
+
+def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
+    config_file: Path,
+) -> None:
+    from airflow.sdk.exceptions import ParamValidationError
+
+    _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n')
+    dag = _dagbag().dags["dcp_cdc__orders"]
+    apply = dag.get_task("apply_silver")
+    hook = apply.prepare({"params": {"backfill": "inventory.airline"}})
+    command = hook._build_spark_submit_command(apply.application)
+    assert Path(command[0]).name == "spark-submit" and Path(command[0]).exists()
+    assert command[command.index("--master") + 1] == "local[2]"
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    assert "spark.master" not in conf  # the connection's, above
+    assert any(Path(j).name.startswith("delta-spark_") for j in conf["spark.jars"].split(","))
+    assert conf["spark.sql.warehouse.dir"] == str(config_file.parent / "w")
+    assert conf["spark.driver.memory"] == "6g"
+    application = Path(apply.application)
+    assert application.is_file() and application.parts[-2:] == ("silver", "job.py")
+    assert command[command.index(apply.application) + 1 :] == [
+        "--config", str(config_file), "--bucket", "orders",
+        "--rebuild", "--collection", "inventory.airline",
+    ]  # fmt: skip
+    assert apply._flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
+    assert apply._flags({"params": {"backfill": ""}}) == []
+    ingest = dag.get_task("ingest_bronze")  # a backfill is silver's business only
+    command = ingest.prepare({"params": {"backfill": "bucket"}})._build_spark_submit_command(
+        ingest.application
+    )
+    assert command[-4:] == ["--config", str(config_file), "--bucket", "orders"]
+    backfill = dag.params.get_param("backfill")
+    assert backfill.resolve("bucket") == "bucket"
+    with pytest.raises(ParamValidationError):
+        backfill.resolve("no dot")
+
+
+@pytest.mark.slow
+def test_pipeline_dag_runs_end_to_end_over_a_simulator_capture(
+    config_file: Path, tmp_path: Path
+) -> None:
+    """``dag.test()``: three spark-submit jobs on a local master; silver equals the truth."""
+    from deltalake import DeltaTable
+
+    from dcp_cdc.simulator import simulate
+
+    result = simulate(tmp_path / "sim", scenario="basic", seed=4, vbuckets=16, docs=300,
+                      ops=600, bucket="travel-sample")  # fmt: skip
+    _config(config_file, f"""
+landing = "{tmp_path / "sim" / "landing"}"
+warehouse = "../warehouse"
+[[buckets]]
+name = "travel-sample"
+[spark]
+shuffle_partitions = 2
+conf = {{ "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" }}
+[airflow]
+retries = 0
+""")  # fmt: skip
+    dag = _dagbag().dags["dcp_cdc__travel_sample_a8560dff"]
+    run = dag.test()
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states == dict.fromkeys(PIPELINE, "success") and run.state == "success"
+
+    warehouse = tmp_path / "warehouse"
+    truth = set()
+    for line in (result.out / "truth" / "documents.jsonl").read_text().splitlines():
+        doc = json.loads(line)
+        key = doc.get("key") or base64.b64decode(doc["key_b64"]).decode("utf-8", "replace")
+        truth.add((doc["collection_id"], key, doc["seqno"]))
+    silver = set()
+    for table in sorted((warehouse / "silver.db").glob("*_all")):
+        rows = DeltaTable(str(table)).to_pyarrow_table(
+            columns=["_collection_id", "key", "_seqno", "_deleted"]
+        )
+        silver |= {(r["_collection_id"], r["key"], r["_seqno"])
+                   for r in rows.to_pylist() if not r["_deleted"]}  # fmt: skip
+    assert silver == truth

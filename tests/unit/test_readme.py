@@ -1,0 +1,40 @@
+"""The README's configuration reference is the one generated from the pydantic models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dcp_cdc.config import README_MARKERS, reference_markdown, with_reference
+from dcp_cdc.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_readme_configuration_reference_is_up_to_date() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = README_MARKERS
+    assert start in readme and end in readme, "README.md lost its configuration reference"
+    copy = readme.split(start, 1)[1].split(end, 1)[0]
+    assert copy == reference_markdown(), (
+        "README.md's configuration reference is stale: run "
+        "`.venv/bin/python -m dcp_cdc.config --update README.md`"
+    )
+
+
+def test_reference_names_every_section_and_setting() -> None:
+    text = reference_markdown()
+    for line in ("| `landing` | string | required |", "| `[[buckets]] name` | string |",
+                 "`[airflow]` — ", "| `schedule` | string | `\"@hourly\"` |",
+                 "| `vacuum_retention_hours` | integer (≥ 0) | `168` |",
+                 "| `chunk_bytes` | integer (65536 – 1073741824) | `67108864` (64 MiB) |"):  # fmt: skip
+        assert line in text
+
+
+def test_update_rewrites_only_between_the_markers() -> None:
+    start, end = README_MARKERS
+    text = f"# T\n{start}old\n{end}\nafter\n"
+    assert with_reference(text) == f"# T\n{start}{reference_markdown()}{end}\nafter\n"
+    with pytest.raises(ConfigError, match="markers"):
+        with_reference("no markers")

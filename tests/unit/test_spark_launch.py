@@ -1,0 +1,74 @@
+"""Launch settings for spark-submit, spark-sql and the Thrift server (no JVM needed)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
+from pipelines.spark_session import JARS_DIR_ENV, SparkSetupError, launch_conf, properties_text
+
+
+@pytest.fixture
+def jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "jars"
+    folder.mkdir()
+    for name in ("delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
+        (folder / name).write_bytes(b"")
+    monkeypatch.setenv(JARS_DIR_ENV, str(folder))
+    return folder
+
+
+def test_local_launch_has_jars_catalog_and_driver_settings(tmp_path: Path, jars: Path) -> None:
+    config = AppConfig(
+        landing=str(tmp_path / "l"),
+        warehouse=str(tmp_path / "w"),
+        buckets=[BucketConfig(name="b")],
+        spark=SparkConfig(conf={"spark.driver.extraJavaOptions": "-XX:+UseSerialGC", "x.y": "z"}),
+    )
+    conf = launch_conf(config, "app", master="local[2]")
+    assert conf["spark.master"] == "local[2]"
+    assert (
+        conf["spark.jars"]
+        == f"{jars / 'delta-spark_2.13-4.4.0.jar'},{jars / 'delta-storage-4.4.0.jar'}"
+    )
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.warehouse.dir"] == str(tmp_path / "w")
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"] == (
+        f"jdbc:derby:;databaseName={tmp_path / 'w' / 'metastore_db'};create=true"
+    )
+    java = shlex.split(conf["spark.driver.extraJavaOptions"])
+    assert java[0] == f"-Dderby.system.home={tmp_path / 'w'}"
+    assert java[-1] == "-XX:+UseSerialGC"  # the configuration's options come after the session's
+    assert (conf["spark.driver.memory"], conf["x.y"]) == ("6g", "z")
+    # launchers put the jars on the driver's class path too (the Thrift server needs it)
+    assert conf["spark.driver.extraClassPath"] == conf["spark.jars"].replace(",", ":")
+
+
+def test_master_left_to_the_launcher_and_shared_metastore(jars: Path) -> None:
+    config = AppConfig(
+        landing="s3a://l",
+        warehouse="s3a://lake/w",
+        buckets=[BucketConfig(name="b")],
+        spark=SparkConfig(metastore="thrift://hms:9083"),
+    )
+    conf = launch_conf(config, "app", master=None)
+    assert "spark.master" not in conf and "spark.driver.memory" not in conf
+    assert conf["spark.sql.warehouse.dir"] == "s3a://lake/w"
+    assert conf["spark.hadoop.hive.metastore.uris"] == "thrift://hms:9083"
+    assert "spark.hadoop.javax.jdo.option.ConnectionURL" not in conf
+    assert "derby" not in conf["spark.driver.extraJavaOptions"]
+
+
+def test_missing_jars_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(JARS_DIR_ENV, str(tmp_path))
+    config = AppConfig(landing="l", warehouse=str(tmp_path / "w"), buckets=[BucketConfig(name="b")])
+    with pytest.raises(SparkSetupError, match="make setup"):
+        launch_conf(config, "app", master="local[1]")
+
+
+def test_properties_file_escapes_backslashes() -> None:
+    text = properties_text({"a.b": "x=y", "c": "C:\\dir"})
+    assert text.splitlines()[1:] == ["a.b=x=y", "c=C:\\\\dir"]
