@@ -234,6 +234,23 @@ def _print_table(out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[st
         out.write(" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
 
 
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    """The quality suites; exit 1 naming every failed expectation of severity ``error``."""
+    from dcp_cdc.config import load_config
+    from pipelines.quality.job import failed_errors
+    from pipelines.quality.job import run as check
+
+    config = load_config(args.config)
+    reports = check(config, args.bucket, screenshot=args.screenshot)
+    for report in reports:
+        out.write(report.render() + "\n")
+    failed = failed_errors(reports)
+    if failed:
+        print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
     """Run one SQL statement against the catalog and print the result as a table."""
     from pipelines.spark_session import session_for
@@ -416,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a backfill: empty the tables (or --collection's) and apply all of "
                             "bronze again")  # fmt: skip
     apply.set_defaults(func=cmd_apply)
+
+    check = sub.add_parser(
+        "check", help="data-quality suites; exit 1 if an error expectation fails"
+    )
+    check.add_argument("--config", required=True, help="a TOML file in conf/")
+    check.add_argument("--bucket", help="only this bucket")
+    check.add_argument("--screenshot", action="store_true",
+                       help="also save summary.png of the report (headless Chromium)")  # fmt: skip
+    check.set_defaults(func=cmd_check)
 
     catalog = argparse.ArgumentParser(add_help=False)
     catalog.add_argument("--config", help="a TOML file in conf/ (default: conf/local.toml)")

@@ -94,6 +94,33 @@ class SilverConfig(_Model):
     its vbucket at or below the purged seqno is still refused (``__tombstone_purges``)."""
 
 
+Severity = Literal["error", "warn"]
+_EXPECTATION_KEY = re.compile(r"^[a-z][a-z_]*(\.[a-z][a-z_]*)?$")
+
+
+class QualityConfig(_Model):
+    """The data-quality suites (``dcp-cdc check``, ``pipelines/quality``)."""
+
+    quarantine_threshold: Annotated[int, Field(ge=0)] = 0
+    """Malformed frames (quarantine records other than a session's cut tail) a bucket may
+    hold before ``bronze_integrity.quarantine_within_threshold`` fails."""
+    severity: dict[str, Severity] = Field(default_factory=dict)
+    """Severity overrides: ``"suite.expectation"`` or a whole ``"suite"`` → ``error`` (fails
+    the run) or ``warn`` (reported only). Names are checked against the suites at run time."""
+    max_examples: Annotated[int, Field(ge=1, le=1000)] = 20
+    """Failing rows kept per expectation in the results table and the report."""
+    results_retention_days: Annotated[int, Field(ge=1)] = 90
+    """How long rows of ``quality.<bucket>_results`` are kept (pruned by the maintenance DAG)."""
+
+    @field_validator("severity")
+    @classmethod
+    def _expectation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not _EXPECTATION_KEY.match(k)]
+        if bad:
+            raise ValueError(f"keys must look like 'suite' or 'suite.expectation', got {bad}")
+        return value
+
+
 class SparkConfig(_Model):
     """Spark sessions of the jobs."""
 
@@ -176,6 +203,7 @@ class AppConfig(_Model):
     ingest: IngestConfig = IngestConfig()
     tables: TableConfig = TableConfig()
     silver: SilverConfig = SilverConfig()
+    quality: QualityConfig = QualityConfig()
     spark: SparkConfig = SparkConfig()
     airflow: AirflowConfig = AirflowConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
