@@ -1,0 +1,82 @@
+"""End to end: simulate → ingest → apply → check for about 1M events, each stage timed.
+
+One Spark session serves the three Spark stages (as ``dcp-cdc run`` does); its start-up is
+reported as a stage of its own. The simulated bucket is the ``mixed`` scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Case, report
+
+DATA = Path(__file__).resolve().parent / ".data" / "e2e"
+
+
+def run_once(events: int, vbuckets: int, work: Path) -> dict[str, Any]:
+    from dcp_cdc.config import AppConfig, BucketConfig
+    from dcp_cdc.simulator import simulate
+    from pipelines.bronze.job import ingest_bucket
+    from pipelines.quality.job import check_bucket
+    from pipelines.silver.job import apply_bucket
+    from pipelines.spark_session import build_spark_session
+
+    shutil.rmtree(work, ignore_errors=True)
+    stages: dict[str, float] = {}
+
+    def stage(name: str, started: float) -> float:
+        now = time.perf_counter()
+        stages[name] = now - started
+        print(f"  {name:<12}{stages[name]:8.1f} s", flush=True)
+        return now
+
+    t = time.perf_counter()
+    sim = simulate(work / "sim", bucket="bench", scenario="mixed", seed=1, vbuckets=vbuckets,
+                   docs=max(1000, events // 10), ops=events)  # fmt: skip
+    t = stage("simulate", t)
+    config = AppConfig(landing=str(work / "sim" / "landing"), warehouse=str(work / "warehouse"),
+                       buckets=[BucketConfig(name="bench")])  # fmt: skip
+    spark = build_spark_session("dcp-cdc-bench-e2e", config.warehouse)
+    try:
+        t = stage("spark start", t)
+        ingest_bucket(spark, config, config.buckets[0])
+        t = stage("ingest", t)
+        applied = apply_bucket(spark, config, config.buckets[0])
+        t = stage("apply", t)
+        quality = check_bucket(spark, config, config.buckets[0])
+        stage("check", t)
+    finally:
+        spark.stop()
+    return {"frames": sim.frames, "bytes": sim.bytes, "stages": stages,
+            "changes": applied.changes, "quality_passed": quality.passed}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000, help="simulated operations")
+    parser.add_argument("--vbuckets", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args(argv)
+    results = [run_once(args.events, args.vbuckets, DATA) for _ in range(args.runs)]
+    frames = results[-1]["frames"]
+    names = list(results[-1]["stages"])
+    totals = [sum(r["stages"].values()) for r in results]
+    cases = [Case("total: simulate → check", frames, "frames", totals, results[-1]["bytes"],
+                  baseline=True)]  # fmt: skip
+    cases += [
+        Case(name, frames, "frames", [r["stages"][name] for r in results],
+             extra={"share": sum(r["stages"][name] for r in results) / sum(totals)})
+        for name in names
+    ]  # fmt: skip
+    report("e2e", cases, params=vars(args) | {"changes": results[-1]["changes"],
+                                             "quality_passed": results[-1]["quality_passed"]})  # fmt: skip
+    print("  share of the total: " + ", ".join(
+        f"{c.name} {c.extra['share']:.0%}" for c in cases[1:]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
