@@ -24,6 +24,7 @@ from dcp_cdc.render import error_to_json, event_to_json
 
 if TYPE_CHECKING:
     from dcp_cdc.config import AppConfig
+    from pipelines.quality.report import QualityReport
 
 
 def _capture_paths(paths: Sequence[str]) -> list[Path]:
@@ -203,7 +204,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         overview = bucket_overview(spark, bucket)
         out.write(f"\n=== bucket {bucket!r} ===\n\n{overview.render()}\n\n")
         for report in (r for r in reports if r.bucket == bucket):
-            out.write(report.render() + "\n")
+            out.write(_verdict(report) + "\n")
         sample = next((c.table for c in overview.collections if c.live), None)
         out.write("\nTry (the tables are in the catalog under "
                   f"{config.warehouse}):\n"
@@ -214,6 +215,18 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f'  {cli} sql{where} "SELECT key, _seqno, _change, doc FROM {sample} '
                       f'ORDER BY _seqno DESC LIMIT 5"\n')  # fmt: skip
     return 0 if all(r.passed for r in reports) else 1
+
+
+def _verdict(report: QualityReport) -> str:
+    """A quality report in the run summary: the verdict, what failed, where to read more."""
+    met = sum(1 for o in report.outcomes if o.success)
+    verdict = "PASSED" if report.passed else f"FAILED ({len(report.failed_errors)} errors)"
+    lines = [f"Quality: {verdict}, {met} of {len(report.outcomes)} expectations met"
+             + (f", warnings: {', '.join(report.failed_warnings)}" if report.failed_warnings else "")]  # fmt: skip
+    lines += [f"  error: {key}" for key in report.failed_errors]
+    lines += [f"  report:    {report.report_path}", f"  data docs: {report.data_docs_path}",
+              f"  results:   {report.results_table}"]  # fmt: skip
+    return "\n".join(lines)
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:
@@ -232,6 +245,23 @@ def _print_table(out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[st
     out.write("-+-".join("-" * w for w in widths) + "\n")
     for r in rows:
         out.write(" | ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
+
+
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    """The quality suites; exit 1 naming every failed expectation of severity ``error``."""
+    from dcp_cdc.config import load_config
+    from pipelines.quality.job import failed_errors
+    from pipelines.quality.job import run as check
+
+    config = load_config(args.config)
+    reports = check(config, args.bucket, screenshot=args.screenshot)
+    for report in reports:
+        out.write(report.render() + "\n")
+    failed = failed_errors(reports)
+    if failed:
+        print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_sql(args: argparse.Namespace, out: TextIO) -> int:
@@ -416,6 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a backfill: empty the tables (or --collection's) and apply all of "
                             "bronze again")  # fmt: skip
     apply.set_defaults(func=cmd_apply)
+
+    check = sub.add_parser(
+        "check", help="data-quality suites; exit 1 if an error expectation fails"
+    )
+    check.add_argument("--config", required=True, help="a TOML file in conf/")
+    check.add_argument("--bucket", help="only this bucket")
+    check.add_argument("--screenshot", action="store_true",
+                       help="also save summary.png of the report (headless Chromium)")  # fmt: skip
+    check.set_defaults(func=cmd_check)
 
     catalog = argparse.ArgumentParser(add_help=False)
     catalog.add_argument("--config", help="a TOML file in conf/ (default: conf/local.toml)")

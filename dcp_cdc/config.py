@@ -94,6 +94,33 @@ class SilverConfig(_Model):
     its vbucket at or below the purged seqno is still refused (``__tombstone_purges``)."""
 
 
+Severity = Literal["error", "warn"]
+_EXPECTATION_KEY = re.compile(r"^[a-z][a-z_]*(\.[a-z][a-z_]*)?$")
+
+
+class QualityConfig(_Model):
+    """The data-quality suites (``dcp-cdc check``, ``pipelines/quality``)."""
+
+    quarantine_threshold: Annotated[int, Field(ge=0)] = 0
+    """Malformed frames (quarantine records other than a session's cut tail) a bucket may
+    hold before ``bronze_integrity.quarantine_within_threshold`` fails."""
+    severity: dict[str, Severity] = Field(default_factory=dict)
+    """Severity overrides: ``"suite.expectation"`` or a whole ``"suite"`` → ``error`` (fails
+    the run) or ``warn`` (reported only). Names are checked against the suites at run time."""
+    max_examples: Annotated[int, Field(ge=1, le=1000)] = 20
+    """Failing rows kept per expectation in the results table and the report."""
+    results_retention_days: Annotated[int, Field(ge=1)] = 90
+    """How long rows of ``quality.<bucket>_results`` are kept (pruned by the maintenance DAG)."""
+
+    @field_validator("severity")
+    @classmethod
+    def _expectation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not _EXPECTATION_KEY.match(k)]
+        if bad:
+            raise ValueError(f"keys must look like 'suite' or 'suite.expectation', got {bad}")
+        return value
+
+
 class SparkConfig(_Model):
     """Spark sessions of the jobs."""
 
@@ -151,7 +178,9 @@ class AirflowConfig(_Model):
 
 
 class MaintenanceConfig(_Model):
-    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``)."""
+    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``);
+    it also purges tombstones (``silver.tombstone_retention_hours``) and old quality results
+    (``quality.results_retention_days``)."""
 
     optimize: bool = True
     """OPTIMIZE every table: compacts small files and re-clusters the liquid-clustered ones
@@ -160,8 +189,6 @@ class MaintenanceConfig(_Model):
     """VACUUM removes files unreferenced for longer than this; time travel and change data
     feed reads further back stop working. Below 168 Delta's safety check is turned off for
     the maintenance session only."""
-    quality_results_retention_days: Annotated[int, Field(ge=1)] = 90
-    """Rows of ``quality.<bucket>_results`` older than this are deleted."""
 
 
 class AppConfig(_Model):
@@ -176,6 +203,7 @@ class AppConfig(_Model):
     ingest: IngestConfig = IngestConfig()
     tables: TableConfig = TableConfig()
     silver: SilverConfig = SilverConfig()
+    quality: QualityConfig = QualityConfig()
     spark: SparkConfig = SparkConfig()
     airflow: AirflowConfig = AirflowConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()

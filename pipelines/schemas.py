@@ -155,3 +155,22 @@ FILES = T.StructType(
     )
 )
 """The files a run decodes: one row each, the input of the decode tasks."""
+
+QUALITY_RESULTS = T.StructType(
+    _fields(
+        ("run_id", T.StringType()),
+        ("bucket", T.StringType()),
+        ("suite", T.StringType()),
+        ("expectation", T.StringType()),
+        ("expectation_type", T.StringType()),
+        ("severity", T.StringType()),
+        ("success", T.BooleanType()),
+        ("observed_value", T.StringType()),
+        ("unexpected_count", T.LongType()),
+        ("element_count", T.LongType()),
+        ("examples", T.StringType()),
+        ("checked_at", T.TimestampType()),
+    )
+)
+"""``quality.<bucket>_results``: one row per expectation and run; ``examples`` is a JSON
+array of failing rows (their ``where`` label and what is wrong there)."""

@@ -1,0 +1,334 @@
+"""The quality job: four Great Expectations suites over a bucket's bronze and silver tables.
+
+Per bucket and run:
+
+1. bronze events are read once and placed in their streams and snapshots; compact metric
+   frames are computed from that (:mod:`pipelines.quality.transforms`): one row per stream,
+   vbucket, collection and capture file. Silver's tables are read for coverage and
+   reconciliation; the state bronze implies is computed without silver;
+2. Great Expectations validates each suite's frame (:mod:`pipelines.quality.validate`) and
+   writes its Data Docs;
+3. the results are appended to ``quality.<bucket>_results`` (one row per expectation), and a
+   one-page summary is written next to the Data Docs, under
+   ``<warehouse>/quality/<bucket>/``.
+
+A failed expectation of severity ``error`` fails the run (``main`` exits 1 naming it);
+``warn`` is reported only. ``python -m pipelines.quality.job --config F [--bucket B]``, or
+``dcp-cdc check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
+from dcp_cdc.errors import DataQualityError, DcpError
+from dcp_cdc.naming import identifier
+from pipelines import schemas
+from pipelines.bronze.job import table_names as bronze_tables
+from pipelines.quality import report as reporting
+from pipelines.quality.report import OpenSnapshot, QualityReport
+from pipelines.quality.suites import SUITES, checks
+from pipelines.silver.job import registry_table, state_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("dcp_cdc.quality")
+SUMMARY_NAME = "summary.html"
+SCREENSHOT_NAME = "summary.png"
+DOCS_NAME = "data_docs"
+
+
+def results_table(bucket: str) -> str:
+    return f"quality.{identifier(bucket)}_results"
+
+
+def output_location(config: AppConfig, bucket: str) -> str:
+    """Where a bucket's summary and Data Docs go: ``<warehouse>/quality/<identifier>``."""
+    if is_uri(config.warehouse):
+        return f"{config.warehouse.rstrip('/')}/quality/{identifier(bucket)}"
+    return str(Path(config.warehouse).expanduser().resolve() / "quality" / identifier(bucket))
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A metric frame twice: its rows (for the report) and a local DataFrame of them (for GE)."""
+
+    rows: list[dict[str, Any]]
+    df: DataFrame
+
+
+def _collect(spark: SparkSession, df: DataFrame) -> Metrics:
+    rows = df.collect()
+    return Metrics([r.asDict() for r in rows], spark.createDataFrame(rows, schema=df.schema))
+
+
+@dataclass(frozen=True)
+class SilverFrames:
+    states: DataFrame  # vbucket, consistent_seqno, last_applied_seqno
+    rows: DataFrame  # every row of the collection tables (``_all``), with ``table``
+    live: DataFrame  # the rows of the user views, with ``table``
+    names: DataFrame  # collection_id, name (scope.collection)
+
+
+def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
+    """Silver's side. Tables come from the registry (not retired); a table it names that is
+    missing is left out, so reconciliation reports its collection as empty in silver."""
+    from pyspark.sql import functions as F
+
+    registry, state = registry_table(bucket), state_table(bucket)
+    if spark.catalog.tableExists(state):
+        states = spark.table(state).select("vbucket", "consistent_seqno", "last_applied_seqno")
+    else:
+        states = spark.createDataFrame([], "vbucket INT, consistent_seqno LONG, last_applied_seqno LONG")  # fmt: skip
+    rows = spark.createDataFrame([], "_collection_id LONG, _vbucket INT, _vb_uuid LONG, _seqno LONG, key STRING, table STRING")  # fmt: skip
+    live = spark.createDataFrame([], "_collection_id LONG, key STRING, _seqno LONG, _expiry LONG, table STRING")  # fmt: skip
+    names = spark.createDataFrame([], "collection_id LONG, name STRING")
+    if not spark.catalog.tableExists(registry):
+        return SilverFrames(states, rows, live, names)
+    reg = spark.table(registry)
+    names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
+    for r in reg.where(F.col("status") != "retired").select("table_name").distinct().collect():
+        table = r["table_name"]
+        if not spark.catalog.tableExists(f"{table}_all") or not spark.catalog.tableExists(table):
+            log.warning("silver table %s (or its _all table) is missing", table)
+            continue
+        rows = rows.unionByName(
+            spark.table(f"{table}_all").select(
+                "_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key", F.lit(table).alias("table")
+            )
+        )  # fmt: skip
+        live = live.unionByName(
+            spark.table(table).select("_collection_id", "key", "_seqno", "_expiry",
+                                      F.lit(table).alias("table"))
+        )  # fmt: skip
+    return SilverFrames(states, rows, live, names)
+
+
+def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
+    """The metric frame of every suite, by suite name (bronze read once).
+
+    Intermediate frames are local checkpoints: materialized once and cut from their lineage,
+    so the later plans stay small to analyse (planning, not data, dominates small buckets).
+    """
+    from pipelines.quality import transforms as tr
+
+    bronze = bronze_tables(bucket)
+    kept: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        kept.append(df.localCheckpoint(eager=True))
+        return kept[-1]
+
+    try:
+        base = keep(tr.base_frames(spark.table(bronze["events"])))
+        frames = keep(tr.stream_frames(base))
+        snaps = keep(tr.snapshots(frames))
+        streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
+        branches = keep(tr.latest_branches(frames))
+        alive, dead = tr.split_history(tr.history_items(frames), branches, tr.rollbacks(frames))
+        alive = keep(alive)
+        committed = keep(tr.committed_items(alive, snaps))
+        cuts = keep(tr.collection_cuts(committed))
+        silver = silver_frames(spark, bucket)
+        coverage = _collect(spark, tr.coverage_metrics(
+            streams.df, silver.states, silver.rows, branches, tr.dead_changes(alive, dead)))  # fmt: skip
+        reconciliation = _collect(spark, tr.reconciliation_metrics(
+            tr.bronze_live_documents(committed, cuts), silver.live, silver.rows, cuts,
+            silver.names))  # fmt: skip
+        files = _collect(spark, tr.file_metrics(
+            base, spark.table(bronze["quarantine"]), spark.table(bronze["ingest_log"])))  # fmt: skip
+    finally:
+        for df in kept:
+            df.unpersist()
+    metrics = {"snapshot_completeness": streams, "stream_coverage": coverage,
+               "silver_reconciliation": reconciliation, "bronze_integrity": files}  # fmt: skip
+    assert set(metrics) == {s.name for s in SUITES}
+    return metrics
+
+
+def open_snapshots(stream_rows: list[dict[str, Any]]) -> list[OpenSnapshot]:
+    return [
+        OpenSnapshot(
+            vbucket=r["vbucket"], session_id=r["session_id"], stream_no=r["stream_no"],
+            start=r["open_start"], end=r["open_end"], last_seqno=r["open_last_seqno"],
+            missing_from=r["open_missing_from"], resumed=not r["latest"],
+        )
+        for r in sorted(stream_rows, key=lambda r: (r["vbucket"], r["session_started_at"], r["session_id"], r["stream_no"]))
+        if r["open_detail"] is not None
+    ]  # fmt: skip
+
+
+def counts(metrics: dict[str, Metrics]) -> dict[str, int]:
+    streams = metrics["snapshot_completeness"].rows
+    recon = metrics["silver_reconciliation"].rows
+    files = metrics["bronze_integrity"].rows
+    return {
+        "capture_files": len(files),
+        "bronze_frames": sum(r["frames"] for r in files),
+        "quarantined_malformed": sum(r["malformed"] for r in files),
+        "quarantined_cut_tails": sum(r["truncated"] for r in files),
+        "sessions": len({r["session_id"] for r in streams}),
+        "streams": len(streams),
+        "vbuckets": len(metrics["stream_coverage"].rows),
+        "snapshots": sum(r["snapshots"] for r in streams),
+        "open_snapshots_now": sum(1 for r in streams if r["open_detail"] and r["latest"]),
+        "open_snapshots_resumed": sum(1 for r in streams if r["open_detail"] and not r["latest"]),
+        "collections": len(recon),
+        "live_documents_bronze": sum(r["bronze_live"] for r in recon),
+        "live_documents_silver": sum(r["silver_live"] for r in recon),
+    }
+
+
+def check_bucket(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, screenshot: bool = False
+) -> QualityReport:
+    """Run the four suites on one bucket: results table, Data Docs and summary page."""
+    from pipelines.quality.validate import validate
+
+    started = time.perf_counter()
+    all_checks = checks(config.quality)
+    name = bucket.name
+    events = bronze_tables(name)["events"]
+    if not spark.catalog.tableExists(events):
+        raise DataQualityError(f"bucket {name!r}: {events} does not exist; ingest it before checking it")  # fmt: skip
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    metrics = metric_frames(spark, name)
+    target = output_location(config, name)
+    local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
+    shutil.rmtree(local / DOCS_NAME, ignore_errors=True)  # the site shows this run only
+    local.mkdir(parents=True, exist_ok=True)
+    results = validate(
+        {s: m.df for s, m in metrics.items()}, all_checks, docs_dir=local / DOCS_NAME,
+        run_name=run_id, run_time=now, max_examples=config.quality.max_examples,
+    )  # fmt: skip
+    entity = {s.name: s.entity for s in SUITES}
+    report = QualityReport(name, run_id, now.isoformat(), results_table=results_table(name))
+    report.outcomes = [
+        reporting.outcome_from_result(
+            c, results[c.key], entity=entity[c.suite], max_examples=config.quality.max_examples,
+            rows=metrics[c.suite].rows,
+        )
+        for c in all_checks
+    ]  # fmt: skip
+    report.open_snapshots = open_snapshots(metrics["snapshot_completeness"].rows)
+    report.counts = counts(metrics)
+    _append_results(spark, config, report, now)
+    (local / SUMMARY_NAME).write_text(reporting.render_summary(report), encoding="utf-8")
+    if screenshot:
+        report.screenshot_path = str(
+            reporting.screenshot(local / SUMMARY_NAME, local / SCREENSHOT_NAME)
+        )
+    if is_uri(target):
+        _upload(spark, local, target)
+        shutil.rmtree(local, ignore_errors=True)
+        if report.screenshot_path:
+            report.screenshot_path = f"{target}/{SCREENSHOT_NAME}"
+    report.report_path = f"{target}/{SUMMARY_NAME}"
+    report.data_docs_path = f"{target}/{DOCS_NAME}/index.html"
+    report.seconds = time.perf_counter() - started
+    log.info(report.render())
+    return report
+
+
+def _append_results(
+    spark: SparkSession, config: AppConfig, report: QualityReport, checked_at: dt.datetime
+) -> None:
+    from delta.tables import DeltaTable
+
+    table = results_table(report.bucket)
+    spark.sql("CREATE DATABASE IF NOT EXISTS quality")
+    builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schemas.QUALITY_RESULTS)  # fmt: skip
+    for key, value in config.tables.properties.items():
+        builder = builder.property(key, value)
+    builder.execute()
+    rows = [{**r, "checked_at": checked_at} for r in reporting.result_rows(report)]
+    df = spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS)
+    df.write.format("delta").mode("append").saveAsTable(table)
+
+
+def _upload(spark: SparkSession, local: Path, target: str) -> None:
+    """Copy the report folder to a Hadoop filesystem location (object storage)."""
+    jvm: Any = spark._jvm
+    dest = jvm.org.apache.hadoop.fs.Path(target)
+    fs = dest.getFileSystem(spark._jsc.hadoopConfiguration())
+    fs.delete(jvm.org.apache.hadoop.fs.Path(f"{target}/{DOCS_NAME}"), True)
+    for item in sorted(local.iterdir()):
+        fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path(str(item)), dest)
+
+
+def prune_results(spark: SparkSession, config: AppConfig, bucket: BucketConfig) -> int:
+    """Delete result rows older than ``quality.results_retention_days``; returns how many."""
+    table = results_table(bucket.name)
+    if not spark.catalog.tableExists(table):
+        return 0
+    days = config.quality.results_retention_days
+    done = spark.sql(
+        f"DELETE FROM {table} WHERE checked_at < current_timestamp() - INTERVAL {days} DAYS"
+    ).collect()
+    return int(done[0]["num_affected_rows"]) if done else 0
+
+
+# --- entry point -------------------------------------------------------------------------
+
+
+def run(
+    config: AppConfig,
+    bucket: str | None = None,
+    *,
+    spark: SparkSession | None = None,
+    screenshot: bool = False,
+) -> list[QualityReport]:
+    """Check every configured bucket (or one); builds the Spark session if none is given."""
+    from pipelines.spark_session import session_for
+
+    checks(config.quality)  # unknown severity overrides fail before Spark starts
+    buckets = config.bucket(bucket)
+    session = spark or session_for(config, "dcp-cdc-quality")
+    return [check_bucket(session, config, b, screenshot=screenshot) for b in buckets]
+
+
+def failed_errors(reports: Sequence[QualityReport]) -> list[str]:
+    return [f"{r.bucket}: {key}" for r in reports for key in r.failed_errors]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.quality.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--config", required=True, help="a TOML file in conf/")
+    parser.add_argument("--bucket", help="only this bucket")
+    parser.add_argument("--screenshot", action="store_true",
+                        help=f"also save {SCREENSHOT_NAME} of the summary (headless Chromium)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        reports = run(load_config(args.config), args.bucket, screenshot=args.screenshot)
+    except DcpError as exc:
+        print(f"dcp-cdc check: error: {exc}", file=sys.stderr)
+        return 2
+    for r in reports:
+        print(r.render())
+    failed = failed_errors(reports)
+    if failed:
+        print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,438 @@
+"""The quality suites over simulated captures.
+
+Every scenario is simulated into one bucket on its own vbuckets and key prefix (as the many-
+seeds silver test does), so one pipeline run and one check cover them all: each scenario
+passes, except that ``interrupted`` reports its open snapshot. Then faults are injected into
+that bucket (a duplicated frame, a gap inside a snapshot, a silver row deleted by hand, a row
+of a dropped collection, a malformed frame) and ``dcp-cdc check`` must exit 1 naming the
+expectations they break, with the failing rows in the results table and in the summary page,
+which a real headless Chromium opens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import Row, SparkSession
+from pyspark.sql import functions as F
+
+from dcp_cdc import cli
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.simulator import SCENARIOS, simulate
+from pipelines import schemas
+from pipelines.bronze import transforms as bronze_transforms
+from pipelines.bronze.job import ingest_bucket, table_names
+from pipelines.quality import transforms as tr
+from pipelines.quality.job import check_bucket, results_table
+from pipelines.quality.report import QualityReport, dump_dom, find_chromium
+from pipelines.silver.job import apply_bucket, registry_table
+
+VBUCKETS = 4  # per scenario
+OFFSET = {scenario: VBUCKETS * i for i, scenario in enumerate(SCENARIOS)}
+INTERRUPTED_WARNINGS = {
+    "snapshot_completeness.last_snapshot_complete", "stream_coverage.reached_producer_high",
+}  # fmt: skip
+
+
+@dataclass
+class Bucket:
+    name: str
+    config: AppConfig
+    config_file: Path
+    truths: dict[str, dict[str, Any]]  # scenario -> truth/summary.json
+    live_now: int  # live documents of every truth, leaving out those past expiry now
+    clean: QualityReport
+
+
+def _vbucket(example: dict[str, Any]) -> int:
+    match = re.match(r"vb (\d+)\b", example["where"])
+    assert match, example
+    return int(match.group(1))
+
+
+def _drop_tables(spark: SparkSession, bucket: str) -> None:
+    for db in ("bronze", "silver", "quality"):
+        if not spark.catalog.databaseExists(db):
+            continue
+        for t in spark.catalog.listTables(db):
+            if t.name.startswith(bucket):
+                kind = "VIEW" if t.tableType == "VIEW" else "TABLE"
+                spark.sql(f"DROP {kind} IF EXISTS {db}.{t.name}")
+
+
+@pytest.fixture(scope="module")
+def bucket(
+    spark: SparkSession, spark_warehouse: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Bucket]:
+    name = f"q{uuid.uuid4().hex[:8]}"  # plain: its identifier is itself
+    root = tmp_path_factory.mktemp("quality")
+    landing = root / "landing"
+    landing.mkdir()
+    truths, live_now = {}, 0
+    for i, scenario in enumerate(SCENARIOS):
+        result = simulate(root / f"sim{i}", bucket=name, scenario=scenario, seed=40 + i,
+                          vbuckets=VBUCKETS, docs=60, ops=240, vbucket_offset=OFFSET[scenario],
+                          key_prefix=f"k{i}/")  # fmt: skip
+        for f in result.files:
+            (landing / f.name).write_bytes(f.read_bytes())
+        truths[scenario] = json.loads(result.truth.read_text())
+        for line in (result.out / "truth" / "documents.jsonl").read_text().splitlines():
+            expiry = json.loads(line)["expiry"]
+            live_now += expiry == 0 or expiry > time.time()
+    config_file = root / "quality.toml"
+    config_file.write_text(f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n'
+                           f'[[buckets]]\nname = "{name}"\n')  # fmt: skip
+    config = AppConfig(landing=str(landing), warehouse=str(spark_warehouse),
+                       buckets=[BucketConfig(name=name)])  # fmt: skip
+    ingest_bucket(spark, config, config.buckets[0])
+    apply_bucket(spark, config, config.buckets[0])
+    clean = check_bucket(spark, config, config.buckets[0])
+    yield Bucket(name, config, config_file, truths, live_now, clean)
+    _drop_tables(spark, name)
+
+
+def test_the_clean_bucket_passes_with_the_interrupted_warnings_only(bucket: Bucket) -> None:
+    report = bucket.clean
+    assert report.passed and report.failed_errors == []
+    assert set(report.failed_warnings) == INTERRUPTED_WARNINGS
+    assert len(report.outcomes) == 19
+    counts = report.counts
+    assert counts["vbuckets"] == VBUCKETS * len(SCENARIOS)
+    assert counts["live_documents_bronze"] == counts["live_documents_silver"] == bucket.live_now
+    assert counts["quarantined_malformed"] == 0
+    assert counts["quarantined_cut_tails"] == 2  # interrupted and mixed end a session cut
+    assert Path(report.report_path).is_file() and Path(report.data_docs_path).is_file()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_meets_its_expectations(bucket: Bucket, scenario: str) -> None:
+    """The failing rows in this scenario's vbuckets: none, but for ``interrupted`` its open
+    snapshot, with the vbucket, range and missing span of the simulator's truth."""
+    mine = range(OFFSET[scenario], OFFSET[scenario] + VBUCKETS)
+    report = bucket.clean
+    failing = {
+        o.key: [x for x in o.examples if _vbucket(x) in mine]
+        for o in report.outcomes
+        if not o.success and o.suite in ("snapshot_completeness", "stream_coverage")
+    }
+    failing = {k: v for k, v in failing.items() if v}
+    truth = bucket.truths[scenario]["open_snapshots"]
+    opened = [s for s in report.open_snapshots if s.vbucket in mine]
+    if scenario == "interrupted":
+        (cut,) = truth
+        vb = cut["vbucket"] + OFFSET[scenario]
+        assert set(failing) == INTERRUPTED_WARNINGS
+        assert [_vbucket(x) for xs in failing.values() for x in xs] == [vb, vb]
+        (snap,) = opened
+        assert (snap.vbucket, snap.start, snap.end, snap.last_seqno, snap.resumed) == (
+            vb, cut["start"], cut["end"], cut["last_seqno"], False,
+        )  # fmt: skip
+        assert snap.missing == f"{cut['last_seqno'] + 1}..{cut['end']}"
+        assert (vb, cut["start"], cut["end"]) in [
+            (s.vbucket, s.start, s.end) for s in report.current_open_snapshots
+        ]
+    else:
+        assert failing == {}
+        # mixed's first session is cut too, and its second session resumed that vbucket
+        assert [(s.vbucket - OFFSET[scenario], s.start, s.end, s.resumed) for s in opened] == [
+            (c["vbucket"], c["start"], c["end"], True) for c in truth
+        ]
+
+
+def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket: Bucket) -> None:
+    report = bucket.clean
+    rows = spark.sql(
+        f"SELECT suite, expectation, success, severity, observed_value, examples "
+        f"FROM {results_table(bucket.name)} WHERE run_id = '{report.run_id}'"
+    ).collect()
+    assert len(rows) == 19
+    failed = {f"{r['suite']}.{r['expectation']}": r for r in rows if not r["success"]}
+    assert set(failed) == INTERRUPTED_WARNINGS
+    assert {r["severity"] for r in failed.values()} == {"warn"}
+    examples = json.loads(failed["snapshot_completeness.last_snapshot_complete"]["examples"])
+    assert "missing" in examples[0]["open_detail"]
+
+
+# --- injected faults ----------------------------------------------------------------------
+
+
+@dataclass
+class Faults:
+    duplicate: Row  # the frame written twice
+    gap: Row  # the data event at a snapshot's end, deleted from bronze
+    deleted: Row  # the silver row deleted by hand (its table in ``table``)
+    dropped_cid: int
+    resurrected_vb: int
+    exit_code: int
+    stdout: str
+    stderr: str
+    run_id: str
+    results: dict[str, dict[str, Any]]  # suite.expectation -> its row in the results table
+
+
+def _append(spark: SparkSession, rows: list[dict[str, Any]], schema: Any, table: str) -> None:
+    spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").saveAsTable(table)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def faults(spark: SparkSession, bucket: Bucket) -> Faults:
+    names = table_names(bucket.name)
+    events = spark.table(names["events"])
+    data = F.col("op").isin("mutation", "deletion", "expiration") & ~F.col("in_oso")
+
+    def in_scenario(scenario: str) -> Any:
+        return F.col("vbucket").between(OFFSET[scenario], OFFSET[scenario] + VBUCKETS - 1)
+
+    # a frame written twice: the same mutation again right after itself
+    duplicate = events.where(data & in_scenario("basic")).orderBy("session_id", "file_sequence", "offset").collect()[20]  # fmt: skip
+    _append(spark, [{**duplicate.asDict(), "offset": duplicate["offset"] + 1}], schemas.EVENTS,
+            names["events"])  # fmt: skip
+
+    # a gap inside a snapshot: the event at a (not last) snapshot's end is lost
+    later_marker = events.where(F.col("op") == "snapshot_marker").select(
+        F.col("session_id").alias("m_session"), F.col("vbucket").alias("m_vb"),
+        F.struct("file_sequence", "offset").alias("m_pos"),
+    )  # fmt: skip
+    gap = (
+        events.where(data & in_scenario("ttl") & (F.col("by_seqno") == F.col("in_snapshot_end")))
+        .join(later_marker, (F.col("session_id") == F.col("m_session")) & (F.col("vbucket") == F.col("m_vb"))
+              & (F.col("m_pos") > F.struct("file_sequence", "offset")), how="left_semi")
+        .orderBy("session_id", "file_sequence", "offset")
+        .collect()[5]
+    )  # fmt: skip
+    spark.sql(f"DELETE FROM {names['events']} WHERE file = '{gap['file']}' AND offset = {gap['offset']}")  # fmt: skip
+
+    # a row of a collection dropped in its vbucket comes back
+    registry = spark.table(registry_table(bucket.name)).where("status != 'retired'").collect()
+    dropped_cid = min(bucket.truths["collection-lifecycle"]["dropped_collections"])
+    table = next(r["table_name"] for r in registry if r["collection_id"] == dropped_cid)
+    sample = spark.table(f"{table}_all").where(~F.col("_deleted")).limit(1).collect()[0]
+    vb = OFFSET["collection-lifecycle"]
+    _append(spark, [{**sample.asDict(), "key": "resurrected::1", "_vbucket": vb}],
+            spark.table(f"{table}_all").schema, f"{table}_all")  # fmt: skip
+
+    # a silver row deleted by hand, in a collection the other faults leave alone
+    lo = OFFSET["history"]
+    deleted = next(
+        Row(**r.asDict(), table=reg["table_name"])
+        for reg in registry
+        if reg["collection_id"] not in (dropped_cid, gap["collection_id"])
+        for r in spark.table(reg["table_name"]).where(F.col("_vbucket").between(lo, lo + VBUCKETS - 1)).limit(1).collect()
+    )  # fmt: skip
+    spark.sql(f"DELETE FROM {deleted['table']}_all WHERE key = '{deleted['key']}'")
+
+    # a malformed frame in quarantine
+    file = spark.table(names["ingest_log"]).where("status = 'ingested'").collect()[0]["file"]
+    quarantined = {f.name: None for f in schemas.QUARANTINE.fields} | {
+        "bucket": bucket.name, "file": file, "offset": 24, "opcode": 0x57,
+        "reason": "extras length does not fit the opcode", "truncated": False,
+    }  # fmt: skip
+    _append(spark, [quarantined], schemas.QUARANTINE, names["quarantine"])
+
+    argv = ["check", "--config", str(bucket.config_file), "--bucket", bucket.name]
+    if find_chromium():
+        argv.append("--screenshot")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(argv, out=out)
+    match = re.search(r"run (\S+),", out.getvalue())
+    assert match, out.getvalue() + err.getvalue()
+    run_id = match.group(1)
+    results = {
+        f"{r['suite']}.{r['expectation']}": r.asDict()
+        for r in spark.table(results_table(bucket.name)).where(F.col("run_id") == run_id).collect()
+    }
+    return Faults(duplicate, gap, deleted, dropped_cid, vb, code, out.getvalue(), err.getvalue(),
+                  run_id, results)  # fmt: skip
+
+
+def _examples(faults: Faults, key: str) -> list[dict[str, Any]]:
+    row = faults.results[key]
+    assert not row["success"], key
+    return list(json.loads(row["examples"]))
+
+
+def test_check_exits_1_naming_the_failed_error_expectations(faults: Faults) -> None:
+    assert faults.exit_code == 1, faults.stderr
+    named = faults.stderr.split("failed error expectations: ")[1]
+    for key in ("snapshot_completeness.no_duplicate_seqno", "snapshot_completeness.snapshot_complete",
+                "silver_reconciliation.live_count_matches",
+                "silver_reconciliation.no_dropped_collection_rows",
+                "bronze_integrity.quarantine_within_threshold"):  # fmt: skip
+        assert key in named
+    assert "ERROR silver_reconciliation.live_count_matches" in faults.stdout
+
+
+def test_a_duplicated_frame_fails_no_duplicate_seqno(faults: Faults) -> None:
+    d = faults.duplicate
+    where = f"vb {d['vbucket']} · session {d['session_id']} · stream "
+    examples = _examples(faults, "snapshot_completeness.no_duplicate_seqno")
+    assert [x["duplicate_seqno_detail"] for x in examples if x["where"].startswith(where)] == [
+        f"seqno {d['by_seqno']} repeated"
+    ]
+    regressions = _examples(faults, "snapshot_completeness.seqnos_increase_within_stream")
+    assert [x["regression_detail"] for x in regressions if x["where"].startswith(where)] == [
+        f"seqno {d['by_seqno']} after {d['by_seqno']}"
+    ]
+
+
+def test_a_gap_inside_a_snapshot_fails_snapshot_complete(faults: Faults) -> None:
+    g = faults.gap
+    where = f"vb {g['vbucket']} · session {g['session_id']} · stream "
+    examples = [x for x in _examples(faults, "snapshot_completeness.snapshot_complete")
+                if x["where"].startswith(where)]  # fmt: skip
+    (example,) = examples
+    detail = example["incomplete_detail"]
+    assert detail.startswith(f"[{g['in_snapshot_start']}, {g['in_snapshot_end']}] missing ")
+    assert detail.endswith(f"..{g['in_snapshot_end']}")
+
+
+def test_a_silver_row_deleted_by_hand_fails_reconciliation(faults: Faults) -> None:
+    cid = faults.deleted["_collection_id"]
+    for key in (
+        "silver_reconciliation.live_count_matches",
+        "silver_reconciliation.checksum_matches",
+    ):
+        (example,) = [
+            x for x in _examples(faults, key) if x["where"].startswith(f"collection 0x{cid:x} ")
+        ]
+        if key.endswith("live_count_matches"):
+            assert example["bronze_live"] == example["silver_live"] + 1
+
+
+def test_a_row_of_a_dropped_collection_fails_no_dropped_collection_rows(faults: Faults) -> None:
+    (example,) = _examples(faults, "silver_reconciliation.no_dropped_collection_rows")
+    assert example["where"].startswith(f"collection 0x{faults.dropped_cid:x} ")
+    assert example["dropped_rows"] == 1
+    assert example["dropped_detail"].endswith(f" key resurrected::1 in vb {faults.resurrected_vb}")
+
+
+def test_a_malformed_frame_over_the_threshold_fails_quarantine(faults: Faults) -> None:
+    row = faults.results["bronze_integrity.quarantine_within_threshold"]
+    assert not row["success"] and row["severity"] == "error"
+    assert row["observed_value"] == "1 (at most 0)"
+    (example,) = json.loads(row["examples"])
+    assert example["malformed_detail"] == "offset 24: extras length does not fit the opcode"
+
+
+def test_the_summary_page_in_headless_chromium_shows_the_failures(
+    faults: Faults, bucket: Bucket
+) -> None:
+    if find_chromium() is None:
+        pytest.skip("no chromium binary on PATH (.ci/run installs Debian's chromium as root)")
+    folder = Path(bucket.config.warehouse) / "quality" / bucket.name
+    png = folder / "summary.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    dom = dump_dom(folder / "summary.html")
+    failing = dom.split('id="failing"')[1].split("</div>")[0]
+    for key in ("snapshot_completeness.no_duplicate_seqno", "silver_reconciliation.live_count_matches",
+                "silver_reconciliation.no_dropped_collection_rows",
+                "snapshot_completeness.last_snapshot_complete"):  # fmt: skip
+        assert f'data-expectation="{key}"' in failing
+    assert "resurrected::1" in failing
+    assert "FAILED: " in dom.split('id="status"')[1][:40]
+    docs = dump_dom(folder / "data_docs" / "index.html")
+    assert "snapshot_completeness" in docs and "silver_reconciliation" in docs
+
+
+# --- the metric transforms on a hand-made stream ------------------------------------------
+
+
+def _frame(offset: int, op: str, **fields: Any) -> dict[str, Any]:
+    opcodes = {"stream_request": 0x53, "stream_request_response": 0x53, "snapshot_marker": 0x56,
+               "mutation": 0x57, "stream_end": 0x55, "seqno_advanced": 0x64}  # fmt: skip
+    row: dict[str, Any] = {f.name: None for f in schemas.DECODE_OUTPUT.fields}
+    response = op.endswith("_response")
+    row.update(
+        offset=offset, frame_len=24, op=op, magic=0x81 if response else 0x80, opcode=opcodes[op],
+        opaque=5, bucket="b", session_started_at="2026-01-05T09:30:00+00:00", session_id="s",
+        file="/landing/s-0.dcpcap", file_sequence=0, frame_index=offset,
+    )  # fmt: skip
+    row["status" if response else "vbucket"] = fields.pop("status", 0 if response else 5)
+    if op == "mutation":
+        row.update(rev_seqno=1, cas=fields["by_seqno"], collection_id=0, is_json=True)
+    row.update(fields)
+    return row
+
+
+def _key(k: str) -> bytes:
+    return k.encode()
+
+
+STREAM = [
+    _frame(1, "stream_request", start_seqno=0, end_seqno=30),
+    _frame(2, "stream_request_response", failover_log=[{"vb_uuid": 7, "seqno": 0}]),
+    _frame(3, "snapshot_marker", start_seqno=1, end_seqno=10, snapshot_flags=1),
+    _frame(4, "mutation", by_seqno=3, key=_key("a")),
+    _frame(5, "mutation", by_seqno=10, key=_key("b")),  # [1, 10] reached its end
+    _frame(6, "snapshot_marker", start_seqno=11, end_seqno=20, snapshot_flags=1),
+    _frame(7, "mutation", by_seqno=12, key=_key("c")),
+    _frame(8, "mutation", by_seqno=12, key=_key("c")),  # the same frame again
+    _frame(9, "snapshot_marker", start_seqno=18, end_seqno=25, snapshot_flags=1),  # covers 20
+    _frame(10, "mutation", by_seqno=19, key=_key("d")),
+    _frame(11, "mutation", by_seqno=26, key=_key("e")),  # outside [18, 25]
+    _frame(12, "snapshot_marker", start_seqno=27, end_seqno=30, snapshot_flags=1),
+    _frame(13, "mutation", by_seqno=28, key=_key("f")),  # 29..30 never came
+    _frame(14, "stream_end", reason_code=1, reason="closed"),  # bounded, but not Ok
+    _frame(15, "stream_request", start_seqno=28, end_seqno=-1),
+    _frame(16, "stream_request_response", status=0x23, rollback_seqno=15),
+    _frame(17, "stream_request", start_seqno=15, end_seqno=-1),
+    _frame(18, "stream_request_response",
+           failover_log=[{"vb_uuid": 9, "seqno": 15}, {"vb_uuid": 7, "seqno": 0}]),
+    _frame(19, "snapshot_marker", start_seqno=16, end_seqno=40, snapshot_flags=2),
+    _frame(20, "mutation", by_seqno=16, key=_key("g")),  # below 28, but after the rollback
+    _frame(21, "mutation", by_seqno=40, key=_key("h")),
+    _frame(22, "snapshot_marker", start_seqno=41, end_seqno=50, snapshot_flags=1),  # empty
+    _frame(23, "snapshot_marker", start_seqno=51, end_seqno=60, snapshot_flags=1),
+    _frame(24, "seqno_advanced", by_seqno=60),
+]  # fmt: skip
+
+
+def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
+    frames = spark.createDataFrame(STREAM, schema=schemas.DECODE_OUTPUT)
+    carry = spark.createDataFrame([], schema=bronze_transforms.CARRY_IN)
+    ordered = bronze_transforms.with_session_order(frames, carry)
+    events = bronze_transforms.events(ordered, "run", F.current_timestamp()).localCheckpoint()
+    placed = tr.stream_frames(tr.base_frames(events)).localCheckpoint()
+    snaps = tr.snapshots(placed)
+    rows = {r["stream_no"]: r.asDict() for r in tr.stream_metrics(placed, snaps, tr.duplicate_seqnos(placed)).collect()}  # fmt: skip
+    assert sorted(rows) == [1, 2]  # the rollback response and re-request belong to stream 2
+    first, second = rows[1], rows[2]
+    assert (first["latest"], second["latest"]) == (False, True)
+    assert first == first | {
+        "snapshots": 4, "items": 7,
+        "out_of_range": 1, "out_of_range_detail": "seqno 26 outside [18, 25]",
+        "incomplete": 0, "incomplete_detail": None,
+        "last_snapshot_complete": None,  # a later stream exists: reported, not failed
+        "open_start": 27, "open_end": 30, "open_last_seqno": 28, "open_missing_from": 29,
+        "open_detail": "[27, 30] received up to 28, missing 29..30",
+        "regressions": 1, "regression_detail": "seqno 12 after 12",
+        "duplicate_seqnos": 2, "duplicate_seqno_detail": "seqno 12 repeated",
+        "duplicate_keys": 1, "duplicate_key_detail": "[11, 20]: 2 data events for 1 keys",
+        "bounded": True, "requested_end": 30, "bounded_end_ok": False,
+        "end_detail": "asked to end at 30, ended closed (1)", "producer_high": 30,
+    }  # fmt: skip
+    assert second == second | {
+        "snapshots": 3, "items": 3, "out_of_range": 0, "regressions": 0, "duplicate_seqnos": 0,
+        "incomplete": 1, "incomplete_detail": "[41, 50] missing 41..50",
+        "last_snapshot_complete": True, "open_detail": None,
+        "bounded": False, "requested_end": None, "bounded_end_ok": None,
+        "requested_start": 15, "producer_high": 60, "complete_end": 60,
+    }  # fmt: skip
+
+    branches = {(r["uuid"], r["branch_end"]) for r in tr.latest_branches(placed).collect()}
+    assert branches == {(9, None), (7, 15)}
+    alive, dead = tr.split_history(tr.history_items(placed), tr.latest_branches(placed),
+                                   tr.rollbacks(placed))  # fmt: skip
+    assert sorted(r["seqno"] for r in alive.collect()) == [3, 10, 12, 12, 16, 40]
+    assert sorted(r["seqno"] for r in dead.collect()) == [19, 26, 28]  # above the rollback to 15
