@@ -24,6 +24,7 @@ from dcp_cdc.render import error_to_json, event_to_json
 
 if TYPE_CHECKING:
     from dcp_cdc.config import AppConfig
+    from pipelines.quality.report import QualityReport
 
 
 def _capture_paths(paths: Sequence[str]) -> list[Path]:
@@ -203,7 +204,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         overview = bucket_overview(spark, bucket)
         out.write(f"\n=== bucket {bucket!r} ===\n\n{overview.render()}\n\n")
         for report in (r for r in reports if r.bucket == bucket):
-            out.write(report.render() + "\n")
+            out.write(_verdict(report) + "\n")
         sample = next((c.table for c in overview.collections if c.live), None)
         out.write("\nTry (the tables are in the catalog under "
                   f"{config.warehouse}):\n"
@@ -214,6 +215,18 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f'  {cli} sql{where} "SELECT key, _seqno, _change, doc FROM {sample} '
                       f'ORDER BY _seqno DESC LIMIT 5"\n')  # fmt: skip
     return 0 if all(r.passed for r in reports) else 1
+
+
+def _verdict(report: QualityReport) -> str:
+    """A quality report in the run summary: the verdict, what failed, where to read more."""
+    met = sum(1 for o in report.outcomes if o.success)
+    verdict = "PASSED" if report.passed else f"FAILED ({len(report.failed_errors)} errors)"
+    lines = [f"Quality: {verdict}, {met} of {len(report.outcomes)} expectations met"
+             + (f", warnings: {', '.join(report.failed_warnings)}" if report.failed_warnings else "")]  # fmt: skip
+    lines += [f"  error: {key}" for key in report.failed_errors]
+    lines += [f"  report:    {report.report_path}", f"  data docs: {report.data_docs_path}",
+              f"  results:   {report.results_table}"]  # fmt: skip
+    return "\n".join(lines)
 
 
 def cmd_apply(args: argparse.Namespace, out: TextIO) -> int:

@@ -178,7 +178,9 @@ class AirflowConfig(_Model):
 
 
 class MaintenanceConfig(_Model):
-    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``)."""
+    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``);
+    it also purges tombstones (``silver.tombstone_retention_hours``) and old quality results
+    (``quality.results_retention_days``)."""
 
     optimize: bool = True
     """OPTIMIZE every table: compacts small files and re-clusters the liquid-clustered ones
@@ -187,8 +189,6 @@ class MaintenanceConfig(_Model):
     """VACUUM removes files unreferenced for longer than this; time travel and change data
     feed reads further back stop working. Below 168 Delta's safety check is turned off for
     the maintenance session only."""
-    quality_results_retention_days: Annotated[int, Field(ge=1)] = 90
-    """Rows of ``quality.<bucket>_results`` older than this are deleted."""
 
 
 class AppConfig(_Model):

@@ -7,7 +7,8 @@ Run daily by the ``dcp_cdc_maintenance`` DAG, or by hand (``dcp-cdc maintain``,
    ``silver.tombstone_retention_hours`` leave the silver ``_all`` tables
    (:func:`pipelines.silver.job.purge_tombstones`);
 2. **quality retention**: rows of ``quality.<bucket>_results`` older than
-   ``maintenance.quality_results_retention_days`` are deleted;
+   ``quality.results_retention_days`` are deleted
+   (:func:`pipelines.quality.job.prune_results`);
 3. **OPTIMIZE** every Delta table of the bucket: small files are compacted; the
    liquid-clustered tables (bronze events by ``(vbucket, by_seqno)``, silver by
    ``(_vbucket, key)``) are clustered incrementally, which is what a Z-order would give them
@@ -32,8 +33,8 @@ from typing import TYPE_CHECKING
 
 from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from dcp_cdc.errors import DcpError
-from dcp_cdc.naming import identifier
 from pipelines.bronze.job import table_names as bronze_tables
+from pipelines.quality.job import results_table
 from pipelines.silver.job import purges_table, registry_table, state_table
 
 if TYPE_CHECKING:
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dcp_cdc.maintenance")
 DELTA_MIN_SAFE_RETENTION_HOURS = 168
 """``delta.deletedFileRetentionDuration``'s default: VACUUM refuses less unless told."""
-
-
-def quality_results_table(bucket: str) -> str:
-    return f"quality.{identifier(bucket)}_results"
 
 
 @dataclass
@@ -79,30 +76,8 @@ def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
     if spark.catalog.tableExists(registry_table(bucket)):
         live = spark.table(registry_table(bucket)).where("status != 'retired'")
         names += sorted(f"{r['table_name']}_all" for r in live.select("table_name").collect())
-    names.append(quality_results_table(bucket))
+    names.append(results_table(bucket))
     return [name for name in names if spark.catalog.tableExists(name)]
-
-
-def delete_old_quality_results(spark: SparkSession, bucket: str, days: int) -> int:
-    """Rows of the bucket's quality results older than ``days``; 0 if there is no table."""
-    from pyspark.sql import types as T
-
-    table = quality_results_table(bucket)
-    if not spark.catalog.tableExists(table):
-        return 0
-    stamps = [
-        f.name for f in spark.table(table).schema.fields if isinstance(f.dataType, T.TimestampType)
-    ]
-    if not stamps:
-        raise DcpError(
-            f"{table}: expected a TIMESTAMP column saying when a result was checked, got "
-            f"columns {spark.table(table).columns}"
-        )
-    column = stamps[0]
-    metrics = spark.sql(
-        f"DELETE FROM {table} WHERE {column} < current_timestamp() - INTERVAL {days} DAYS"
-    ).collect()
-    return int(metrics[0]["num_affected_rows"]) if metrics else 0
 
 
 def optimize(spark: SparkSession, table: str) -> tuple[int, int]:
@@ -133,15 +108,14 @@ def _retention_check(spark: SparkSession, *, enabled: bool) -> Iterator[None]:
 def maintain_bucket(
     spark: SparkSession, config: AppConfig, bucket: BucketConfig
 ) -> MaintenanceSummary:
+    from pipelines.quality.job import prune_results
     from pipelines.silver.job import purge_tombstones
 
     started = time.perf_counter()
     settings = config.maintenance
     summary = MaintenanceSummary(bucket.name)
     summary.purged = purge_tombstones(spark, config, bucket)
-    summary.quality_rows_deleted = delete_old_quality_results(
-        spark, bucket.name, settings.quality_results_retention_days
-    )
+    summary.quality_rows_deleted = prune_results(spark, config, bucket)
     tables = bucket_tables(spark, bucket.name)
     if settings.optimize:
         for table in tables:

@@ -294,14 +294,11 @@ def run(
     screenshot: bool = False,
 ) -> list[QualityReport]:
     """Check every configured bucket (or one); builds the Spark session if none is given."""
-    from pipelines.spark_session import build_spark_session
+    from pipelines.spark_session import session_for
 
     checks(config.quality)  # unknown severity overrides fail before Spark starts
     buckets = config.bucket(bucket)
-    session = spark or build_spark_session(
-        "dcp-cdc-quality", config.warehouse, master=config.spark.master,
-        shuffle_partitions=config.spark.shuffle_partitions, extra_conf=config.spark.conf,
-    )  # fmt: skip
+    session = spark or session_for(config, "dcp-cdc-quality")
     return [check_bucket(session, config, b, screenshot=screenshot) for b in buckets]
 
 

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig, MaintenanceConfig, SilverConfig
+from dcp_cdc.config import (
+    AppConfig,
+    BucketConfig,
+    MaintenanceConfig,
+    QualityConfig,
+    SilverConfig,
+)
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.simulator import SimulationResult
 from pipelines.bronze.job import table_names
@@ -132,11 +138,12 @@ def test_rebuild_of_a_collection_after_a_purge_gives_the_same_table(
 def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
     spark: SparkSession, applied: Applied
 ) -> None:
-    from pipelines.maintenance import maintain_bucket, quality_results_table
+    from pipelines.maintenance import maintain_bucket
+    from pipelines.quality.job import results_table
 
     bucket, config = applied.bucket, applied.config
     spark.sql("CREATE DATABASE IF NOT EXISTS quality")
-    results = quality_results_table(bucket)
+    results = results_table(bucket)  # only its checked_at matters to the retention
     spark.sql(f"CREATE TABLE {results} (expectation STRING, checked_at TIMESTAMP) USING delta")
     spark.sql(f"INSERT INTO {results} VALUES ('old', current_timestamp() - INTERVAL 40 DAYS), "
               "('new', current_timestamp() - INTERVAL 1 DAYS)")  # fmt: skip
@@ -145,7 +152,8 @@ def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
     live = {t: spark.table(t).where("NOT _deleted").count() for t in tables}
     settings = config.model_copy(update={
         "silver": SilverConfig(tombstone_retention_hours=0),
-        "maintenance": MaintenanceConfig(vacuum_retention_hours=0, quality_results_retention_days=30),
+        "maintenance": MaintenanceConfig(vacuum_retention_hours=0),
+        "quality": QualityConfig(results_retention_days=30),
     })  # fmt: skip
     try:
         summary = maintain_bucket(spark, settings, settings.buckets[0])
