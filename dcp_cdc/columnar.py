@@ -1,14 +1,18 @@
 """The DCP decoder, columnar face: a buffer of frames in, one Arrow table out.
 
-Used by the bronze ingest inside ``mapInArrow``. The work is split so that Python touches
-each frame at most once:
+Used by the bronze ingest inside ``mapInArrow``. The hot path touches no frame from Python:
 
-1. framing: one tight loop finds where each frame starts (lengths chain, so it is serial);
+1. framing: lengths chain, so it is serial by nature; numpy walks many segments of the
+   buffer at once from guessed starts, and a guess counts only once the walk before it
+   lands on it (:func:`frame_starts`);
 2. the hot messages (plain mutations, deletions, expirations, V1 snapshot markers,
-   seqno-advanced) are decoded for all rows at once with numpy, by gathering each layout of
-   :mod:`dcp_cdc.layouts` into a structured array;
-3. every other frame (system events, compressed or xattr values, responses, …) goes through
-   the iterator face's reader for its opcode, and its event is turned into a row.
+   seqno-advanced) are decoded for all rows at once, by gathering each layout of
+   :mod:`dcp_cdc.layouts` as a structured array straight from the buffer;
+3. Snappy values are decompressed into one buffer (one cramjam call per value) and XATTR
+   sections are split for all values at once; keys, values and xattrs become Arrow views
+   onto those buffers, copied once into plain columns;
+4. every other frame (system events, responses, anything malformed, ...) goes through the
+   iterator face's reader for its opcode, and its event is turned into a row.
 
 So both faces read the same layout tables, and a test checks that they agree row for row.
 Unsigned 64-bit wire fields are stored as int64 with the same bits (Spark has no unsigned
@@ -18,7 +22,6 @@ types): ``0xFFFFFFFFFFFFFFFF`` ("stream forever") reads as -1.
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +31,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from dcp_cdc import layouts
-from dcp_cdc.decoder import _read, decode_value, parse_header
-from dcp_cdc.errors import FieldError, MalformedFrameError, TruncatedFrameError
+from dcp_cdc.decoder import _read, parse_header
+from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Event, UnknownFrame
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
@@ -41,6 +44,7 @@ from dcp_cdc.protocol import (
     Datatype,
     Opcode,
 )
+from dcp_cdc.snappy import MAX_RATIO, MAX_UNCOMPRESSED, decompress_many
 
 I64 = pa.int64()
 I32 = pa.int32()
@@ -152,6 +156,622 @@ class DecodedBatch:
     fatal: MalformedFrameError | None = None
 
 
+# --- framing (spec §1) ---------------------------------------------------------------------
+
+SEGMENT_BYTES = 1 << 15
+"""Framing walks a buffer as segments of about this many bytes, all at once (see
+:func:`frame_starts`)."""
+_SEED_WINDOW = 512  # where a segment's first frame is looked for, from its nominal start
+_MIN_LOCKSTEP = 32  # below this many segments still walking, the rest walk one by one
+_KNOWN_MAGIC = np.zeros(256, dtype=np.bool_)
+_KNOWN_MAGIC[sorted(KNOWN_MAGICS)] = True
+_BODY_LEN = struct.Struct(">I").unpack_from
+
+
+def _byte_view(buf: Any, fmt: str) -> Any:
+    """A no-copy view holding, at index ``p``, the ``fmt`` value that starts at byte ``p``.
+
+    Fields of frames sit at arbitrary byte offsets; indexing this view with an array of
+    offsets reads them all in one gather (unaligned reads are numpy's business).
+    """
+    dtype = np.dtype(fmt)
+    count = max(len(buf) - dtype.itemsize + 1, 0)
+    return np.ndarray((count,), dtype=dtype, buffer=buf, strides=(1,))
+
+
+def _walk(buf: bytes, pos: int, stop: int) -> tuple[list[int], int, bool]:
+    """Frames one by one from ``pos`` while they start before ``stop``.
+
+    Returns the starts, where the walk ended (the first start at or after ``stop``, or the
+    frame that could not be framed) and whether it halted there (unknown magic, impossible
+    length, or a frame that does not fit in ``buf``).
+    """
+    found: list[int] = []
+    append = found.append
+    n = len(buf)
+    known = KNOWN_MAGICS
+    while pos < stop:
+        if pos + HEADER_LEN > n:
+            return found, pos, True
+        end = pos + HEADER_LEN + _BODY_LEN(buf, pos + 8)[0]
+        if buf[pos] not in known or end - pos - HEADER_LEN > MAX_BODY_LEN or end > n:
+            return found, pos, True
+        append(pos)
+        pos = end
+    return found, pos, False
+
+
+def frame_starts(
+    buf: bytes, *, final: bool, base_offset: int = 0, segment: int = SEGMENT_BYTES
+) -> tuple[npt.NDArray[np.int64], int, MalformedFrameError | None]:
+    """Start of every whole frame, the bytes they span, and the error that stopped framing.
+
+    Lengths chain, so framing is serial by nature. A long buffer is cut into segments of
+    ``segment`` bytes; each segment's first frame is guessed and all segments are walked at
+    once with numpy. A guess is kept only when the walk of the segment before it lands on it
+    exactly; a segment whose guess was wrong is walked again, one frame at a time, from where
+    the previous walk landed. So the starts are always those of one walk from byte 0.
+    """
+    n = len(buf)
+    if n >= 4 * segment:
+        starts, pos, halted = _walk_segments(buf, segment)
+    else:
+        found, pos, halted = _walk(buf, 0, n)
+        starts = np.array(found, dtype=np.int64)
+    fatal: MalformedFrameError | None = None
+    unframeable = (
+        halted
+        and pos + HEADER_LEN <= n
+        and (buf[pos] not in KNOWN_MAGICS or _BODY_LEN(buf, pos + 8)[0] > MAX_BODY_LEN)
+    )
+    if unframeable:
+        try:
+            parse_header(buf, pos, base_offset=base_offset)
+        except MalformedFrameError as exc:
+            fatal = exc
+    if fatal is None and final and pos < n:
+        opcode = buf[pos + 1] if n - pos > 1 else None
+        needed = HEADER_LEN + _BODY_LEN(buf, pos + 8)[0] if n - pos >= HEADER_LEN else None
+        fatal = TruncatedFrameError(
+            offset=base_offset + pos, available=n - pos, needed=needed, opcode=opcode
+        )
+    return starts, pos, fatal
+
+
+def _is_magic(values: Any) -> Any:
+    return _KNOWN_MAGIC[values]
+
+
+def _segment_seeds(buf: bytes, segment: int) -> Any:
+    """A guess of the first frame start in each segment after the first (sorted, unique).
+
+    The guess is the first byte of the segment's window with a known magic whose length
+    leads to another known magic (or exactly to the end of the buffer).
+    """
+    n = len(buf)
+    window = min(_SEED_WINDOW, segment)
+    bounds = np.arange(segment, n - window - HEADER_LEN + 1, segment, dtype=np.int64)
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    flat = np.flatnonzero(_is_magic(u8[bounds[:, None] + np.arange(window, dtype=np.int64)]))
+    seg = flat // window
+    cand = bounds[seg] + flat % window
+    body = _byte_view(buf, ">u4")[cand + 8].astype(np.int64)
+    nxt = cand + HEADER_LEN + body
+    ok = (body <= MAX_BODY_LEN) & ((nxt == n) | (nxt + HEADER_LEN <= n))
+    inner = np.flatnonzero(ok & (nxt < n))
+    ok[inner] = _is_magic(u8[nxt[inner]])
+    _, first = np.unique(seg[ok], return_index=True)
+    return cand[ok][first]
+
+
+def _walk_segments(buf: bytes, segment: int) -> tuple[npt.NDArray[np.int64], int, bool]:
+    n = len(buf)
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    be32 = _byte_view(buf, ">u4")
+    seeds = _segment_seeds(buf, segment)
+    seg_start = np.concatenate([np.zeros(1, dtype=np.int64), seeds])
+    seg_end = np.concatenate([seeds, np.array([n], dtype=np.int64)])
+    k = len(seg_start)
+    # Walk every segment at once; a segment stops where it crosses its end or halts.
+    ids, pos, end = np.arange(k), seg_start.copy(), seg_end.copy()
+    landed = np.zeros(k, dtype=np.int64)
+    halted = np.zeros(k, dtype=np.bool_)
+    resume = np.full(k, -1, dtype=np.int64)  # where a segment's walk goes on one by one
+    steps: list[tuple[Any, Any]] = []
+    while len(ids):
+        if len(ids) < min(_MIN_LOCKSTEP, k // 2):  # a step costs as much for few as for many
+            resume[ids] = pos
+            break
+        fits = pos + HEADER_LEN <= n
+        at = pos if fits.all() else np.where(fits, pos, 0)
+        frame_end = at + HEADER_LEN + be32[at + 8].astype(np.int64)
+        ok = fits & _is_magic(u8[at]) & (frame_end - at - HEADER_LEN <= MAX_BODY_LEN)
+        ok &= frame_end <= n
+        if not ok.all():
+            landed[ids[~ok]] = pos[~ok]
+            halted[ids[~ok]] = True
+            ids, pos, end, frame_end = ids[ok], pos[ok], end[ok], frame_end[ok]
+        steps.append((ids, pos))
+        crossed = frame_end >= end
+        if crossed.any():
+            landed[ids[crossed]] = frame_end[crossed]
+            ids, pos, end = ids[~crossed], frame_end[~crossed], end[~crossed]
+        else:
+            pos = frame_end
+    # Segment i's j-th frame goes to first[i] + j: the frames in walk order, no sort.
+    counts = np.zeros(k, dtype=np.int64)
+    for step_ids, _ in steps:
+        counts[step_ids] += 1
+    first = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(counts, out=first[1:])
+    walked = np.empty(int(first[-1]), dtype=np.int64)
+    for j, (step_ids, step_pos) in enumerate(steps):
+        walked[first[step_ids] + j] = step_pos
+    # Keep the segments whose guess the previous walk landed on; re-walk the others.
+    parts: list[Any] = []
+    expected = 0
+    for i in range(k):
+        if int(seg_start[i]) == expected:
+            parts.append(walked[first[i] : first[i + 1]])
+            stop, halt = int(landed[i]), bool(halted[i])
+            if resume[i] >= 0:
+                found, stop, halt = _walk(buf, int(resume[i]), int(seg_end[i]))
+                parts.append(np.array(found, dtype=np.int64))
+        elif expected >= seg_end[i]:
+            continue  # a frame spans the whole segment
+        else:
+            found, stop, halt = _walk(buf, expected, int(seg_end[i]))
+            parts.append(np.array(found, dtype=np.int64))
+        if halt:
+            return np.concatenate(parts), stop, True
+        expected = stop
+    return np.concatenate(parts), expected, False
+
+
+# --- columns -------------------------------------------------------------------------------
+
+_I32 = np.dtype("<i4")
+
+
+def _bitmap(mask: Any) -> pa.Buffer:
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
+def _numeric(arrow_type: pa.DataType, values: Any, valid: Any = None) -> pa.Array:
+    """An Arrow array over a numpy array (no copy for numbers); ``valid`` None = no nulls."""
+    data = _bitmap(values) if arrow_type == pa.bool_() else pa.py_buffer(values)
+    validity = None if valid is None or valid.all() else _bitmap(valid)
+    return pa.Array.from_buffers(arrow_type, len(values), [validity, data])
+
+
+_AR12 = np.arange(12, dtype=np.int64)
+
+
+def _views(sources: list[Any], src: Any, start: Any, length: Any) -> pa.Array:
+    """A binary view array of byte ranges: row i is ``sources[src[i]][start[i]:][:length[i]]``,
+    null where ``src[i] < 0``. No byte is copied except the 12 a short value holds inline."""
+    n = len(src)
+    null = src < 0
+    lens = np.where(null, 0, length).astype(_I32)
+    views = np.zeros((n, 4), dtype=_I32)
+    views[:, 0] = lens
+    short = np.flatnonzero((lens > 0) & (lens <= 12))
+    long = np.flatnonzero(lens > 12)
+    for s, source in enumerate(sources):
+        sel = short[src[short] == s]
+        if len(sel):
+            data = np.frombuffer(source, dtype=np.uint8)
+            inline = data[np.minimum(start[sel, None] + _AR12, len(data) - 1)]
+            inline[_AR12[None, :] >= lens[sel, None]] = 0  # inline values are zero-padded
+            views[sel, 1:4] = np.ascontiguousarray(inline).view(_I32)
+        sel = long[src[long] == s]
+        if len(sel):
+            views[sel, 1] = _byte_view(source, "<i4")[start[sel]]  # the 4-byte prefix
+    views[long, 2] = src[long]
+    views[long, 3] = start[long]
+    validity = _bitmap(~null) if null.any() else None
+    buffers = [validity, pa.py_buffer(views), *(_buffer(s) for s in sources)]
+    return pa.Array.from_buffers(pa.binary_view(), n, buffers)
+
+
+def _buffer(data: Any) -> pa.Buffer:
+    return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+
+
+class _Columns:
+    """Column arrays for n rows, filled by the vectorised paths and by per-frame rows.
+
+    Numbers live in numpy arrays (allocated when first set); binary columns are byte ranges
+    into ``sources`` (the frames' buffer, decompressed values, per-frame bytes) that become
+    Arrow binary views, copied into plain binary columns once at the end.
+    """
+
+    def __init__(self, n: int, buf: bytes) -> None:
+        self.n = n
+        self.values: dict[str, Any] = {}
+        self.valid: dict[str, Any] = {}  # absent: every row valid
+        self.op = np.zeros(n, dtype=np.int8)
+        self.strings: dict[str, tuple[list[int], list[str]]] = {c: ([], []) for c in _STRINGS}
+        self.sources: list[Any] = [buf]
+        self.bin_src: dict[str, Any] = {}
+        self.bin_start: dict[str, Any] = {}
+        self.bin_len: dict[str, Any] = {}
+        self.xattr_rows = np.zeros(n, dtype=np.bool_)
+        self.xattr_entries: list[tuple[Any, pa.Array, pa.Array]] = []
+        self.failover: list[tuple[int, list[tuple[int, int]]]] = []
+        self.extra = bytearray()
+        self.pending: dict[str, tuple[list[int], list[Any]]] = {
+            name: ([], []) for name, _ in COLUMNS
+        }
+        self.bin_pending_len: dict[str, list[int]] = {name: [] for name in _BINARIES}
+
+    def full(self, name: str, values: Any) -> None:
+        """Every row's value of a numeric column."""
+        self.values[name] = np.ascontiguousarray(values, dtype=_NP_TYPES[_NUMERIC[name]])
+
+    def set(self, name: str, rows: Any, values: Any) -> None:
+        if name not in self.values:
+            self.values[name] = np.zeros(self.n, dtype=_NP_TYPES[_NUMERIC[name]])
+            self.valid[name] = np.zeros(self.n, dtype=np.bool_)
+        elif name not in self.valid:
+            self.valid[name] = np.ones(self.n, dtype=np.bool_)
+        self.values[name][rows] = values
+        self.valid[name][rows] = True
+
+    def set_bytes(self, name: str, rows: Any, source: int, start: Any, length: Any) -> None:
+        if name not in self.bin_src:
+            self.bin_src[name] = np.full(self.n, -1, dtype=np.int64)
+            self.bin_start[name] = np.zeros(self.n, dtype=np.int64)
+            self.bin_len[name] = np.zeros(self.n, dtype=np.int64)
+        self.bin_src[name][rows] = source
+        self.bin_start[name][rows] = start
+        self.bin_len[name][rows] = length
+
+    def add_source(self, data: Any) -> int:
+        self.sources.append(data)
+        return len(self.sources) - 1
+
+    def put_row(self, i: int, row: dict[str, Any]) -> None:
+        """Queue one per-frame row; :meth:`flush` writes the queue column by column."""
+        self.op[i] = _OP_INDEX[row["op"]]
+        pending = self.pending
+        for name, value in row.items():
+            if value is None or name == "op":
+                continue
+            rows, values = pending[name]
+            rows.append(i)
+            if name in self.bin_pending_len:
+                values.append(len(self.extra))
+                self.bin_pending_len[name].append(len(value))
+                self.extra += value
+            else:
+                values.append(value)
+
+    def flush(self) -> None:
+        source = self.add_source(bytes(self.extra))  # per-frame bytes (maybe none)
+        for name, (rows, values) in self.pending.items():
+            if not rows:
+                continue
+            if name in _NUMERIC:
+                dtype = _NP_TYPES[_NUMERIC[name]]
+                if dtype is np.int64:
+                    arr = np.array(values, dtype=np.uint64).view(np.int64)
+                else:
+                    arr = np.array(values, dtype=dtype)
+                self.set(name, rows, arr)
+            elif name in self.strings:
+                self.strings[name][0].extend(rows)
+                self.strings[name][1].extend(values)
+            elif name in self.bin_pending_len:
+                self.set_bytes(name, rows, source, values, self.bin_pending_len[name])
+            elif name == "xattrs":
+                self._add_xattr_dicts(rows, values)
+            elif name == "failover_log":
+                signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
+                self.failover.extend(zip(rows, signed, strict=True))
+
+    def _add_xattr_dicts(self, rows: list[int], mappings: list[dict[str, str]]) -> None:
+        entry_rows = np.repeat(np.array(rows, dtype=np.int64), [len(m) for m in mappings])
+        keys = pa.array([k for m in mappings for k in m], type=pa.string())
+        items = pa.array([v for m in mappings for v in m.values()], type=pa.string())
+        self.add_xattrs(np.array(rows, dtype=np.int64), entry_rows, keys, items)
+
+    def add_xattrs(self, rows: Any, entry_rows: Any, keys: pa.Array, items: pa.Array) -> None:
+        """``rows`` carry xattrs (perhaps none); entry j is ``keys[j]: items[j]`` of row
+        ``entry_rows[j]``, in the order of the row's pairs."""
+        self.xattr_rows[rows] = True
+        if len(entry_rows):
+            self.xattr_entries.append((entry_rows, keys, items))
+
+    def to_table(self, keep: Any) -> pa.Table:
+        n = self.n
+        arrays: dict[str, pa.Array] = {}
+        op_dict = pa.array(OPS, type=pa.string())
+        op_index = _numeric(pa.int8(), self.op)
+        arrays["op"] = pa.DictionaryArray.from_arrays(op_index, op_dict).cast(pa.string())
+        for name, arrow_type in _NUMERIC.items():
+            if name in self.values:
+                arrays[name] = _numeric(arrow_type, self.values[name], self.valid.get(name))
+            else:
+                arrays[name] = pa.nulls(n, arrow_type)
+        for name, (rows, texts) in self.strings.items():
+            arrays[name] = _sparse(n, rows, texts)
+        for name in _BINARIES:
+            if name in self.bin_src:
+                views = _views(
+                    self.sources, self.bin_src[name], self.bin_start[name], self.bin_len[name]
+                )
+                arrays[name] = views.cast(pa.binary())
+            else:
+                arrays[name] = pa.nulls(n, pa.binary())
+        arrays["xattrs"] = self._xattrs()
+        arrays["failover_log"] = _sparse_list(n, self.failover)
+        table = pa.table([arrays[c] for c, _ in COLUMNS], schema=ARROW_SCHEMA)
+        return table if keep.all() else table.filter(_numeric(pa.bool_(), keep))
+
+    def _xattrs(self) -> pa.Array:
+        n = self.n
+        if not self.xattr_rows.any():
+            return pa.nulls(n, XATTRS_TYPE)
+        offsets = np.zeros(n + 1, dtype=_I32)
+        if self.xattr_entries:
+            entry_rows = np.concatenate([e[0] for e in self.xattr_entries])
+            order = np.argsort(entry_rows, kind="stable")  # a row's pairs keep their order
+            keys = pa.concat_arrays([e[1] for e in self.xattr_entries]).take(order)
+            items = pa.concat_arrays([e[2] for e in self.xattr_entries]).take(order)
+            np.cumsum(np.bincount(entry_rows, minlength=n), out=offsets[1:])
+        else:
+            keys = items = pa.array([], type=pa.string())
+        return pa.MapArray.from_arrays(
+            _numeric(pa.int32(), offsets), keys, items, type=XATTRS_TYPE,
+            mask=_numeric(pa.bool_(), ~self.xattr_rows),
+        )  # fmt: skip
+
+
+def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
+    """An n-row string column holding ``texts`` at ``rows`` and nulls elsewhere."""
+    if not rows:
+        return pa.nulls(n, pa.string())
+    indices = np.zeros(n, dtype=_I32)
+    indices[rows] = np.arange(len(rows), dtype=_I32)
+    valid = np.zeros(n, dtype=np.bool_)
+    valid[rows] = True
+    values = pa.array(texts, type=pa.string())
+    return pa.DictionaryArray.from_arrays(_numeric(pa.int32(), indices, valid), values).cast(
+        pa.string()
+    )
+
+
+def _sparse_list(n: int, entries: Iterable[tuple[int, list[tuple[int, int]]]]) -> pa.Array:
+    counts = np.zeros(n, dtype=_I32)
+    mask = np.ones(n, dtype=np.bool_)
+    uuids: list[int] = []
+    seqnos: list[int] = []
+    for i, log in sorted(entries, key=lambda e: e[0]):
+        counts[i] = len(log)
+        mask[i] = False
+        uuids.extend(u for u, _ in log)
+        seqnos.extend(s for _, s in log)
+    if mask.all():
+        return pa.nulls(n, pa.list_(FAILOVER_ENTRY_TYPE))
+    offsets = np.zeros(n + 1, dtype=_I32)
+    np.cumsum(counts, out=offsets[1:])
+    values = pa.StructArray.from_arrays(
+        [pa.array(uuids, I64), pa.array(seqnos, I64)], fields=list(FAILOVER_ENTRY_TYPE)
+    )
+    return pa.ListArray.from_arrays(
+        _numeric(pa.int32(), offsets), values, mask=_numeric(pa.bool_(), mask)
+    )
+
+
+# --- values: Snappy and XATTRs for many frames at once (spec §2) ----------------------------
+
+_MAX_XATTR_PAIRS = 64  # more pairs than this in one value: that frame is decoded alone
+
+
+@dataclass
+class _Values:
+    """Decoded document values of m frames: ``ok`` those decoded here (the others go through
+    the per-frame path); body ``i`` is ``sources[src[i]][start[i]:][:length[i]]``."""
+
+    ok: Any
+    src: Any
+    start: Any
+    length: Any
+    sources: list[Any]
+    xattr_rows: Any
+    entry_rows: Any
+    keys: pa.Array
+    items: pa.Array
+
+
+def _snappy_preambles(buf: bytes, start: Any, length: Any) -> tuple[Any, Any]:
+    """Declared uncompressed length of each block and whether it is acceptable, exactly as
+    :func:`dcp_cdc.snappy.decompress` judges it before decompressing."""
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    declared = np.zeros(len(start), dtype=np.int64)
+    done = np.zeros(len(start), dtype=np.bool_)
+    bad = np.zeros(len(start), dtype=np.bool_)
+    for i in range(5):
+        present = i < length
+        b = u8[np.minimum(start + i, len(u8) - 1)].astype(np.int64)
+        open_ = ~done & ~bad
+        bad |= open_ & ~present
+        take = open_ & present
+        declared[take] |= (b[take] & 0x7F) << (7 * i)
+        done |= take & (b < 0x80)
+    ok = done & ~bad
+    ok &= (declared <= MAX_UNCOMPRESSED) & (declared <= MAX_RATIO * length + 64)
+    return declared, ok
+
+
+def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Values:
+    """Snappy then XATTRs (the order of spec §2) for non-empty values of known datatype."""
+    m = len(start)
+    ok = np.ones(m, dtype=np.bool_)
+    src = np.zeros(m, dtype=np.int64)
+    start = start.copy()
+    length = length.copy()
+    sources: list[Any] = [buf]
+    snappy = np.flatnonzero((datatype & _SNAPPY) != 0)
+    if len(snappy):
+        declared, plausible = _snappy_preambles(buf, start[snappy], length[snappy])
+        ok[snappy[~plausible]] = False
+        rows = snappy[plausible]
+        sizes = declared[plausible]
+        at = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=at[1:])
+        out, written = decompress_many(
+            buf, start[rows].tolist(), length[rows].tolist(), at[:-1].tolist(), sizes.tolist(),
+            int(at[-1]),
+        )  # fmt: skip
+        ok[rows[np.array(written, dtype=np.int64) != sizes]] = False
+        sources.append(out)
+        src[rows], start[rows], length[rows] = 1, at[:-1], sizes
+    xattr_rows = np.flatnonzero(ok & ((datatype & _XATTR) != 0))
+    entries: list[tuple[Any, pa.Array, pa.Array]] = []
+    for s, source in enumerate(sources):
+        rows = xattr_rows[src[xattr_rows] == s]
+        if not len(rows):
+            continue
+        split = _split_xattrs(source, start[rows], length[rows])
+        ok[rows[~split.ok]] = False
+        start[rows], length[rows] = split.start, split.length
+        entries.append((rows[split.entry_rows], split.keys, split.items))
+    has_xattrs = np.zeros(m, dtype=np.bool_)
+    has_xattrs[xattr_rows] = True
+    has_xattrs &= ok
+    if entries:
+        entry_rows = np.concatenate([e[0] for e in entries])
+        keys = pa.concat_arrays([e[1] for e in entries])
+        items = pa.concat_arrays([e[2] for e in entries])
+        keep = ok[entry_rows]
+        if not keep.all():
+            mask = _numeric(pa.bool_(), keep)
+            entry_rows, keys, items = entry_rows[keep], keys.filter(mask), items.filter(mask)
+    else:
+        entry_rows = np.zeros(0, dtype=np.int64)
+        keys = items = pa.array([], type=pa.string())
+    return _Values(ok, src, start, length, sources, has_xattrs, entry_rows, keys, items)
+
+
+@dataclass
+class _Split:
+    ok: Any
+    start: Any
+    length: Any
+    entry_rows: Any
+    keys: pa.Array
+    items: pa.Array
+
+
+def _split_xattrs(source: Any, start: Any, length: Any) -> _Split:
+    """:func:`dcp_cdc.xattrs.split_xattrs` for many values of one buffer: where a value is
+    not exactly what it accepts, ``ok`` is False and the per-frame path reports why."""
+    m = len(start)
+    be32 = _byte_view(source, ">u4")
+    ok = length >= 4
+    total = np.zeros(m, dtype=np.int64)
+    total[ok] = be32[start[ok]]
+    end = start + 4 + total
+    ok &= end <= start + length
+    # Pair by pair, every value at once: u32 pair length, then key NUL value NUL.
+    rows = np.flatnonzero(ok)
+    pos, stop = start[rows] + 4, end[rows]
+    found: list[tuple[Any, Any, Any]] = []
+    for _ in range(_MAX_XATTR_PAIRS):
+        live = pos < stop
+        rows, pos, stop = rows[live], pos[live], stop[live]
+        if not len(rows):
+            break
+        fits = pos + 4 <= stop
+        ok[rows[~fits]] = False
+        rows, pos, stop = rows[fits], pos[fits], stop[fits]
+        size = be32[pos].astype(np.int64)
+        fits = (pos + 4 + size <= stop) & (size >= 2)
+        ok[rows[~fits]] = False
+        rows, pos, stop, size = rows[fits], pos[fits], stop[fits], size[fits]
+        found.append((rows, pos + 4, size))
+        pos = pos + 4 + size
+    ok[rows[pos < stop]] = False  # more pairs than the vectorised walk takes
+    if found:
+        entry_rows = np.concatenate([f[0] for f in found])
+        pair_start = np.concatenate([f[1] for f in found])
+        pair_len = np.concatenate([f[2] for f in found])
+    else:
+        entry_rows = pair_start = pair_len = np.zeros(0, dtype=np.int64)
+    keys, items, good = _pair_texts(source, entry_rows, pair_start, pair_len)
+    ok[entry_rows[~good]] = False
+    keep = ok[entry_rows]
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(entry_rows[order], kind="stable")]  # row order, pairs in order
+    entry_rows = entry_rows[order]
+    indices = _numeric(pa.int64(), order)
+    keys, items = keys.take(indices), items.take(indices)
+    if len(entry_rows) > 1 and (np.diff(entry_rows) == 0).any():
+        ok[_duplicate_key_rows(entry_rows, keys)] = False
+    return _Split(ok, end, start + length - end, entry_rows, keys, items)
+
+
+def _pair_texts(source: Any, rows: Any, start: Any, length: Any) -> tuple[Any, Any, Any]:
+    """Key and value text of each ``key NUL value NUL`` pair; ``good`` False where a pair is
+    not that (or not UTF-8); keys and values are then empty strings for those pairs."""
+    n = len(rows)
+    if n == 0:
+        empty = pa.array([], type=pa.string())
+        return empty, empty, np.zeros(0, dtype=np.bool_)
+    # The pairs side by side in one buffer (one copy); NUL bytes are found for all at once.
+    zero = np.zeros(n, dtype=np.int64)
+    pairs = _views([source], zero, start, length).cast(pa.binary())
+    offsets = np.frombuffer(pairs.buffers()[1], dtype=_I32)[: n + 1].astype(np.int64)
+    data = pairs.buffers()[2]  # every pair has at least 2 bytes: never empty
+    raw = np.frombuffer(data, dtype=np.uint8)
+    nuls = np.flatnonzero(raw[: offsets[-1]] == 0)
+    first = np.searchsorted(nuls, offsets[:-1])
+    count = np.searchsorted(nuls, offsets[1:]) - first
+    sep = nuls[np.minimum(first, max(len(nuls) - 1, 0))] - offsets[:-1] if len(nuls) else zero
+    last = raw[offsets[1:] - 1]
+    good = (count == 2) & (last == 0) & (sep >= 1)  # exactly: key (non-empty) NUL value NUL
+    sep = np.where(good, sep, 0)
+    value_len = np.where(good, length - sep - 2, 0)
+    sources = [data]
+    key_views = _views(sources, zero, offsets[:-1], sep)
+    value_views = _views(sources, zero, offsets[:-1] + sep + 1, value_len)
+    try:
+        return key_views.cast(pa.string()), value_views.cast(pa.string()), good
+    except pa.ArrowInvalid:  # some pair is not UTF-8: find which, per pair (rare)
+        utf8 = np.array(
+            [_is_utf8(k) and _is_utf8(v) for k, v in zip(
+                key_views.cast(pa.binary()).to_pylist(), value_views.cast(pa.binary()).to_pylist(),
+                strict=True,
+            )],
+            dtype=np.bool_,
+        )  # fmt: skip
+        good &= utf8
+        sep = np.where(good, sep, 0)
+        value_len = np.where(good, value_len, 0)
+        key_views = _views(sources, zero, offsets[:-1], sep)
+        value_views = _views(sources, zero, offsets[:-1] + sep + 1, value_len)
+        return key_views.cast(pa.string()), value_views.cast(pa.string()), good
+
+
+def _is_utf8(data: bytes | None) -> bool:
+    try:
+        (data or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _duplicate_key_rows(entry_rows: Any, keys: pa.Array) -> Any:
+    pairs = pa.table({"row": _numeric(pa.int64(), entry_rows), "key": keys})
+    counted = pairs.group_by(["row", "key"]).aggregate([("row", "count")])
+    rows = counted.column("row").to_numpy()
+    return rows[counted.column("row_count").to_numpy() > 1]
+
+
+# --- decoding ------------------------------------------------------------------------------
+
 _HEADER_DTYPE = np.dtype(
     {
         "names": ["magic", "opcode", "keylen16", "ext_len", "datatype", "vb_or_status",
@@ -161,61 +781,29 @@ _HEADER_DTYPE = np.dtype(
         "itemsize": HEADER_LEN,
     }
 )  # fmt: skip
-_BODY_LEN = struct.Struct(">I").unpack_from
+_LAYOUT_DTYPES: dict[str, Any] = {}
 
 
-def frame_starts(
-    buf: bytes, *, final: bool, base_offset: int = 0
-) -> tuple[npt.NDArray[np.int64], int, MalformedFrameError | None]:
-    """Start of every whole frame, the bytes they span, and the error that stopped framing."""
-    starts = array("q")
-    append = starts.append
-    pos = 0
-    n = len(buf)
-    known = KNOWN_MAGICS
-    fatal: MalformedFrameError | None = None
-    while pos + HEADER_LEN <= n:
-        body_len = _BODY_LEN(buf, pos + 8)[0]
-        if buf[pos] not in known or body_len > MAX_BODY_LEN:
-            try:
-                parse_header(buf, pos, base_offset=base_offset)
-            except MalformedFrameError as exc:
-                fatal = exc
-            break
-        end = pos + HEADER_LEN + body_len
-        if end > n:
-            break
-        append(pos)
-        pos = end
-    if fatal is None and final and pos < n:
-        opcode = buf[pos + 1] if n - pos > 1 else None
-        needed = HEADER_LEN + _BODY_LEN(buf, pos + 8)[0] if n - pos >= HEADER_LEN else None
-        fatal = TruncatedFrameError(
-            offset=base_offset + pos, available=n - pos, needed=needed, opcode=opcode
+def _records(buf: bytes, at: Any, layout: Layout) -> Any:
+    """The ``layout`` section at each offset ``at``, as a structured array (one gather)."""
+    dtype = _LAYOUT_DTYPES.get(layout.name)
+    if dtype is None:
+        dtype = _LAYOUT_DTYPES[layout.name] = np.dtype(
+            {
+                "names": [f.name for f in layout.fields],
+                "formats": [f">u{f.size}" for f in layout.fields],
+                "offsets": [f.offset for f in layout.fields],
+                "itemsize": layout.length,
+            }
         )
-    return np.frombuffer(starts, dtype=np.int64), pos, fatal
-
-
-def _gather(src: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], width: int) -> Any:
-    """The ``width`` bytes at each start, as a contiguous (n, width) matrix."""
-    return src[starts[:, None] + np.arange(width, dtype=np.int64)]
-
-
-def _as_records(matrix: Any, layout: Layout) -> Any:
-    dtype = np.dtype(
-        {
-            "names": [f.name for f in layout.fields],
-            "formats": [f">u{f.size}" for f in layout.fields],
-            "offsets": [f.offset for f in layout.fields],
-            "itemsize": layout.length,
-        }
-    )
-    return np.ascontiguousarray(matrix).view(dtype).reshape(-1)
+    return _byte_view(buf, f"V{layout.length}")[at].view(dtype)
 
 
 _SNAPPY = int(Datatype.SNAPPY)
 _XATTR = int(Datatype.XATTR)
 _DOC_OPCODES = [int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)]
+_ALT = sorted(int(m) for m in ALT_MAGICS)
+_RESPONSE = sorted(int(m) for m in RESPONSE_MAGICS)
 
 # Hot messages decoded for all rows at once: (opcode, extras layout, op, has a document key).
 _FAST = (
@@ -226,177 +814,6 @@ _FAST = (
     (Opcode.DCP_SNAPSHOT_MARKER, layouts.SNAPSHOT_MARKER_V1, "snapshot_marker", False),
     (Opcode.DCP_SEQNO_ADVANCED, layouts.SEQNO_ADVANCED, "seqno_advanced", False),
 )
-
-
-class _Columns:
-    """Column arrays for n rows, filled by the fast path and by per-frame rows."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.values = {c: np.zeros(n, dtype=_NP_TYPES[t]) for c, t in _NUMERIC.items()}
-        self.valid = {c: np.zeros(n, dtype=np.bool_) for c in _NUMERIC}
-        self.op = np.zeros(n, dtype=np.int8)
-        self.strings: dict[str, tuple[list[int], list[str]]] = {c: ([], []) for c in _STRINGS}
-        # binary columns: per row (start, length) into the combined source; -1 = null
-        self.bin_start = {c: np.full(n, -1, dtype=np.int64) for c in _BINARIES}
-        self.bin_len = {c: np.zeros(n, dtype=np.int64) for c in _BINARIES}
-        self.xattrs: list[tuple[int, dict[str, str]]] = []
-        self.failover: list[tuple[int, list[tuple[int, int]]]] = []
-        self.extra = bytearray()
-        self.pending: dict[str, tuple[list[int], list[Any]]] = {
-            name: ([], []) for name, _ in COLUMNS
-        }
-        self.bin_pending_len: dict[str, list[int]] = {name: [] for name in _BINARIES}
-
-    def set(self, name: str, rows: Any, values: Any) -> None:
-        self.values[name][rows] = values
-        self.valid[name][rows] = True
-
-    def put_row(self, i: int, row: dict[str, Any], base: int) -> None:
-        """Queue one per-frame row; :meth:`flush` writes the queue column by column."""
-        self.op[i] = _OP_INDEX[row["op"]]
-        pending = self.pending
-        for name, value in row.items():
-            if value is None or name == "op":
-                continue
-            rows, values = pending[name]
-            rows.append(i)
-            if name in self.bin_pending_len:
-                values.append(base + len(self.extra))
-                self.bin_pending_len[name].append(len(value))
-                self.extra += value
-            else:
-                values.append(value)
-
-    def flush(self) -> None:
-        for name, (rows, values) in self.pending.items():
-            if not rows:
-                continue
-            if name in self.values:
-                target = self.values[name]
-                if target.dtype == np.int64:
-                    arr = np.array(values, dtype=np.uint64).view(np.int64)
-                else:
-                    arr = np.array(values, dtype=target.dtype)
-                target[rows] = arr
-                self.valid[name][rows] = True
-            elif name in self.strings:
-                self.strings[name][0].extend(rows)
-                self.strings[name][1].extend(values)
-            elif name in self.bin_start:
-                self.bin_start[name][rows] = values
-                self.bin_len[name][rows] = self.bin_pending_len[name]
-            elif name == "xattrs":
-                self.xattrs.extend(zip(rows, values, strict=True))
-            elif name == "failover_log":
-                signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
-                self.failover.extend(zip(rows, signed, strict=True))
-        for rows, values in self.pending.values():
-            rows.clear()
-            values.clear()
-        for lengths in self.bin_pending_len.values():
-            lengths.clear()
-
-    def to_table(self, buf: bytes, keep: npt.NDArray[np.bool_]) -> pa.Table:
-        extra = bytes(self.extra)
-        arrays: dict[str, pa.Array] = {}
-        op_dict = pa.array(OPS, type=pa.string())
-        arrays["op"] = pa.DictionaryArray.from_arrays(pa.array(self.op), op_dict).cast(pa.string())
-        for name, values in self.values.items():
-            arrays[name] = pa.array(values, type=_NUMERIC[name], mask=~self.valid[name])
-        for name, (rows, texts) in self.strings.items():
-            arrays[name] = _sparse(self.n, rows, pa.array(texts, type=pa.string()))
-        for name in _BINARIES:
-            arrays[name] = _binary(buf, extra, self.bin_start[name], self.bin_len[name])
-        arrays["xattrs"] = _sparse_map(self.n, self.xattrs)
-        arrays["failover_log"] = _sparse_list(self.n, self.failover)
-        table = pa.table([arrays[n] for n, _ in COLUMNS], schema=ARROW_SCHEMA)
-        return table if keep.all() else table.filter(pa.array(keep))
-
-
-def _sparse(n: int, rows: list[int], values: pa.Array) -> pa.Array:
-    """An n-row column holding ``values`` at ``rows`` and nulls elsewhere."""
-    indices = np.full(n, 0, dtype=np.int32)
-    mask = np.ones(n, dtype=np.bool_)
-    if rows:
-        indices[rows] = np.arange(len(rows), dtype=np.int32)
-        mask[rows] = False
-    else:
-        values = pa.array([None], type=values.type)
-    return pa.DictionaryArray.from_arrays(pa.array(indices, mask=mask), values).cast(values.type)
-
-
-_AR12 = np.arange(12, dtype=np.int64)
-
-
-def _binary(buf: bytes, extra: bytes, starts: Any, lengths: Any) -> pa.Array:
-    """A binary column of byte ranges, without a Python loop.
-
-    ``starts`` index ``buf`` (or, from ``len(buf)`` on, ``extra``); -1 is a null. The ranges
-    become Arrow binary *views* onto the two buffers, then one C++ cast copies them into a
-    plain binary column (Spark reads no view types).
-    """
-    n = len(starts)
-    valid = starts >= 0
-    in_extra = starts >= len(buf)
-    lens = np.where(valid, lengths, 0).astype("<i4")
-    views = np.zeros((n, 16), dtype=np.uint8)
-    views[:, 0:4] = lens.view(np.uint8).reshape(n, 4)
-    for data, sel, base in ((buf, valid & ~in_extra, 0), (extra, in_extra, len(buf))):
-        idx = np.flatnonzero(sel & (lens > 0))
-        if not len(idx):
-            continue
-        arr = np.frombuffer(data, dtype=np.uint8)
-        pos = np.minimum(starts[idx, None] - base + _AR12, len(arr) - 1)
-        first = arr[pos]
-        first[_AR12[None, :] >= lens[idx, None]] = 0  # inline values are zero-padded
-        views[idx, 4:16] = first
-    long = np.flatnonzero(lens > 12)
-    if len(long):
-        views[long, 8:12] = in_extra[long].astype("<i4").view(np.uint8).reshape(-1, 4)
-        offsets = np.where(in_extra[long], starts[long] - len(buf), starts[long]).astype("<i4")
-        views[long, 12:16] = offsets.view(np.uint8).reshape(-1, 4)
-    validity = None if valid.all() else pa.array(valid).buffers()[1]
-    buffers = [validity, pa.py_buffer(views), pa.py_buffer(buf)]
-    if extra:
-        buffers.append(pa.py_buffer(extra))
-    return pa.Array.from_buffers(pa.binary_view(), n, buffers).cast(pa.binary())
-
-
-def _sparse_map(n: int, entries: list[tuple[int, dict[str, str]]]) -> pa.Array:
-    counts = np.zeros(n, dtype=np.int32)
-    mask = np.ones(n, dtype=np.bool_)
-    keys: list[str] = []
-    items: list[str] = []
-    for i, mapping in sorted(entries, key=lambda e: e[0]):  # values must follow row order
-        counts[i] = len(mapping)
-        mask[i] = False
-        keys.extend(mapping)
-        items.extend(mapping.values())
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    return pa.MapArray.from_arrays(
-        pa.array(offsets), pa.array(keys, pa.string()), pa.array(items, pa.string()),
-        type=XATTRS_TYPE, mask=pa.array(mask),
-    )  # fmt: skip
-
-
-def _sparse_list(n: int, entries: Iterable[tuple[int, list[tuple[int, int]]]]) -> pa.Array:
-    counts = np.zeros(n, dtype=np.int32)
-    mask = np.ones(n, dtype=np.bool_)
-    uuids: list[int] = []
-    seqnos: list[int] = []
-    for i, log in sorted(entries, key=lambda e: e[0]):
-        counts[i] = len(log)
-        mask[i] = False
-        uuids.extend(u for u, _ in log)
-        seqnos.extend(s for _, s in log)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(counts, out=offsets[1:])
-    values = pa.StructArray.from_arrays(
-        [pa.array(uuids, I64), pa.array(seqnos, I64)], fields=list(FAILOVER_ENTRY_TYPE)
-    )
-    return pa.ListArray.from_arrays(pa.array(offsets), values, mask=pa.array(mask))
 
 
 def decode_batch(
@@ -412,25 +829,44 @@ def decode_batch(
     With ``final=False`` an incomplete last frame is left for the next call (``consumed``
     stops before it); with ``final=True`` it is reported as a truncated tail in ``fatal``.
     """
+    if len(buf) >= 1 << 31:  # binary views address their buffers with int32 offsets
+        raise DecoderUsageError(f"decode_batch takes at most 2 GiB at once, got {len(buf)} bytes")
+    buf = bytes(buf)
     starts, consumed, fatal = frame_starts(buf, final=final, base_offset=base_offset)
     if fatal is not None and file:
         fatal = fatal.with_file(file)
+    table, errors = decode_frames(
+        buf, starts, collections=collections, base_offset=base_offset, file=file
+    )
+    return DecodedBatch(table, errors, consumed, fatal)
+
+
+def decode_frames(
+    buf: bytes,
+    starts: npt.NDArray[np.int64],
+    *,
+    collections: bool,
+    base_offset: int = 0,
+    file: str | None = None,
+) -> tuple[pa.Table, list[MalformedFrameError]]:
+    """The rows of the whole frames at ``starts`` (from :func:`frame_starts`), and the
+    malformed ones among them, which have no row."""
     n = len(starts)
-    src = np.frombuffer(buf, dtype=np.uint8)
-    cols = _Columns(n)
+    cols = _Columns(n, buf)
     keep = np.ones(n, dtype=np.bool_)
     errors: list[MalformedFrameError] = []
     if n == 0:
-        return DecodedBatch(cols.to_table(buf, keep), errors, consumed, fatal)
-
-    head = _as_header(_gather(src, starts, HEADER_LEN))
+        return cols.to_table(keep), errors
+    u8 = np.frombuffer(buf, dtype=np.uint8)
+    head = _byte_view(buf, f"V{HEADER_LEN}")[starts].view(_HEADER_DTYPE)
     magic = head["magic"]
-    alt = np.isin(magic, list(ALT_MAGICS))
-    fe_len = np.where(alt, head["keylen16"] >> 8, 0).astype(np.int64)
-    key_len = np.where(alt, head["keylen16"] & 0xFF, head["keylen16"]).astype(np.int64)
+    alt = np.isin(magic, _ALT)
+    keylen16 = head["keylen16"].astype(np.int64)
+    fe_len = np.where(alt, keylen16 >> 8, 0)
+    key_len = np.where(alt, keylen16 & 0xFF, keylen16)
     ext_len = head["ext_len"].astype(np.int64)
     body_len = head["body_len"].astype(np.int64)
-    is_response = np.isin(magic, list(RESPONSE_MAGICS))
+    is_response = np.isin(magic, _RESPONSE)
     frame_end = starts + HEADER_LEN + body_len
     ext_start = starts + HEADER_LEN + fe_len
     key_start = ext_start + ext_len
@@ -439,26 +875,24 @@ def decode_batch(
     opcode = head["opcode"]
     datatype = head["datatype"]
 
-    rows = np.arange(n)
-    cols.set("offset", rows, starts + base_offset)
-    cols.set("frame_len", rows, HEADER_LEN + body_len)
-    cols.set("magic", rows, magic)
-    cols.set("opcode", rows, opcode)
-    cols.set("opaque", rows, head["opaque"])
-    cols.set("cas", rows, head["cas"].astype(np.int64))
-    cols.set("datatype", rows, datatype)
-    cols.set("vbucket", rows[~is_response], head["vb_or_status"][~is_response])
-    cols.set("status", rows[is_response], head["vb_or_status"][is_response])
+    cols.full("offset", starts + base_offset)
+    cols.full("frame_len", HEADER_LEN + body_len)
+    cols.full("magic", magic)
+    cols.full("opcode", opcode)
+    cols.full("opaque", head["opaque"])
+    cols.full("cas", head["cas"].astype(np.uint64).view(np.int64))
+    cols.full("datatype", datatype)
+    vb_or_status = head["vb_or_status"]
+    cols.set("vbucket", ~is_response, vb_or_status[~is_response])
+    cols.set("status", is_response, vb_or_status[is_response])
 
     # Stream ids: the usual alt frame is exactly one stream-id FrameInfo (0x22 + u16).
     slow = value_len < 0  # impossible lengths are reported by the per-frame path
-    sid_rows = rows[alt & ~slow]
+    sid_rows = np.flatnonzero(alt & ~slow)
     if len(sid_rows):
-        fe = _gather(src, starts[sid_rows] + HEADER_LEN, 3)
-        simple = (fe_len[sid_rows] == 3) & (fe[:, 0] == 0x22)
-        cols.set(
-            "stream_id", sid_rows[simple], (fe[simple, 1].astype(np.int32) << 8) | fe[simple, 2]
-        )
+        at = starts[sid_rows] + HEADER_LEN
+        simple = (fe_len[sid_rows] == 3) & (u8[at] == 0x22)
+        cols.set("stream_id", sid_rows[simple], _byte_view(buf, ">u2")[at[simple] + 1])
         slow[sid_rows[~simple]] = True
 
     fast = np.zeros(n, dtype=np.bool_)
@@ -470,15 +904,15 @@ def decode_batch(
             sel &= known_datatype & (key_len > 0)
         else:
             sel &= (key_len == 0) & (value_len == 0)
-        idx = rows[sel]
+        idx = np.flatnonzero(sel)
         if not len(idx):
             continue
-        rec = _as_records(_gather(src, ext_start[idx], layout.length), layout)
+        rec = _records(buf, ext_start[idx], layout)
         if "nmeta" in layout.names:  # legacy extended meta is always 0 (errata E14)
             ok = rec["nmeta"] == 0
             idx, rec = idx[ok], rec[ok]
         if has_key and collections:
-            first = src[key_start[idx]]
+            first = u8[key_start[idx]]
             ok = first < 0x80  # one-byte LEB128; longer prefixes take the per-frame path
             idx, rec, first = idx[ok], rec[ok], first[ok]
             cols.set("collection_id", idx, first)
@@ -490,35 +924,23 @@ def decode_batch(
                 cols.set(f.name, idx, rec[f.name].astype(np.int64))
         cols.op[idx] = _OP_INDEX[op]
         if has_key:
-            cols.bin_start["key"][idx] = doc_key_start
-            cols.bin_len["key"][idx] = value_start[idx] - doc_key_start
-            cols.bin_start["value"][idx] = value_start[idx]
-            cols.bin_len["value"][idx] = value_len[idx]
+            cols.set_bytes("key", idx, 0, doc_key_start, value_start[idx] - doc_key_start)
+            cols.set_bytes("value", idx, 0, value_start[idx], value_len[idx])
             cols.set("is_json", idx, (datatype[idx] & Datatype.JSON) != 0)
         fast[idx] = True
 
-    # Compressed or xattr-carrying values: only the value itself is decoded frame by frame.
+    # Compressed or xattr-carrying values, all at once; what fails goes frame by frame.
     transform = fast & (value_len > 0) & ((datatype & (_SNAPPY | _XATTR)) != 0)
     transform &= np.isin(opcode, _DOC_OPCODES)
-    extra = cols.extra
-    base = len(buf)
-    value_start_col, value_len_col = cols.bin_start["value"], cols.bin_len["value"]
-    xattr_rows = cols.xattrs
-    for i, dt, vs, vl in zip(
-        *(a.tolist() for a in (np.flatnonzero(transform), datatype[transform],
-                               value_start[transform], value_len[transform])),
-        strict=True,
-    ):  # fmt: skip
-        try:
-            body, xattrs = decode_value(dt, buf[vs : vs + vl])
-        except FieldError:
-            fast[i] = False  # the per-frame path reports it, exactly as the iterator does
-            continue
-        value_start_col[i] = base + len(extra)
-        value_len_col[i] = len(body)
-        extra += body
-        if xattrs is not None:
-            xattr_rows.append((i, xattrs))
+    rows = np.flatnonzero(transform)
+    if len(rows):
+        values = _decode_values(buf, value_start[rows], value_len[rows], datatype[rows])
+        fast[rows[~values.ok]] = False
+        moved = {s: cols.add_source(data) for s, data in enumerate(values.sources) if s}
+        for s, source in ((0, 0), *moved.items()):
+            sel = values.ok & (values.src == s)
+            cols.set_bytes("value", rows[sel], source, values.start[sel], values.length[sel])
+        cols.add_xattrs(rows[values.xattr_rows], rows[values.entry_rows], values.keys, values.items)
 
     for i in np.flatnonzero(~fast).tolist():
         pos = int(starts[i])
@@ -529,15 +951,11 @@ def decode_batch(
             errors.append(exc.with_file(file) if file else exc)
             keep[i] = False
             continue
-        cols.put_row(i, raw_row(event), base)
+        cols.put_row(i, raw_row(event))
     cols.flush()
     marker_v1 = fast & (opcode == Opcode.DCP_SNAPSHOT_MARKER)
     if marker_v1.any():
         rows_v1 = np.flatnonzero(marker_v1).tolist()
         cols.strings["marker_version"][0].extend(rows_v1)
         cols.strings["marker_version"][1].extend(["1"] * len(rows_v1))
-    return DecodedBatch(cols.to_table(buf, keep), errors, consumed, fatal)
-
-
-def _as_header(matrix: Any) -> Any:
-    return np.ascontiguousarray(matrix).view(_HEADER_DTYPE).reshape(-1)
+    return cols.to_table(keep), errors

@@ -18,8 +18,8 @@ except ImportError:  # pragma: no cover
     _cramjam = None
 
 MAX_UNCOMPRESSED = 64 * 1024 * 1024
-# One 3-byte copy element yields at most 64 bytes, so a block never expands beyond this ratio.
-_MAX_RATIO = 22
+MAX_RATIO = 22
+"""One 3-byte copy element yields at most 64 bytes, so a block never expands beyond this."""
 
 
 def uncompressed_length(block: bytes | memoryview) -> tuple[int, int]:
@@ -38,10 +38,10 @@ def uncompressed_length(block: bytes | memoryview) -> tuple[int, int]:
 
 def _check_preamble(block: bytes | memoryview) -> int:
     declared, _ = uncompressed_length(block)
-    if declared > MAX_UNCOMPRESSED or declared > _MAX_RATIO * len(block) + 64:
+    if declared > MAX_UNCOMPRESSED or declared > MAX_RATIO * len(block) + 64:
         raise FieldError(
             "bad Snappy block: impossible uncompressed length",
-            expected=f"at most {min(MAX_UNCOMPRESSED, _MAX_RATIO * len(block) + 64)} bytes",
+            expected=f"at most {min(MAX_UNCOMPRESSED, MAX_RATIO * len(block) + 64)} bytes",
             got=f"{declared} bytes",
         )
     return declared
@@ -63,6 +63,56 @@ def decompress(block: bytes | memoryview) -> bytes:
             )
         return out
     return decompress_pure(block)
+
+
+def decompress_many(
+    src: bytes, starts: list[int], lengths: list[int], at: list[int], sizes: list[int], total: int
+) -> tuple[bytearray, list[int]]:
+    """Blocks ``src[starts[i]:][:lengths[i]]`` decompressed into one buffer of ``total`` bytes,
+    block i at ``at[i]`` in ``sizes[i]`` bytes (its declared length, judged plausible by the
+    caller). ``written[i]`` is what block i produced, -1 when it is not a valid block: unless
+    it equals ``sizes[i]``, :func:`decompress` says what is wrong when that frame is decoded
+    on its own.
+    """
+    out = bytearray(total)
+    blocks = list(zip(starts, lengths, at, sizes, strict=True))
+    with memoryview(src) as source, memoryview(out) as target:
+        if _cramjam is None:
+            written = [_pure_into(source, target, *block) for block in blocks]
+        else:
+            into = _cramjam.snappy.decompress_raw_into
+            try:  # bad blocks are rare: one comprehension, and per block only if one fails
+                written = [into(source[s : s + n], target[a : a + z]) for s, n, a, z in blocks]
+            except _cramjam.DecompressionError:
+                written = [_cramjam_into(source, target, *block) for block in blocks]
+    return out, written
+
+
+def _cramjam_into(
+    source: memoryview, target: memoryview, start: int, length: int, at: int, size: int
+) -> int:
+    assert _cramjam is not None
+    try:
+        return int(
+            _cramjam.snappy.decompress_raw_into(
+                source[start : start + length], target[at : at + size]
+            )
+        )
+    except _cramjam.DecompressionError:
+        return -1
+
+
+def _pure_into(
+    source: memoryview, target: memoryview, start: int, length: int, at: int, size: int
+) -> int:
+    try:
+        block = decompress_pure(source[start : start + length])
+    except FieldError:
+        return -1
+    if len(block) != size:
+        return len(block)
+    target[at : at + size] = block
+    return size
 
 
 def decompress_pure(block: bytes | memoryview) -> bytes:

@@ -2,7 +2,8 @@
 
 - every event survives encode → decode unchanged, whole and chunked;
 - the columnar face gives, row for row, what the iterator face gives;
-- random or mutated input either decodes or raises MalformedFrameError, nothing else.
+- random or mutated input either decodes or raises MalformedFrameError, nothing else;
+- framing a buffer as segments walked at once finds the frames of one walk from byte 0.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row
+from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row, frame_starts
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame, iter_decode
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import MalformedFrameError
@@ -133,3 +134,28 @@ def _decode_both_faces(data: bytes, collections: bool) -> None:
     assert (batch.fatal is None) == (not fatal)
     if fatal:
         assert batch.fatal is not None and batch.fatal.offset == fatal[0].offset
+
+
+@FAST
+@given(
+    st.booleans().flatmap(lambda c: st.tuples(st.just(c), frames(c, max_size=60))),
+    st.data(),
+)
+def test_segmented_framing_equals_one_walk(
+    case: tuple[bool, list[bytes]], data: st.DataObject
+) -> None:
+    """Small segments, so that guesses land inside frames, on bytes that look like headers,
+    after the last frame, or past a frame that cannot be framed."""
+    _, encoded = case
+    buf = bytearray(b"".join(encoded))
+    for _ in range(data.draw(st.integers(0, 3))):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.sampled_from([0x80, 0xFF, 0]))
+    if data.draw(st.booleans()):
+        del buf[data.draw(st.integers(0, len(buf))) :]
+    segment = data.draw(st.integers(24, 200))
+    final = data.draw(st.booleans())
+    one_walk = frame_starts(bytes(buf), final=final, segment=len(buf) + 1)
+    segmented = frame_starts(bytes(buf), final=final, segment=segment)
+    assert segmented[0].tolist() == one_walk[0].tolist()
+    assert segmented[1] == one_walk[1]
+    assert repr(segmented[2]) == repr(one_walk[2])
