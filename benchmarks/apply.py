@@ -1,0 +1,195 @@
+"""Silver apply: one batch of walked changes MERGEd into collection tables of growing size.
+
+For each table size (default 1M and 10M live keys) the same kind of batch (default 1M
+changes: 70 % updates, 10 % deletions, 20 % inserts, spread over every vbucket; see
+:mod:`benchmarks.changes`) goes through the product's ``merge_changes`` (newest change per
+key, then one Delta MERGE per collection). Before every run the table is restored to its
+built version (``RESTORE TABLE ... TO VERSION AS OF``), so each run does the same work.
+
+Cases per size: ``silver_rows`` alone (the newest-per-key window, written nowhere) and the
+whole ``merge_changes``. The table and batch of each size are built once and cached under
+``benchmarks/.data/apply`` (the 10M table takes minutes). The result says how the apply time
+grows with the table: the goal is at most 2x from 1M to 10M keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.changes import DELETE, UPDATE, change_rows, table_rows
+from benchmarks.common import Case, report, timed
+
+DATA = Path(__file__).resolve().parent / ".data" / "apply"
+GENERATOR = 1  # bump when benchmarks/changes.py changes what it builds
+ROWS_PER_FILE = 250_000
+_METRICS = (
+    "numSourceRows", "numTargetRowsUpdated", "numTargetRowsInserted", "numTargetFilesAdded",
+    "numTargetFilesRemoved", "numTargetDeletionVectorsAdded", "numTargetDeletionVectorsRemoved",
+    "numTargetBytesAdded", "numTargetBytesRemoved", "numTargetRowsCopied", "scanTimeMs",
+    "rewriteTimeMs", "executionTimeMs", "materializeSourceTimeMs",
+)  # fmt: skip
+
+
+def bucket_of(keys: int) -> str:
+    return f"bench_{keys}"
+
+
+def registry_of(keys: int) -> list[dict[str, Any]]:
+    from pipelines.silver.job import collection_table
+
+    name = collection_table(bucket_of(keys), "_default", "_default")
+    return [{"collection_id": 0, "table_name": name, "status": "live"}]
+
+
+def session(event_log: Path | None = None) -> Any:
+    """The product's session settings (``[spark]`` defaults) on the benchmark's warehouse."""
+    from dcp_cdc.config import SparkConfig
+    from pipelines.spark_session import build_spark_session
+
+    defaults = SparkConfig()
+    extra = dict(defaults.conf)
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        extra |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri()}
+    return build_spark_session(
+        "dcp-cdc-bench-apply", DATA / "warehouse", master=defaults.master,
+        shuffle_partitions=defaults.shuffle_partitions, extra_conf=extra,
+    )  # fmt: skip
+
+
+def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tuple[str, int, Path]:
+    """The ``_all`` table of ``keys`` keys (built or reused), its built version, and the
+    parquet folder of the change batch."""
+    from dcp_cdc.config import TableConfig
+    from pipelines.silver import transforms
+
+    table = f"{registry_of(keys)[0]['table_name']}_all"
+    marker = DATA / f"table-{keys}.json"
+    batch = DATA / f"changes-{keys}-{changes}.parquet"
+    wanted = {"generator": GENERATOR, "keys": keys}
+    built = json.loads(marker.read_text()) if marker.exists() else {}
+    if fresh or {k: built.get(k) for k in wanted} != wanted or not spark.catalog.tableExists(table):
+        print(f"  building {table} ({keys:,} keys)", flush=True)
+        marker.unlink(missing_ok=True)
+        spark.sql(f"DROP TABLE IF EXISTS {table}")
+        transforms.ensure_support_tables(spark, bucket_of(keys), TableConfig().properties)
+        transforms.ensure_collection_table(
+            spark, table.removesuffix("_all"), TableConfig().properties
+        )
+        files = max(1, keys // ROWS_PER_FILE)
+        (
+            table_rows(spark, keys)
+            .repartitionByRange(files, "_vbucket", "key")
+            .sortWithinPartitions("_vbucket", "key")
+            .write.format("delta")
+            .option("optimizeWrite", "false")  # keep the (vbucket, key) ranges of the files
+            .mode("append")
+            .saveAsTable(table)
+        )
+        version = spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"]
+        marker.write_text(json.dumps(wanted | {"version": version}) + "\n")
+        for old in DATA.glob(f"changes-{keys}-*.parquet"):  # built against the old table
+            shutil.rmtree(old)
+    if not batch.exists():
+        print(f"  building a batch of {changes:,} changes", flush=True)
+        change_rows(spark, keys, changes).write.parquet(str(batch))
+    return table, json.loads(marker.read_text())["version"], batch
+
+
+def jvm_cpu_seconds(spark: Any) -> float:
+    """CPU seconds the Spark JVM has used (all its threads): unlike wall time, barely
+    affected by other work on the machine."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def last_merge_metrics(spark: Any, table: str) -> dict[str, int]:
+    row = spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()
+    metrics = row["operationMetrics"] or {}
+    return {k: int(metrics[k]) for k in _METRICS if k in metrics}
+
+
+def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = False) -> list[Case]:
+    from pipelines.silver import transforms
+
+    table, version, batch = prepare(spark, keys, changes, fresh=fresh)
+    walked = spark.read.schema(transforms.WALKED).parquet(str(batch))
+    registry = registry_of(keys)
+
+    def newest_rows() -> None:
+        transforms.silver_rows(walked).write.format("noop").mode("overwrite").save()
+
+    rows_seconds, _ = timed(newest_rows, runs)
+    merge_seconds: list[float] = []
+    merge_cpu: list[float] = []
+    merged: dict[str, int] = {}
+    for _ in range(runs):
+        spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {version}")
+        cpu = jvm_cpu_seconds(spark)
+        seconds, merged = timed(
+            lambda: transforms.merge_changes(spark, bucket_of(keys), registry, walked), 1
+        )
+        merge_cpu.append(jvm_cpu_seconds(spark) - cpu)
+        merge_seconds += seconds
+    metrics = last_merge_metrics(spark, table)
+    live = spark.table(table).where("NOT _deleted").count()
+    inserts = changes - int(changes * UPDATE) - int(changes * DELETE)
+    expected = keys - int(changes * DELETE) + inserts
+    if live != expected or sum(merged.values()) != changes:
+        raise AssertionError(
+            f"{table}: expected {expected} live rows and {changes} rows merged, "
+            f"got {live} and {merged}"
+        )
+    size = f"{keys // 1_000_000}M" if keys >= 1_000_000 else f"{keys // 1000}k"
+    return [
+        Case(f"silver_rows -> {size} keys", changes, "changes", rows_seconds),
+        Case(f"merge_changes -> {size} keys", changes, "changes",
+             merge_seconds,
+             extra={"table_keys": keys, "rows_merged": sum(merged.values()),
+                    "jvm_cpu_s": merge_cpu, "jvm_cpu_median_s": statistics.median(merge_cpu),
+                    "live_rows_after": live, "merge_metrics": metrics}),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.apply", description=__doc__)
+    parser.add_argument("--keys", default="1000000,10000000",
+                        help="comma-separated table sizes (live keys)")  # fmt: skip
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--fresh", action="store_true", help="rebuild the cached tables")
+    parser.add_argument("--event-log", type=Path, help="write Spark event logs here")
+    args = parser.parse_args(argv)
+    sizes = [int(k) for k in args.keys.split(",")]
+    spark = session(args.event_log)
+    try:
+        cases: list[Case] = []
+        for keys in sizes:
+            cases += measure(spark, keys, args.changes, args.runs, fresh=args.fresh)
+    finally:
+        spark.stop()
+    merges = [c for c in cases if c.name.startswith("merge_changes")]
+    merges[0].baseline = True
+    growth = {f"{m.name} / {merges[0].name}": m.median / merges[0].median for m in merges[1:]}
+    cpu_growth = {
+        f"{m.name} / {merges[0].name}": m.extra["jvm_cpu_median_s"]
+        / merges[0].extra["jvm_cpu_median_s"]
+        for m in merges[1:]
+    }
+    report("apply", cases, params={"changes": args.changes, "keys": sizes, "runs": args.runs,
+                                   "time_growth": growth, "cpu_growth": cpu_growth})  # fmt: skip
+    for m in merges:
+        print(f"  {m.name}: JVM CPU {m.extra['jvm_cpu_median_s']:.1f} s (median)")
+    for what, ratio in growth.items():
+        print(f"  growth {what}: wall {ratio:.2f}x, JVM CPU {cpu_growth[what]:.2f}x (goal <= 2x)")
+
+
+if __name__ == "__main__":
+    main()
