@@ -176,6 +176,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
             result = simulate(target, sim)
         out.write(f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
                   f"under {target / 'landing'}\n")  # fmt: skip
+        # the sample carries malformed frames on purpose, to show the quarantine: the
+        # quality threshold allows those, and only those
+        quality = config.quality.model_copy(update={"quarantine_threshold": sim.inject_malformed})
+        config = config.model_copy(update={"quality": quality})
     buckets = [b.name for b in config.bucket(args.bucket)]
 
     from pipelines.bronze.job import run as ingest
