@@ -123,7 +123,9 @@ class _Step:
             self.ticker.join()
         seconds = time.perf_counter() - self.started
         ending = "done" if exc[0] is None else "FAILED"
-        self.out.write(f"\r{self.line} ... {ending} in {seconds:.1f} s\n")
+        # a log (no terminal) gets one line per step; a terminal has its ticking line redrawn
+        again = f"\r{self.line} ... " if self.ticker is not None else " "
+        self.out.write(f"{again}{ending} in {seconds:.1f} s\n")
         self.out.flush()
 
 

@@ -46,7 +46,11 @@ def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None
     assert "Documents in silver by collection:" in out
     assert "Open snapshots:" in out
     assert "Quality" in out and ".html" in out
-    assert 'sql "SELECT op, count(*) AS n FROM bronze.travel_sample_a8560dff_events' in out
+    # each step is one line in a log (no terminal redraws), and the hints name this warehouse
+    assert out.count("[1/5]") == 1, out
+    warehouse = (demo.workdir / "warehouse").resolve()
+    assert (f'sql --warehouse {warehouse} "SELECT op, count(*) AS n FROM '
+            "bronze.travel_sample_a8560dff_events") in out, out  # fmt: skip
     assert (demo.workdir / "warehouse" / "metastore_db").is_dir()
 
 
