@@ -156,7 +156,10 @@ def outcome_from_result(
     if "unexpected_count" in res:
         unexpected = int(res["unexpected_count"])
         total = int(res.get("element_count") or 0) - int(res.get("missing_count") or 0)
-        observed = f"{unexpected} of {total} {entity}{'' if total == 1 else 's'}"
+        if total:
+            observed = f"{unexpected} of {total} {entity}{'' if total == 1 else 's'}"
+        else:
+            observed = f"no {entity} to check"
         keep = ("where", *(c for c in (check.detail,) if c), *check.columns)
         for row in res.get("partial_unexpected_index_list") or []:
             examples.append({k: row.get(k) for k in keep if row.get(k) is not None})

@@ -140,6 +140,9 @@ def test_outcome_of_a_pair_expectation_counts_rows_with_both_values() -> None:
     check = _check("stream_coverage.reached_requested_end")
     outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
     assert (outcome.success, outcome.observed, outcome.examples) == (True, "0 of 2 vbuckets", ())
+    result["result"]["missing_count"] = 32  # no bounded stream at all
+    outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
+    assert outcome.observed == "no vbucket to check"
 
 
 def test_outcome_of_an_aggregate_expectation_takes_examples_from_the_metric_rows() -> None:
@@ -295,3 +298,17 @@ def test_summary_page_of_a_clean_run_says_so() -> None:
     assert page.text["status"] == "PASSED"
     assert page.text["failing"] == "None: every expectation is met."
     assert page.text["open-snapshots"].startswith("None")
+
+
+def test_check_command_fails_on_bad_configuration_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dcp_cdc import cli
+
+    path = tmp_path / "q.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+                    '[quality.severity]\n"snapshot_completeness.typo" = "warn"\n')  # fmt: skip
+    assert cli.main(["check", "--config", str(path)]) == 2
+    assert "snapshot_completeness.typo" in capsys.readouterr().err
+    assert cli.main(["check", "--config", str(path), "--bucket", "other"]) == 2
+    assert not (tmp_path / "w").exists()  # no Spark session was started on the warehouse
