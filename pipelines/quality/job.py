@@ -226,7 +226,9 @@ def check_bucket(
         )
         for c in all_checks
     ]  # fmt: skip
-    report.open_snapshots = open_snapshots(metrics["snapshot_completeness"].rows)
+    unfinished = open_snapshots(metrics["snapshot_completeness"].rows)
+    report.open_snapshots = [s for s in unfinished if not s.resumed]
+    report.resumed_snapshots = [s for s in unfinished if s.resumed]
     report.counts = counts(metrics)
     _append_results(spark, config, report, now)
     (local / SUMMARY_NAME).write_text(reporting.render_summary(report), encoding="utf-8")
