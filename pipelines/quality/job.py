@@ -138,16 +138,17 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         frames = keep(tr.stream_frames(base))
         snaps = keep(tr.snapshots(frames))
         streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
-        branches = keep(tr.latest_branches(frames))
+        branches = tr.latest_branches(frames)
         alive, dead = tr.split_history(tr.history_items(frames), branches, tr.rollbacks(frames))
         alive = keep(alive)
         committed = keep(tr.committed_items(alive, snaps))
-        cuts = keep(tr.collection_cuts(committed))
+        cuts = tr.collection_cuts(committed)
         silver = silver_frames(spark, bucket)
+        silver_rows = keep(silver.rows)
         coverage = _collect(spark, tr.coverage_metrics(
-            streams.df, silver.states, silver.rows, branches, tr.dead_changes(alive, dead)))  # fmt: skip
+            streams.df, silver.states, silver_rows, branches, tr.dead_changes(alive, dead)))  # fmt: skip
         reconciliation = _collect(spark, tr.reconciliation_metrics(
-            tr.bronze_live_documents(committed, cuts), silver.live, silver.rows, cuts,
+            tr.bronze_live_documents(committed, cuts), silver.live, silver_rows, cuts,
             silver.names))  # fmt: skip
         files = _collect(spark, tr.file_metrics(
             base, spark.table(bronze["quarantine"]), spark.table(bronze["ingest_log"])))  # fmt: skip
@@ -225,7 +226,9 @@ def check_bucket(
         )
         for c in all_checks
     ]  # fmt: skip
-    report.open_snapshots = open_snapshots(metrics["snapshot_completeness"].rows)
+    unfinished = open_snapshots(metrics["snapshot_completeness"].rows)
+    report.open_snapshots = [s for s in unfinished if not s.resumed]
+    report.resumed_snapshots = [s for s in unfinished if s.resumed]
     report.counts = counts(metrics)
     _append_results(spark, config, report, now)
     (local / SUMMARY_NAME).write_text(reporting.render_summary(report), encoding="utf-8")

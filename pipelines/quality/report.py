@@ -76,6 +76,9 @@ class QualityReport:
     checked_at: str
     outcomes: list[ExpectationOutcome] = field(default_factory=list)
     open_snapshots: list[OpenSnapshot] = field(default_factory=list)
+    """The last snapshot of each vbucket's latest stream, where it is not complete."""
+    resumed_snapshots: list[OpenSnapshot] = field(default_factory=list)
+    """Unfinished last snapshots of earlier streams, resumed by a later stream."""
     counts: dict[str, int] = field(default_factory=dict)
     report_path: str = ""
     data_docs_path: str = ""
@@ -96,10 +99,6 @@ class QualityReport:
     def passed(self) -> bool:
         return not self.failed_errors
 
-    @property
-    def current_open_snapshots(self) -> list[OpenSnapshot]:
-        return [s for s in self.open_snapshots if not s.resumed]
-
     def outcome(self, key: str) -> ExpectationOutcome:
         for o in self.outcomes:
             if o.key == key:
@@ -118,7 +117,7 @@ class QualityReport:
             if not o.success:
                 first = f"; e.g. {_example_text(o.examples[0])}" if o.examples else ""
                 lines.append(f"  {o.severity.upper():<5} {o.key}: {o.observed}{first}")
-        for s in self.current_open_snapshots:
+        for s in self.open_snapshots:
             lines.append(
                 f"  open snapshot: vb {s.vbucket} {s.range} received up to {s.last_seqno}, "
                 f"missing {s.missing} (session {s.session_id})"
@@ -156,7 +155,10 @@ def outcome_from_result(
     if "unexpected_count" in res:
         unexpected = int(res["unexpected_count"])
         total = int(res.get("element_count") or 0) - int(res.get("missing_count") or 0)
-        observed = f"{unexpected} of {total} {entity}{'' if total == 1 else 's'}"
+        if total:
+            observed = f"{unexpected} of {total} {entity}{'' if total == 1 else 's'}"
+        else:
+            observed = f"no {entity} to check"
         keep = ("where", *(c for c in (check.detail,) if c), *check.columns)
         for row in res.get("partial_unexpected_index_list") or []:
             examples.append({k: row.get(k) for k in keep if row.get(k) is not None})
@@ -298,12 +300,13 @@ def render_summary(report: QualityReport, *, data_docs_href: str = "data_docs/in
             )  # fmt: skip
         out.append("</table></section>")
     out.append("<h2>Open snapshots per vbucket</h2>")
-    if report.open_snapshots:
+    snapshots = [*report.open_snapshots, *report.resumed_snapshots]
+    if snapshots:
         out.append(
             '<table id="open-snapshots"><tr><th>vbucket</th><th>snapshot</th>'
             "<th>received up to</th><th>missing</th><th>session · stream</th><th>state</th></tr>"
         )
-        for s in sorted(report.open_snapshots, key=lambda s: (s.resumed, s.vbucket)):
+        for s in snapshots:
             state = "resumed by a later stream" if s.resumed else "open: silver waits for it"
             out.append(
                 f'<tr data-vbucket="{s.vbucket}"><td>{s.vbucket}</td><td>{e(s.range)}</td>'

@@ -1,6 +1,6 @@
 """Pure DataFrame → DataFrame steps of the quality suites: compact metric frames, no I/O.
 
-Bronze is read once: :func:`base_frames` projects what every metric needs (persist it), and
+Bronze is read once: :func:`base_frames` projects what every metric needs (materialize it once), and
 :func:`stream_frames` places each frame of a DCP stream in its session, stream and snapshot
 with one window pass per (session, vbucket). Every metric frame is small, one row per
 stream, vbucket, collection or capture file, with a ``where`` label for the report and a
@@ -264,7 +264,7 @@ def duplicate_seqnos(frames: DataFrame) -> DataFrame:
         & (F.col("seqno") == F.col("_d_seqno"))
     )
     return data.join(bad, same, how="inner").select(
-        "session_id", "vbucket", "stream_no", "seqno",
+        "session_started_at", "session_id", "vbucket", "stream_no", "seqno",
         F.when(F.col("versions") > 1, F.lit("with different changes")).otherwise(F.lit("repeated"))
         .alias("problem"),
     )  # fmt: skip
@@ -282,79 +282,106 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
     op = F.col("op")
     key = ["session_started_at", "session_id", "vbucket", "stream_no"]
     position = F.struct("file_sequence", "offset")
-    streams = frames.groupBy(*key).agg(
-        F.max(F.col("opens_stream")).alias("opened"),
-        F.count(F.when(F.col("is_item"), 1)).alias("stream_items"),
-        F.max(F.when(F.col("opens_stream"), F.col("requested_start"))).alias("requested_start"),
-        F.max(F.when(F.col("opens_stream"), F.col("requested_end"))).alias("requested_end"),
-        F.min_by(F.col("reason_code"), F.when(op == "stream_end", position)).alias("end_reason_code"),
-        F.min_by(F.col("reason"), F.when(op == "stream_end", position)).alias("end_reason"),
-        F.max(F.when(F.col("is_item"), F.col("seqno"))).alias("max_item_seqno"),
-        F.max(F.when(op == "snapshot_marker", F.col("end_seqno"))).alias("max_marker_end"),
+    opens = F.col("opens_stream")
+    from_frames = frames.select(
+        *key,
+        opens.alias("f_opens"),
+        F.col("is_item").alias("f_item"),
+        F.when(opens, F.col("requested_start")).alias("f_requested_start"),
+        F.when(opens, F.col("requested_end")).alias("f_requested_end"),
+        F.when(op == "stream_end", F.struct(position.alias("at"), "reason_code", "reason")).alias("f_end"),
+        F.when(F.col("is_item"), F.col("seqno")).alias("f_item_seqno"),
+        F.when(op == "snapshot_marker", F.col("end_seqno")).alias("f_marker_end"),
     )  # fmt: skip
     kind = F.col("kind")
     snapshot = kind.isNotNull()
     incomplete = snapshot & ~F.col("is_last") & ~F.col("complete")
-    no = F.col("snapshot_no")
     repeats = (
         snapshot
         & (F.col("data_events") > F.col("distinct_keys"))
         & (F.coalesce(F.col("flags"), F.lit(0)).bitwiseAND(HISTORY_FLAGS) == 0)
     )
     missing = F.concat(F.col("missing_from"), F.lit(".."), F.coalesce(F.col("end").cast("string"), F.lit("its end marker")))  # fmt: skip
-    last = F.struct("kind", "start", "end", "last_seqno", "complete", "missing_from")
-    per_stream = snaps.groupBy(*key).agg(
-        F.count(F.when(snapshot, 1)).alias("snapshots"),
-        F.sum("items").alias("items"),
-        F.sum("out_of_range").alias("out_of_range"),
-        F.min_by(F.concat(F.lit("seqno "), F.col("out_of_range_seqno"), F.lit(" outside "),
-                          F.coalesce(_range("start", "end"), F.lit("any snapshot"))),
-                 F.when(F.col("out_of_range") > 0, no)).alias("out_of_range_detail"),
-        F.count(F.when(incomplete, 1)).alias("incomplete"),
-        F.min_by(F.concat(_range("start", "end"), F.lit(" missing "), missing),
-                 F.when(incomplete, no)).alias("incomplete_detail"),
-        F.max_by(last, F.when(snapshot, no)).alias("last"),
-        F.sum("regressions").alias("regressions"),
-        F.min_by(F.concat(F.lit("seqno "), F.col("first_regression.seqno"), F.lit(" after "),
-                          F.col("first_regression.seqno_floor")),
-                 F.when(F.col("regressions") > 0, no)).alias("regression_detail"),
-        F.count(F.when(repeats, 1)).alias("duplicate_keys"),
-        F.min_by(F.concat(_range("start", "end"), F.lit(": "), F.col("data_events"),
-                          F.lit(" data events for "), F.col("distinct_keys"), F.lit(" keys")),
-                 F.when(repeats, no)).alias("duplicate_key_detail"),
-        F.max(F.when(F.col("complete"), F.coalesce(F.col("end"), F.col("last_seqno"))))
-        .alias("complete_end"),
+
+    def first(condition: Column, text: Column) -> Column:
+        """The snapshot's number and a text, where ``condition`` holds: min() finds the first."""
+        return F.when(condition, F.struct(F.col("snapshot_no").alias("no"), text.alias("text")))
+
+    from_snaps = snaps.select(
+        *key,
+        snapshot.alias("s_snapshot"),
+        F.col("items").alias("s_items"),
+        F.col("out_of_range").alias("s_out_of_range"),
+        first(F.col("out_of_range") > 0, F.concat(
+            F.lit("seqno "), F.col("out_of_range_seqno"), F.lit(" outside "),
+            F.coalesce(_range("start", "end"), F.lit("any snapshot")))).alias("s_out_of_range_first"),
+        incomplete.alias("s_incomplete"),
+        first(incomplete, F.concat(_range("start", "end"), F.lit(" missing "), missing))
+        .alias("s_incomplete_first"),
+        F.when(snapshot, F.struct(F.col("snapshot_no").alias("no"), "kind", "start", "end",
+                                  "last_seqno", "complete", "missing_from")).alias("s_last"),
+        F.col("regressions").alias("s_regressions"),
+        first(F.col("regressions") > 0, F.concat(
+            F.lit("seqno "), F.col("first_regression.seqno"), F.lit(" after "),
+            F.col("first_regression.seqno_floor"))).alias("s_regression_first"),
+        repeats.alias("s_repeats"),
+        first(repeats, F.concat(_range("start", "end"), F.lit(": "), F.col("data_events"),
+                                F.lit(" data events for "), F.col("distinct_keys"),
+                                F.lit(" keys"))).alias("s_repeat_first"),
+        F.when(F.col("complete"), F.coalesce(F.col("end"), F.col("last_seqno"))).alias("s_complete_end"),
     )  # fmt: skip
-    dups = duplicates.groupBy("session_id", "vbucket", "stream_no").agg(
-        F.count(F.lit(1)).alias("duplicate_seqnos"),
-        F.min_by(F.concat(F.lit("seqno "), F.col("seqno"), F.lit(" "), F.col("problem")),
-                 F.col("seqno")).alias("duplicate_seqno_detail"),
+    from_duplicates = duplicates.select(
+        *key,
+        F.struct(F.col("seqno").alias("no"),
+                 F.concat(F.lit("seqno "), F.col("seqno"), F.lit(" "), F.col("problem")).alias("text"))
+        .alias("d_duplicate"),
     )  # fmt: skip
+    # one row per stream from three sources: a union and one aggregation, no joins
+    parts = from_frames.unionByName(from_snaps, allowMissingColumns=True).unionByName(
+        from_duplicates, allowMissingColumns=True
+    )
+    grouped = parts.groupBy(*key).agg(
+        F.max("f_opens").alias("opened"),
+        F.count(F.when(F.col("f_item"), 1)).alias("stream_items"),
+        F.max("f_requested_start").alias("requested_start"),
+        F.max("f_requested_end").alias("requested_end"),
+        F.min("f_end").alias("stream_end"),
+        F.max("f_item_seqno").alias("max_item_seqno"),
+        F.max("f_marker_end").alias("max_marker_end"),
+        F.count(F.when(F.col("s_snapshot"), 1)).alias("snapshots"),
+        F.coalesce(F.sum("s_items"), F.lit(0)).alias("items"),
+        F.coalesce(F.sum("s_out_of_range"), F.lit(0)).alias("out_of_range"),
+        F.min("s_out_of_range_first").alias("out_of_range_first"),
+        F.count(F.when(F.col("s_incomplete"), 1)).alias("incomplete"),
+        F.min("s_incomplete_first").alias("incomplete_first"),
+        F.max("s_last").alias("last"),
+        F.coalesce(F.sum("s_regressions"), F.lit(0)).alias("regressions"),
+        F.min("s_regression_first").alias("regression_first"),
+        F.count(F.when(F.col("s_repeats"), 1)).alias("duplicate_keys"),
+        F.min("s_repeat_first").alias("repeat_first"),
+        F.max("s_complete_end").alias("complete_end"),
+        F.count("d_duplicate").alias("duplicate_seqnos"),
+        F.min("d_duplicate").alias("duplicate_first"),
+    )
+    joined = grouped.where(F.col("opened") | (F.col("stream_items") > 0))  # not a refused request
     newest = Window.partitionBy("vbucket").orderBy(
         *[F.col(c).desc() for c in ("session_started_at", "session_id", "stream_no")]
     )
-    joined = (
-        streams.where(F.col("opened") | (F.col("stream_items") > 0))  # not a refused request
-        .join(per_stream, on=key, how="left")
-        .join(dups, on=["session_id", "vbucket", "stream_no"], how="left")
-        .withColumn("latest", F.row_number().over(newest) == 1)
-    )
+    joined = joined.withColumn("latest", F.row_number().over(newest) == 1)
     bounded = F.col("requested_end").isNotNull() & (F.col("requested_end") != NO_END_SEQNO)
     last_open = F.col("last").isNotNull() & ~F.coalesce(F.col("last.complete"), F.lit(False))
 
     def open_col(name: str) -> Column:
         return F.when(last_open, F.col(f"last.{name}"))
 
-    end_ok = F.coalesce(F.col("end_reason_code") == 0, F.lit(False))
+    end_ok = F.coalesce(F.col("stream_end.reason_code") == 0, F.lit(False))
     return joined.select(
         F.concat(F.lit("vb "), F.col("vbucket"), F.lit(" · session "), F.col("session_id"),
                  F.lit(" · stream "), F.col("stream_no")).alias("where"),
         "vbucket", "session_started_at", "session_id", "stream_no", "latest",
-        F.coalesce(F.col("snapshots"), F.lit(0)).alias("snapshots"),
-        F.coalesce(F.col("items"), F.lit(0)).alias("items"),
-        F.coalesce(F.col("out_of_range"), F.lit(0)).alias("out_of_range"),
-        "out_of_range_detail",
-        F.coalesce(F.col("incomplete"), F.lit(0)).alias("incomplete"), "incomplete_detail",
+        "snapshots", "items", "out_of_range",
+        F.col("out_of_range_first.text").alias("out_of_range_detail"),
+        "incomplete", F.col("incomplete_first.text").alias("incomplete_detail"),
         F.when(F.col("latest") & F.col("last").isNotNull(), ~last_open).alias("last_snapshot_complete"),
         open_col("start").alias("open_start"), open_col("end").alias("open_end"),
         open_col("last_seqno").alias("open_last_seqno"),
@@ -365,19 +392,17 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
             F.lit(", missing "), F.col("last.missing_from"), F.lit(".."),
             F.coalesce(F.col("last.end").cast("string"), F.lit("its end marker")),
         )).alias("open_detail"),
-        F.coalesce(F.col("regressions"), F.lit(0)).alias("regressions"), "regression_detail",
-        F.coalesce(F.col("duplicate_seqnos"), F.lit(0)).alias("duplicate_seqnos"),
-        "duplicate_seqno_detail",
-        F.coalesce(F.col("duplicate_keys"), F.lit(0)).alias("duplicate_keys"),
-        "duplicate_key_detail",
+        "regressions", F.col("regression_first.text").alias("regression_detail"),
+        "duplicate_seqnos", F.col("duplicate_first.text").alias("duplicate_seqno_detail"),
+        "duplicate_keys", F.col("repeat_first.text").alias("duplicate_key_detail"),
         bounded.alias("bounded"), "requested_start",
         F.when(bounded, F.col("requested_end")).alias("requested_end"),
-        "end_reason_code",
+        F.col("stream_end.reason_code").alias("end_reason_code"),
         F.when(bounded, end_ok).alias("bounded_end_ok"),
         F.when(bounded & ~end_ok, F.concat(
             F.lit("asked to end at "), F.col("requested_end"), F.lit(", "),
-            F.coalesce(F.concat(F.lit("ended "), F.col("end_reason"), F.lit(" ("),
-                                F.col("end_reason_code"), F.lit(")")), F.lit("no stream end")),
+            F.coalesce(F.concat(F.lit("ended "), F.col("stream_end.reason"), F.lit(" ("),
+                                F.col("stream_end.reason_code"), F.lit(")")), F.lit("no stream end")),
         )).alias("end_detail"),
         F.greatest("max_item_seqno", "max_marker_end", "requested_start").alias("producer_high"),
         F.greatest("complete_end", "requested_start").alias("complete_end"),
@@ -499,9 +524,11 @@ def collection_cuts(items: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def checksum(key: Column, seqno: Column) -> Column:
-    """An order-independent checksum over (key, seqno) pairs, as BIGINT."""
-    total = F.sum(F.xxhash64(key, seqno).cast("decimal(20,0)"))
+def checksum(key: Column, seqno: Column, where: Column | None = None) -> Column:
+    """An order-independent checksum over (key, seqno) pairs (of the rows ``where`` holds),
+    as BIGINT."""
+    hashed = F.xxhash64(key, seqno).cast("decimal(20,0)")
+    total = F.sum(hashed if where is None else F.when(where, hashed))
     return F.pmod(F.coalesce(total, F.lit(0)), F.lit(CHECKSUM_MODULUS)).cast("long")
 
 
@@ -544,7 +571,7 @@ def coverage_metrics(
     streams: DataFrame, states: DataFrame, silver_rows: DataFrame, branches: DataFrame,
     dead_changes: DataFrame,
 ) -> DataFrame:  # fmt: skip
-    """The ``stream_coverage`` metric frame: one row per vbucket.
+    """The ``stream_coverage`` metric frame: one row per vbucket of bronze.
 
     ``streams`` is :func:`stream_metrics`; ``states`` silver's ``__stream_state``;
     ``silver_rows`` (``_vbucket``, ``_vb_uuid``, ``_seqno``, ``key``, ``table``) every row of
@@ -553,12 +580,6 @@ def coverage_metrics(
     A silver row is rolled back when its branch is gone from the newest failover log or it
     came from such a change.
     """
-    latest = streams.where(F.col("latest")).select(
-        "vbucket", "session_id", "bounded", "requested_end", "producer_high", "complete_end"
-    )
-    applied = states.select(
-        F.col("vbucket"), F.col("consistent_seqno"), F.col("last_applied_seqno")
-    )
     rows = with_branch(silver_rows, branches, vbucket="_vbucket", uuid="_vb_uuid", seqno="_seqno")
     dead = dead_changes.select(
         F.col("vbucket").alias("_d_vb"), F.col("in_vb_uuid").alias("_d_uuid"),
@@ -569,26 +590,42 @@ def coverage_metrics(
         & (F.col("_vb_uuid") == F.col("_d_uuid"))
         & (F.col("_seqno") == F.col("_d_seqno"))
     )
-    flagged = rows.join(dead, match, how="left").where(
-        F.col("dead_branch") | F.coalesce(F.col("dead_change"), F.lit(False))
-    )
-    rolled = flagged.groupBy(F.col("_vbucket").alias("vbucket")).agg(
-        F.count(F.lit(1)).alias("rolled_back_rows"),
-        F.min_by(
-            F.concat(F.col("table"), F.lit(" key "), F.col("key"), F.lit(" seqno "), F.col("_seqno"),
-                     F.lit(" of vb uuid "), F.col("_vb_uuid")),
-            F.col("_seqno"),
-        ).alias("rolled_back_detail"),
+    rolled = (
+        rows.join(dead, match, how="left")
+        .where(F.col("dead_branch") | F.coalesce(F.col("dead_change"), F.lit(False)))
+        .select(
+            F.col("_vbucket").alias("vbucket"), F.col("_seqno").alias("rolled_seqno"),
+            F.concat(F.col("table"), F.lit(" key "), F.col("key"), F.lit(" seqno "),
+                     F.col("_seqno"), F.lit(" of vb uuid "), F.col("_vb_uuid")).alias("rolled"),
+        )
     )  # fmt: skip
-    joined = latest.join(applied, on="vbucket", how="left").join(rolled, on="vbucket", how="left")
-    return joined.select(
+    # one row per vbucket from three sources: a union and one aggregation, no joins
+    latest = streams.where(F.col("latest")).select(
+        "vbucket", "session_id", "bounded", "requested_end", "producer_high", "complete_end"
+    )
+    parts = latest.unionByName(
+        states.select("vbucket", "consistent_seqno", "last_applied_seqno"),
+        allowMissingColumns=True,
+    ).unionByName(rolled, allowMissingColumns=True)
+    grouped = parts.groupBy("vbucket").agg(
+        F.max(F.col("session_id")).alias("latest_session"),
+        F.max(F.col("bounded")).alias("bounded"),
+        F.max(F.col("requested_end")).alias("requested_end"),
+        F.max(F.col("producer_high")).alias("producer_high"),
+        F.max(F.col("complete_end")).alias("complete_end"),
+        F.max(F.col("consistent_seqno")).alias("consistent_seqno"),
+        F.max(F.col("last_applied_seqno")).alias("last_applied_seqno"),
+        F.count(F.col("rolled")).alias("rolled_back_rows"),
+        F.min_by(F.col("rolled"), F.col("rolled_seqno")).alias("rolled_back_detail"),
+    )
+    zero = F.lit(0)
+    return grouped.where(F.col("latest_session").isNotNull()).select(
         F.concat(F.lit("vb "), F.col("vbucket")).alias("where"),
-        "vbucket", F.col("session_id").alias("latest_session"), "bounded", "requested_end",
-        "producer_high", F.coalesce(F.col("complete_end"), F.lit(0)).alias("complete_end"),
-        F.coalesce(F.col("consistent_seqno"), F.lit(0)).alias("applied_consistent"),
-        F.coalesce(F.col("last_applied_seqno"), F.lit(0)).alias("applied_last"),
-        F.coalesce(F.col("rolled_back_rows"), F.lit(0)).alias("rolled_back_rows"),
-        "rolled_back_detail",
+        "vbucket", "latest_session", "bounded", "requested_end", "producer_high",
+        F.coalesce(F.col("complete_end"), zero).alias("complete_end"),
+        F.coalesce(F.col("consistent_seqno"), zero).alias("applied_consistent"),
+        F.coalesce(F.col("last_applied_seqno"), zero).alias("applied_last"),
+        "rolled_back_rows", "rolled_back_detail",
     )  # fmt: skip
 
 
@@ -596,107 +633,116 @@ def reconciliation_metrics(
     bronze_live: DataFrame, silver_live: DataFrame, silver_rows: DataFrame, cuts: DataFrame,
     names: DataFrame,
 ) -> DataFrame:  # fmt: skip
-    """The ``silver_reconciliation`` metric frame: one row per collection id.
+    """The ``silver_reconciliation`` metric frame: one row per collection id (of bronze, of
+    silver's rows or of its registry).
 
     ``bronze_live`` is :func:`bronze_live_documents`; ``silver_live`` the rows of the user
     views (``_collection_id``, ``key``, ``_seqno``, ``_expiry``, ``table``); ``silver_rows``
     every row of the ``_all`` tables; ``cuts`` :func:`collection_cuts`; ``names``
-    (``collection_id``, ``name``) for the report. Compute it in one query: the views and the
-    bronze side then see the same clock.
+    (``collection_id``, ``name``) for the report. One query: the views and the bronze side
+    see the same clock.
     """
-    bronze = bronze_live.groupBy("collection_id").agg(
-        F.count(F.lit(1)).alias("bronze_live"),
-        checksum(F.col("key"), F.col("seqno")).alias("bronze_checksum"),
-    )
-    expired = (F.col("_expiry") > 0) & (F.col("_expiry") <= F.unix_timestamp())
-    silver = silver_live.groupBy(F.col("_collection_id").alias("collection_id")).agg(
-        F.count(F.lit(1)).alias("silver_live"),
-        checksum(F.col("key"), F.col("_seqno")).alias("silver_checksum"),
-        F.count(F.when(expired, 1)).alias("expired_live_rows"),
-        F.min_by(F.concat(F.col("table"), F.lit(" key "), F.col("key")), F.when(expired, F.col("key")))
-        .alias("expired_detail"),
-        F.min("table").alias("silver_table"),
-    )  # fmt: skip
     drops = cuts.where(F.col("dropped")).select(
         F.col("cid").alias("_c_cid"), F.col("vbucket").alias("_c_vb")
     )
     in_dropped = silver_rows.join(
         F.broadcast(drops),
         (F.col("_collection_id") == F.col("_c_cid")) & (F.col("_vbucket") == F.col("_c_vb")),
-        how="inner",
+        how="left_semi",
     )
-    dropped = in_dropped.groupBy(F.col("_collection_id").alias("collection_id")).agg(
-        F.count(F.lit(1)).alias("dropped_rows"),
-        F.min_by(F.concat(F.col("table"), F.lit(" key "), F.col("key"), F.lit(" in vb "),
-                          F.col("_vbucket")), F.col("key")).alias("dropped_detail"),
+    # the three sides, tagged, in one union and one aggregation per collection: no joins
+    parts = (
+        bronze_live.select("collection_id", "key", "seqno", F.lit("bronze").alias("side"))
+        .unionByName(silver_live.select(
+            F.col("_collection_id").alias("collection_id"), "key",
+            F.col("_seqno").alias("seqno"), F.col("_expiry").alias("expiry"), "table",
+            F.lit("silver").alias("side"),
+        ), allowMissingColumns=True)
+        .unionByName(in_dropped.select(
+            F.col("_collection_id").alias("collection_id"), "key", "table",
+            F.col("_vbucket").alias("vbucket"), F.lit("dropped").alias("side"),
+        ), allowMissingColumns=True)
+        .unionByName(names.select("collection_id", F.lit("known").alias("side")),
+                     allowMissingColumns=True)  # a collection with no live documents too
     )  # fmt: skip
-    joined = (
-        bronze.join(silver, on="collection_id", how="full")
-        .join(dropped, on="collection_id", how="full")
-        .join(F.broadcast(names), on="collection_id", how="left")
-    )
+    side = F.col("side")
+    bronze, silver, dropped = side == "bronze", side == "silver", side == "dropped"
+    expired = silver & (F.col("expiry") > 0) & (F.col("expiry") <= F.unix_timestamp())
+    where_key = F.concat(F.col("table"), F.lit(" key "), F.col("key"))
+    grouped = parts.groupBy("collection_id").agg(
+        F.count(F.when(bronze, 1)).alias("bronze_live"),
+        checksum(F.col("key"), F.col("seqno"), bronze).alias("bronze_checksum"),
+        F.count(F.when(silver, 1)).alias("silver_live"),
+        checksum(F.col("key"), F.col("seqno"), silver).alias("silver_checksum"),
+        F.count(F.when(expired, 1)).alias("expired_live_rows"),
+        F.min_by(where_key, F.when(expired, F.col("key"))).alias("expired_detail"),
+        F.min(F.when(silver | dropped, F.col("table"))).alias("silver_table"),
+        F.count(F.when(dropped, 1)).alias("dropped_rows"),
+        F.min_by(F.concat(where_key, F.lit(" in vb "), F.col("vbucket")),
+                 F.when(dropped, F.col("key"))).alias("dropped_detail"),
+    )  # fmt: skip
+    named = grouped.join(F.broadcast(names), on="collection_id", how="left")
     cid_hex = F.lower(F.hex(F.col("collection_id")))
-    zero = F.lit(0)
-    return joined.select(
+    return named.select(
         F.concat(F.lit("collection 0x"), cid_hex, F.lit(" "),
                  F.coalesce(F.col("name"), F.col("silver_table"), F.lit("(no silver table)")))
         .alias("where"),
         "collection_id", F.col("name").alias("collection"), "silver_table",
-        F.coalesce(F.col("bronze_live"), zero).alias("bronze_live"),
-        F.coalesce(F.col("silver_live"), zero).alias("silver_live"),
-        F.coalesce(F.col("bronze_checksum"), zero).alias("bronze_checksum"),
-        F.coalesce(F.col("silver_checksum"), zero).alias("silver_checksum"),
-        F.coalesce(F.col("dropped_rows"), zero).alias("dropped_rows"), "dropped_detail",
-        F.coalesce(F.col("expired_live_rows"), zero).alias("expired_live_rows"), "expired_detail",
+        "bronze_live", "silver_live", "bronze_checksum", "silver_checksum",
+        "dropped_rows", "dropped_detail", "expired_live_rows", "expired_detail",
     )  # fmt: skip
 
 
 def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) -> DataFrame:
-    """The ``bronze_integrity`` metric frame: one row per ingested capture file.
+    """The ``bronze_integrity`` metric frame: one row per capture file.
 
     ``malformed`` counts quarantine records other than cut tails; a cut tail
     (``truncated``) is normal only at the end of its session's last file, where a dropped
     connection leaves it (capture format), so ``truncated_mid_session`` counts the others.
     """
-    files = (
-        ingest_log.where(F.col("status") == "ingested")
-        .groupBy("file")
-        .agg(F.max("session_id").alias("session_id"), F.max("file_sequence").alias("file_sequence"))
-    )  # fmt: skip
     session = Window.partitionBy("session_id")
-    files = files.withColumn("last_of_session", F.col("file_sequence") == F.max("file_sequence").over(session))  # fmt: skip
+    logged = ingest_log.where(F.col("status") == "ingested").select(
+        "file", "session_id", "file_sequence",
+        (F.col("file_sequence") == F.max("file_sequence").over(session)).alias("last_of_session"),
+    )  # fmt: skip
     unknown = F.col("unknown_opcode")
-    frames = base.groupBy("file").agg(
-        F.count(F.lit(1)).alias("frames"),
-        F.sum(F.size("null_columns")).alias("null_required"),
+    frames = base.select(
+        "file", F.lit(1).alias("frame"), F.size("null_columns").alias("nulls"), "null_columns",
+        F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode")))).alias("unknown"),
+    )  # fmt: skip
+    quarantined = quarantine.select(
+        "file", F.coalesce(F.col("truncated"), F.lit(False)).alias("truncated"),
+        F.concat(F.lit("offset "), F.col("offset"), F.lit(": "), F.col("reason")).alias("bad"),
+        F.col("offset").alias("q_offset"),
+    )  # fmt: skip
+    parts = logged.unionByName(frames, allowMissingColumns=True).unionByName(
+        quarantined, allowMissingColumns=True
+    )
+    cut, bad = F.col("truncated"), F.col("truncated") == F.lit(False)
+    grouped = parts.groupBy("file").agg(
+        F.max("session_id").alias("session_id"),
+        F.max("file_sequence").alias("file_sequence"),
+        F.max("last_of_session").alias("last_of_session"),
+        F.count(F.col("frame")).alias("frames"),
+        F.coalesce(F.sum("nulls"), F.lit(0)).cast("long").alias("null_required"),
         F.array_distinct(F.flatten(F.collect_set("null_columns"))).alias("null_columns"),
-        F.count(F.when(unknown, 1)).alias("unknown_opcodes"),
-        F.array_sort(F.collect_set(F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode"))))))
-        .alias("unknown"),
-    )  # fmt: skip
-    truncated = F.coalesce(F.col("truncated"), F.lit(False))
-    quarantined = quarantine.groupBy("file").agg(
-        F.count(F.when(~truncated, 1)).alias("malformed"),
-        F.min_by(F.concat(F.lit("offset "), F.col("offset"), F.lit(": "), F.col("reason")),
-                 F.when(~truncated, F.col("offset"))).alias("malformed_detail"),
-        F.count(F.when(truncated, 1)).alias("truncated"),
-        F.min(F.when(truncated, F.col("offset"))).alias("truncated_offset"),
-    )  # fmt: skip
-    joined = files.join(frames, on="file", how="full").join(quarantined, on="file", how="full")
-    zero = F.lit(0)
-    mid_session = F.when(~F.coalesce(F.col("last_of_session"), F.lit(False)), F.coalesce(F.col("truncated"), zero)).otherwise(zero)  # fmt: skip
-    return joined.select(
+        F.count(F.col("unknown")).alias("unknown_opcodes"),
+        F.array_sort(F.collect_set("unknown")).alias("unknown"),
+        F.count(F.when(bad, 1)).alias("malformed"),
+        F.min_by(F.col("bad"), F.when(bad, F.col("q_offset"))).alias("malformed_detail"),
+        F.count(F.when(cut, 1)).alias("truncated"),
+        F.min(F.when(cut, F.col("q_offset"))).alias("truncated_offset"),
+    )
+    mid_session = F.when(~F.coalesce(F.col("last_of_session"), F.lit(False)), F.col("truncated")).otherwise(F.lit(0))  # fmt: skip
+    return grouped.select(
         F.concat(_basename(F.col("file")), F.lit(" (session "),
                  F.coalesce(F.col("session_id"), F.lit("?")), F.lit(" #"),
                  F.coalesce(F.col("file_sequence").cast("string"), F.lit("?")), F.lit(")")).alias("where"),
-        "file", "session_id", "file_sequence",
-        F.coalesce(F.col("frames"), zero).alias("frames"),
-        F.coalesce(F.col("null_required"), zero).cast("long").alias("null_required"),
+        "file", "session_id", "file_sequence", "frames", "null_required",
         F.when(F.col("null_required") > 0, F.array_join("null_columns", ", ")).alias("null_detail"),
-        F.coalesce(F.col("unknown_opcodes"), zero).alias("unknown_opcodes"),
+        "unknown_opcodes",
         F.when(F.col("unknown_opcodes") > 0, F.array_join("unknown", ", ")).alias("unknown_detail"),
-        F.coalesce(F.col("malformed"), zero).alias("malformed"), "malformed_detail",
-        F.coalesce(F.col("truncated"), zero).alias("truncated"),
+        "malformed", "malformed_detail", "truncated",
         mid_session.alias("truncated_mid_session"),
         F.when(mid_session > 0, F.concat(F.lit("cut tail at offset "), F.col("truncated_offset"),
                                          F.lit(", but later files of the session exist")))

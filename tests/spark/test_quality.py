@@ -12,6 +12,7 @@ which a real headless Chromium opens.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import io
 import json
 import re
@@ -33,7 +34,7 @@ from pipelines import schemas
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.job import ingest_bucket, table_names
 from pipelines.quality import transforms as tr
-from pipelines.quality.job import check_bucket, results_table
+from pipelines.quality.job import check_bucket, prune_results, results_table
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
 from pipelines.silver.job import apply_bucket, registry_table
 
@@ -128,24 +129,23 @@ def test_every_scenario_meets_its_expectations(bucket: Bucket, scenario: str) ->
     failing = {k: v for k, v in failing.items() if v}
     truth = bucket.truths[scenario]["open_snapshots"]
     opened = [s for s in report.open_snapshots if s.vbucket in mine]
+    resumed = [s for s in report.resumed_snapshots if s.vbucket in mine]
     if scenario == "interrupted":
         (cut,) = truth
         vb = cut["vbucket"] + OFFSET[scenario]
         assert set(failing) == INTERRUPTED_WARNINGS
         assert [_vbucket(x) for xs in failing.values() for x in xs] == [vb, vb]
         (snap,) = opened
-        assert (snap.vbucket, snap.start, snap.end, snap.last_seqno, snap.resumed) == (
-            vb, cut["start"], cut["end"], cut["last_seqno"], False,
+        assert (snap.vbucket, snap.start, snap.end, snap.last_seqno) == (
+            vb, cut["start"], cut["end"], cut["last_seqno"],
         )  # fmt: skip
         assert snap.missing == f"{cut['last_seqno'] + 1}..{cut['end']}"
-        assert (vb, cut["start"], cut["end"]) in [
-            (s.vbucket, s.start, s.end) for s in report.current_open_snapshots
-        ]
+        assert resumed == []
     else:
-        assert failing == {}
+        assert failing == {} and opened == []
         # mixed's first session is cut too, and its second session resumed that vbucket
-        assert [(s.vbucket - OFFSET[scenario], s.start, s.end, s.resumed) for s in opened] == [
-            (c["vbucket"], c["start"], c["end"], True) for c in truth
+        assert [(s.vbucket - OFFSET[scenario], s.start, s.end) for s in resumed] == [
+            (c["vbucket"], c["start"], c["end"]) for c in truth
         ]
 
 
@@ -161,6 +161,16 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
     assert {r["severity"] for r in failed.values()} == {"warn"}
     examples = json.loads(failed["snapshot_completeness.last_snapshot_complete"]["examples"])
     assert "missing" in examples[0]["open_detail"]
+
+    # the maintenance DAG prunes rows older than the retention
+    table = results_table(bucket.name)
+    old = spark.table(table).where(F.col("run_id") == report.run_id).limit(1).collect()[0].asDict()
+    old |= {"run_id": "old", "checked_at": old["checked_at"] - dt.timedelta(days=91)}
+    spark.createDataFrame([old], schema=schemas.QUALITY_RESULTS).write.format("delta").mode(
+        "append"
+    ).saveAsTable(table)
+    assert prune_results(spark, bucket.config, bucket.config.buckets[0]) == 1
+    assert spark.table(table).where(F.col("run_id") == "old").count() == 0
 
 
 # --- injected faults ----------------------------------------------------------------------

@@ -140,6 +140,9 @@ def test_outcome_of_a_pair_expectation_counts_rows_with_both_values() -> None:
     check = _check("stream_coverage.reached_requested_end")
     outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
     assert (outcome.success, outcome.observed, outcome.examples) == (True, "0 of 2 vbuckets", ())
+    result["result"]["missing_count"] = 32  # no bounded stream at all
+    outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
+    assert outcome.observed == "no vbucket to check"
 
 
 def test_outcome_of_an_aggregate_expectation_takes_examples_from_the_metric_rows() -> None:
@@ -203,10 +206,8 @@ def _report() -> QualityReport:
         "20261121T000000Z-abcd1234",
         "2026-11-21T00:00:00+00:00",
         outcomes=[failed, warned, ok],
-        open_snapshots=[
-            OpenSnapshot(25, "s01", 1, 80, 82, 80, 81, resumed=False),
-            OpenSnapshot(28, "s00", 1, 46, 52, 46, 47, resumed=True),
-        ],
+        open_snapshots=[OpenSnapshot(25, "s01", 1, 80, 82, 80, 81, resumed=False)],
+        resumed_snapshots=[OpenSnapshot(28, "s00", 1, 46, 52, 46, 47, resumed=True)],
         counts={"streams": 32, "live_documents_bronze": 1234},
         report_path="/w/quality/travel_sample_a8560dff/summary.html",
         data_docs_path="/w/quality/travel_sample_a8560dff/data_docs/index.html",
@@ -219,7 +220,6 @@ def test_report_names_failed_errors_warnings_and_open_snapshots() -> None:
     assert report.failed_errors == ["silver_reconciliation.live_count_matches"]
     assert report.failed_warnings == ["snapshot_completeness.last_snapshot_complete"]
     assert not report.passed
-    assert [s.vbucket for s in report.current_open_snapshots] == [25]
     text = report.render().splitlines()
     assert text[0].startswith("quality check of bucket 'travel-sample': FAILED (1 errors), 1/3")
     assert text[1] == ("  ERROR silver_reconciliation.live_count_matches: 1 of 4 collections; "
@@ -289,9 +289,23 @@ def test_summary_page_shows_failing_expectations_first_suites_and_open_snapshots
 def test_summary_page_of_a_clean_run_says_so() -> None:
     report = _report()
     report.outcomes = [o for o in report.outcomes if o.success]
-    report.open_snapshots = []
+    report.open_snapshots = report.resumed_snapshots = []
     page = _Page()
     page.feed(render_summary(report))
     assert page.text["status"] == "PASSED"
     assert page.text["failing"] == "None: every expectation is met."
     assert page.text["open-snapshots"].startswith("None")
+
+
+def test_check_command_fails_on_bad_configuration_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dcp_cdc import cli
+
+    path = tmp_path / "q.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+                    '[quality.severity]\n"snapshot_completeness.typo" = "warn"\n')  # fmt: skip
+    assert cli.main(["check", "--config", str(path)]) == 2
+    assert "snapshot_completeness.typo" in capsys.readouterr().err
+    assert cli.main(["check", "--config", str(path), "--bucket", "other"]) == 2
+    assert not (tmp_path / "w").exists()  # no Spark session was started on the warehouse
