@@ -11,7 +11,7 @@ import sys
 import time
 
 # In the order a change flows through the product.
-BENCHMARKS = ["decode"]
+BENCHMARKS = ["decode", "ingest"]
 
 
 def main(argv: list[str]) -> int:
