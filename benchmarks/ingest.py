@@ -101,13 +101,12 @@ def heap_peak(event_log_dir: Path, app_id: str) -> int | None:
 
 
 def _executor_metrics(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """Executor metrics an event carries: task ends carry the executor's peaks so far."""
     found = []
-    for key in ("Executor Metrics", "Stage Executor Metrics", "Executor Metrics Updated"):
+    for key in ("Task Executor Metrics", "Executor Metrics", "Stage Executor Metrics"):
         value = event.get(key)
         if isinstance(value, dict):
             found.append(value)
-        elif isinstance(value, list):
-            found.extend(v.get("Executor Metrics", {}) for v in value if isinstance(v, dict))
     return found
 
 
