@@ -11,7 +11,7 @@ import sys
 import time
 
 # In the order a change flows through the product.
-BENCHMARKS = ["decode", "apply", "peer", "e2e"]
+BENCHMARKS = ["decode", "ingest", "apply", "peer", "e2e"]
 
 
 def main(argv: list[str]) -> int:

@@ -1,41 +1,49 @@
-"""Decode throughput of both decoder faces against a plain struct-loop baseline."""
+"""Decode throughput of both decoder faces against a plain struct-loop baseline.
+
+Every face decodes the same capture files (benchmarks/corpus.py), held in memory, one file
+buffer at a time as the bronze ingest does (files rotate at 64 MiB, the ingest's default
+chunk). Runs are interleaved (baseline, iterator, columnar, then again) so that load from
+other processes on the machine falls on every face alike; CPU seconds are kept beside the
+wall-clock seconds for the same reason.
+
+    python -m benchmarks.decode [--frames 1000000 --frames 10000000] [--runs 3]
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import time
 from collections.abc import Callable
 
-from benchmarks.corpus import build_stream
+from benchmarks.common import Case, report
+from benchmarks.corpus import captures, frames_of
 from dcp_cdc.columnar import decode_batch
 from dcp_cdc.decoder import DcpDecoder
 from dcp_cdc.leb128 import read_uleb128
 from dcp_cdc.snappy import decompress
 from dcp_cdc.xattrs import split_xattrs
 
-CHUNK = 64 * 1024 * 1024
+LARGE = 5_000_000  # from this many frames, the two slow faces run once
 
 
-def iterator_face(data: bytes) -> int:
-    decoder = DcpDecoder(collections=True)
-    decoder.receive_data(data)
-    decoder.receive_data(b"")
-    return sum(1 for _ in decoder)
-
-
-def columnar_face(data: bytes) -> int:
+def iterator_face(buffers: list[bytes]) -> int:
     count = 0
-    pos = 0
-    while pos < len(data):
-        batch = decode_batch(
-            data[pos : pos + CHUNK],
-            collections=True,
-            base_offset=pos,
-            final=pos + CHUNK >= len(data),
-        )
+    for data in buffers:
+        decoder = DcpDecoder(collections=True)
+        decoder.receive_data(data)
+        decoder.receive_data(b"")
+        count += sum(1 for _ in decoder)
+    return count
+
+
+def columnar_face(buffers: list[bytes]) -> int:
+    count = 0
+    for data in buffers:
+        batch = decode_batch(data, collections=True)
+        assert batch.fatal is None and not batch.errors
         count += batch.table.num_rows
-        pos += batch.consumed
     return count
 
 
@@ -52,66 +60,90 @@ _EXTRAS = {  # opcode -> {extras length: (struct, field names)}
 _DOC_OPS = {0x57, 0x58, 0x59}
 
 
-def struct_loop(data: bytes) -> int:
+def struct_loop(buffers: list[bytes]) -> int:
     """The straightforward baseline: per frame, ``struct.unpack_from`` the header and extras,
     split the LEB128 collection id, decompress and split xattrs, and build a row dict."""
-    pos = count = 0
-    n = len(data)
-    rows = []
-    while pos + 24 <= n:
-        magic, op, keylen, extlen, dt, vb, bodylen, opaque, cas = _HDR.unpack_from(data, pos)
-        row = {"offset": pos, "magic": magic, "opcode": op, "datatype": dt, "vbucket": vb,
-               "opaque": opaque, "cas": cas}  # fmt: skip
-        spec = _EXTRAS.get(op, {}).get(extlen)
-        if spec is not None:
-            row.update(zip(spec[1], spec[0].unpack_from(data, pos + 24), strict=True))
-        if op in _DOC_OPS:
-            key_start = pos + 24 + extlen
-            cid, key_at = read_uleb128(data, key_start, key_start + keylen)
-            row["collection_id"] = cid
-            row["key"] = data[key_at : key_start + keylen]
-            value = data[key_start + keylen : pos + 24 + bodylen]
-            if value and dt & 0x02:
-                value = decompress(value)
-            if value and dt & 0x04:
-                row["xattrs"], value = split_xattrs(value)
-            row["value"] = value
-        rows.append(row)
-        pos += 24 + bodylen
-        count += 1
-        if len(rows) >= 100_000:  # hand rows on in batches, as a job would
-            rows = []
+    count = 0
+    for data in buffers:
+        pos = 0
+        n = len(data)
+        rows = []
+        while pos + 24 <= n:
+            magic, op, keylen, extlen, dt, vb, bodylen, opaque, cas = _HDR.unpack_from(data, pos)
+            row = {"offset": pos, "magic": magic, "opcode": op, "datatype": dt, "vbucket": vb,
+                   "opaque": opaque, "cas": cas}  # fmt: skip
+            spec = _EXTRAS.get(op, {}).get(extlen)
+            if spec is not None:
+                row.update(zip(spec[1], spec[0].unpack_from(data, pos + 24), strict=True))
+            if op in _DOC_OPS:
+                key_start = pos + 24 + extlen
+                cid, key_at = read_uleb128(data, key_start, key_start + keylen)
+                row["collection_id"] = cid
+                row["key"] = data[key_at : key_start + keylen]
+                value = data[key_start + keylen : pos + 24 + bodylen]
+                if value and dt & 0x02:
+                    value = decompress(value)
+                if value and dt & 0x04:
+                    row["xattrs"], value = split_xattrs(value)
+                row["value"] = value
+            rows.append(row)
+            pos += 24 + bodylen
+            count += 1
+            if len(rows) >= 100_000:  # hand rows on in batches, as a job would
+                rows = []
     return count
 
 
-def timed(fn: Callable[[bytes], int], data: bytes, repeat: int) -> tuple[float, int]:
-    best = float("inf")
-    count = 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        count = fn(data)
-        best = min(best, time.perf_counter() - t0)
-    return best, count
+FACES: list[tuple[str, Callable[[list[bytes]], int]]] = [
+    ("struct loop (baseline)", struct_loop),
+    ("iterator face", iterator_face),
+    ("columnar face", columnar_face),
+]
+
+
+def run_size(n_frames: int, runs: int) -> None:
+    corpus = captures(n_frames)
+    buffers = [frames_of(p) for p in corpus.files]
+    columnar_face(buffers[:1])  # imports and first-call set-up out of the timed runs
+    wall: dict[str, list[float]] = {name: [] for name, _ in FACES}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in FACES}
+    load_before = os.getloadavg()
+    for run in range(runs):
+        for name, face in FACES:
+            if run and n_frames >= LARGE and face is not columnar_face:
+                continue
+            started, cpu_started = time.perf_counter(), time.process_time()
+            count = face(buffers)
+            wall[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
+            assert count == corpus.frames, (name, count, corpus.frames)
+    cases = []
+    base_cpu = min(cpu[FACES[0][0]])
+    for name, _ in FACES:
+        cases.append(Case(
+            name, corpus.frames, "frames", wall[name], nbytes=corpus.frame_bytes,
+            baseline=name == FACES[0][0],
+            extra={"cpu_s": cpu[name], "cpu_ratio_to_baseline": base_cpu / min(cpu[name])},
+        ))  # fmt: skip
+    label = f"{n_frames // 1_000_000}m" if n_frames % 1_000_000 == 0 else str(n_frames)
+    params = {
+        "frames": corpus.frames, "frame_bytes": corpus.frame_bytes, "files": len(corpus.files),
+        "runs": runs, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+    }  # fmt: skip
+    report(f"decode_{label}", cases, params=params)
+    for case in cases:
+        print(f"  {case.name:<34}cpu min {min(case.extra['cpu_s']):.3f} s, "
+              f"{case.extra['cpu_ratio_to_baseline']:.2f}× baseline by CPU time")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--frames", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__)
+    parser.add_argument("--frames", type=int, action="append",
+                        help="capture size in frames (repeatable; default 1M and 10M)")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
-    data = build_stream(args.frames)
-    mb = len(data) / 1e6
-    print(f"{args.frames} frames, {mb:.1f} MB")
-    for name, fn in (
-        ("struct loop (baseline)", struct_loop),
-        ("iterator face", iterator_face),
-        ("columnar face", columnar_face),
-    ):
-        seconds, count = timed(fn, data, args.repeat)
-        assert count == args.frames, (name, count)
-        print(
-            f"{name:<24} {seconds:7.3f} s  {count / seconds:12,.0f} frames/s  {mb / seconds:8.1f} MB/s"
-        )
+    for n_frames in args.frames or [1_000_000, 10_000_000]:
+        run_size(n_frames, args.runs)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dcp_cdc import layouts
 from dcp_cdc.decoder import _read, parse_header
@@ -764,10 +765,16 @@ def _is_utf8(data: bytes | None) -> bool:
 
 
 def _duplicate_key_rows(entry_rows: Any, keys: pa.Array) -> Any:
-    pairs = pa.table({"row": _numeric(pa.int64(), entry_rows), "key": keys})
-    counted = pairs.group_by(["row", "key"]).aggregate([("row", "count")])
-    rows = counted.column("row").to_numpy()
-    return rows[counted.column("row_count").to_numpy() > 1]
+    """Rows whose key repeats; ``entry_rows`` is sorted, so a row's keys are side by side:
+    compare each with the one ``d`` entries back, for growing ``d`` while rows are that long."""
+    repeated = np.zeros(len(entry_rows), dtype=np.bool_)
+    for d in range(1, _MAX_XATTR_PAIRS):
+        at = np.flatnonzero(entry_rows[d:] == entry_rows[:-d])
+        if not len(at):
+            break
+        same = pc.equal(keys.take(at + d), keys.take(at)).to_numpy(zero_copy_only=False)
+        repeated[at[same] + d] = True
+    return entry_rows[repeated]
 
 
 # --- decoding ------------------------------------------------------------------------------

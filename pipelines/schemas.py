@@ -85,7 +85,8 @@ ERROR = _fields(
 )
 
 DECODE_OUTPUT = T.StructType([*DECODED.fields, *LINEAGE, *ERROR])
-"""What the decode tasks emit: frames, and ``op = 'error'`` rows for the quarantine."""
+"""Frames and ``op = 'error'`` rows for the quarantine: what the quarantine's decode tasks
+emit (only the error rows)."""
 
 SESSION_ORDER = _fields(
     ("in_snapshot_start", T.LongType()),
@@ -101,6 +102,24 @@ RUN = _fields(("ingest_run_id", T.StringType()), ("ingested_at", T.TimestampType
 
 EVENTS = T.StructType([*DECODED.fields, *SESSION_ORDER, *LINEAGE, *RUN])
 """``bronze.<bucket>_events``."""
+
+DECODED_EVENTS = T.StructType([*DECODED.fields, *SESSION_ORDER, *LINEAGE])
+"""What the events' decode tasks emit: the events but for the run columns."""
+
+SCAN = T.StructType(
+    _fields(
+        ("file", T.StringType()),
+        ("vb_key", T.LongType()),
+        ("has_snapshot", T.BooleanType()),
+        ("snapshot_start", T.LongType()),
+        ("snapshot_end", T.LongType()),
+        ("snapshot_flags", T.LongType()),
+        ("snapshot_oso", T.BooleanType()),
+        ("vb_uuid", T.LongType()),
+    )
+)
+"""Per file and stream (vb_key) it changes: the state its last snapshot marker, OSO marker or
+stream-request response set (``has_snapshot``), and the vb uuid of its last failover log."""
 
 QUARANTINE = T.StructType(
     _fields(
@@ -152,9 +171,12 @@ FILES = T.StructType(
         ("collections", T.BooleanType()),
         ("header_length", T.LongType()),
         ("size", T.LongType()),
+        ("carry", T.StringType()),
     )
 )
-"""The files a run decodes: one row each, the input of the decode tasks."""
+"""The files a run decodes: one row each, the input of the decode tasks. ``carry`` is the
+state of the session's streams before the file (JSON ``{vb_key: [start, end, flags, oso,
+vb_uuid]}``, as in the ingest log's ``end_state``)."""
 
 QUALITY_RESULTS = T.StructType(
     _fields(

@@ -7,9 +7,15 @@ writes:
 1. **plan**: the files to ingest are chosen (in session order; a file waits until the previous
    file of its session is in) and written to the ingest log as ``planned`` under a new run
    version N, before any data is written;
-2. **write**: events and quarantine rows are appended with ``txnAppId``/``txnVersion = N``,
-   so a write that already committed is skipped by Delta when the run is repeated;
-3. **close**: the files are logged ``ingested`` with their counts and end-of-file stream state.
+2. **scan**: each file's framing is read and only its state-setting frames decoded (snapshot
+   markers, OSO markers, stream-request responses), so that the state every file starts in
+   (its ``carry``) and ends in is known before any event is written;
+3. **write**: each file is decoded once, in one task, its events given their session-order
+   state there and appended with ``txnAppId``/``txnVersion = N``, so a write that already
+   committed is skipped by Delta when the run is repeated; the tasks count frames and
+   malformed frames per file, and only files with malformed frames are decoded again for
+   their quarantine records (appended the same way);
+4. **close**: the files are logged ``ingested`` with their counts and end-of-file stream state.
 
 A run that dies anywhere is finished by the next run, which finds the plan without its
 ``ingested`` rows and repeats exactly that plan.
@@ -34,6 +40,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
 from dcp_cdc.errors import CaptureFormatError, DcpError
 from dcp_cdc.naming import identifier
 from pipelines import schemas
+from pipelines.bronze.decode import FileScan, StreamState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -41,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dcp_cdc.bronze")
 TXN_APP_ID = "dcp-cdc-bronze"
 EVENTS_CLUSTERING = ("vbucket", "by_seqno")
+"""Liquid clustering keys of the events table (applied by OPTIMIZE, not at ingest)."""
 
 
 def table_names(bucket: str) -> dict[str, str]:
@@ -258,21 +266,45 @@ def _keep_session_prefixes(files: list[CaptureFile], limit: int) -> list[Capture
     return files[:limit]  # files are sorted by session then sequence: any prefix is in order
 
 
-def carry_in_rows(state: LogState, files: list[CaptureFile]) -> list[dict[str, Any]]:
-    """Per session of this run, the stream state its previous file ended with."""
-    rows = []
-    for f in files:
-        prev = [r for r in state.ingested.values()
-                if r["session_id"] == f.session_id and r["file_sequence"] == f.file_sequence - 1]  # fmt: skip
-        if not prev or not prev[0]["end_state"]:
-            continue
-        for vb, (start, end, flags, oso, vb_uuid) in json.loads(prev[0]["end_state"]).items():
-            rows.append({
-                "session_id": f.session_id, "vb_key": int(vb),
-                "carry_snapshot": {"start": start, "end": end, "flags": flags, "oso": oso},
-                "carry_vb_uuid": vb_uuid,
-            })  # fmt: skip
-    return rows
+def stream_states(
+    state: LogState, files: list[CaptureFile], scans: dict[str, FileScan]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Each file's ``carry`` (its session's stream states before it) and end state, as JSON.
+
+    Folded in session order from the end state the log holds for the file before the run's
+    first file of each session; a file's scan says what it changes."""
+    previous: dict[str, dict[int, StreamState]] = {}
+    for row in state.ingested.values():
+        states = json.loads(row["end_state"] or "{}")
+        previous[f"{row['session_id']}#{row['file_sequence']}"] = {
+            int(k): tuple(v) for k, v in states.items()
+        }
+    carries, ends = {}, {}
+    for f in sorted(files, key=lambda f: (f.session_id, f.file_sequence)):
+        before = previous.get(f"{f.session_id}#{f.file_sequence - 1}", {})
+        after = scans[f.path].apply(before) if f.path in scans else before
+        previous[f"{f.session_id}#{f.file_sequence}"] = after
+        carries[f.path], ends[f.path] = _states_json(before), _states_json(after)
+    return carries, ends
+
+
+def _states_json(states: dict[int, StreamState]) -> str:
+    return json.dumps({str(k): list(v) for k, v in states.items()}, separators=(",", ":"),
+                      sort_keys=True)  # fmt: skip
+
+
+class FileCounts:
+    """Accumulator of ``{file: (frames, errors)}`` from the decode tasks. A file's counts are
+    set, not added: a task that runs again for the same file sets the same counts."""
+
+    def zero(self, value: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        return {}
+
+    def addInPlace(  # pyspark's AccumulatorParam protocol
+        self, total: dict[str, tuple[int, int]], more: dict[str, tuple[int, int]]
+    ) -> dict[str, tuple[int, int]]:
+        total.update(more)
+        return total
 
 
 Hook = Callable[[str], None]
@@ -285,8 +317,13 @@ def _no_hook(point: str) -> None:
 def ingest_bucket(
     spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, hook: Hook = _no_hook
 ) -> IngestSummary:
-    """One run for one bucket. ``hook(point)`` is called between the steps (tests use it)."""
-    from pyspark import StorageLevel
+    """One run for one bucket. ``hook(point)`` is called between the steps (tests use it).
+
+    Each file is decoded once for its events: session order is worked out in the decode task
+    from the file's ``carry``, which a scan of the run's files (framing and state-setting
+    frames only) gives before. Malformed frames are counted there; only files that have some
+    are decoded again, for their quarantine records.
+    """
     from pyspark.sql import functions as F
 
     from pipelines.bronze import transforms
@@ -325,52 +362,116 @@ def ingest_bucket(
     summary.run_version, summary.run_id, summary.files = version, run_id, len(chosen)
     log.info("run %s: ingesting %d files of bucket %s", version, len(chosen), bucket.name)
 
-    file_rows = [
+    chunk, raw_limit = config.ingest.chunk_bytes, config.ingest.quarantine_raw_bytes
+    file_rows: list[dict[str, Any]] = [
         {"path": f.path, "bucket": f.bucket, "session_started_at": f.started_at,
          "session_id": f.session_id,
          "file_sequence": f.file_sequence, "collections": f.collections,
-         "header_length": f.header_length, "size": f.size}
+         "header_length": f.header_length, "size": f.size, "carry": None}
         for f in chosen
     ]  # fmt: skip
-    out_schema = schemas.arrow_schema(schemas.DECODE_OUTPUT)
-    chunk, raw_limit = config.ingest.chunk_bytes, config.ingest.quarantine_raw_bytes
-    frames = (
-        spark.createDataFrame(file_rows, schema=schemas.FILES)
-        .repartition(max(len(file_rows), 1))
-        .mapInArrow(
-            lambda batches: decode_files(batches, out_schema, chunk_bytes=chunk, raw_limit=raw_limit),
-            schemas.DECODE_OUTPUT,
-        )
-        .persist(StorageLevel.MEMORY_AND_DISK)
+    carries, end_states = stream_states(state, chosen, _scan(spark, file_rows, chunk))
+    for row in file_rows:
+        row["carry"] = carries[row["path"]]
+    ingested_at = F.current_timestamp()
+
+    counts: Any = spark.sparkContext.accumulator({}, FileCounts())  # type: ignore[arg-type]
+    events_schema = schemas.arrow_schema(schemas.DECODED_EVENTS)
+    events = _files(spark, file_rows).mapInArrow(
+        lambda batches: decode_files(
+            batches, events_schema, chunk_bytes=chunk, raw_limit=raw_limit, errors=False,
+            done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
+        ),
+        schemas.DECODED_EVENTS,
     )  # fmt: skip
-    try:
-        carry = spark.createDataFrame(carry_in_rows(state, chosen), schema=transforms.CARRY_IN)
-        ordered = transforms.with_session_order(frames.where(F.col("op") != "error"), carry)
-        ordered = ordered.persist(StorageLevel.MEMORY_AND_DISK)
-        ingested_at = F.current_timestamp()
-        _append(transforms.events(ordered, run_id, ingested_at).sortWithinPartitions(
-            *EVENTS_CLUSTERING), names["events"], version)  # fmt: skip
-        hook("events")
-        _append(transforms.quarantine(frames, run_id, ingested_at), names["quarantine"], version)
-        hook("quarantine")
-        counts = {r["file"]: r for r in transforms.file_counts(frames).collect()}
-        end_states = _fold_end_states(state, chosen, transforms.file_end_states(ordered).collect())
-        _log_rows(spark, names["ingest_log"], [
-            {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
-             "session_id": f.session_id, "file_sequence": f.file_sequence,
-             "ingest_run_id": run_id,
-             "frames": counts[f.path]["frames"] if f.path in counts else 0,
-             "errors": counts[f.path]["errors"] if f.path in counts else 0,
-             "end_state": end_states[f.path]}
-            for f in chosen
-        ], version, "ingested")  # fmt: skip
-        summary.frames = sum(r["frames"] for r in counts.values())
-        summary.errors = sum(r["errors"] for r in counts.values())
-    finally:
-        frames.unpersist()
+    _append(transforms.events(events, run_id, ingested_at), names["events"], version)
+    hook("events")
+    found: dict[str, tuple[int, int]] = dict(counts.value)
+    # Files with malformed frames, or all when the events were written by an earlier attempt
+    # of this run (Delta skipped the write: nothing was decoded, so nothing was counted).
+    again = [r for r in file_rows if r["path"] not in found or found[r["path"]][1]]
+    if again:
+        found |= _quarantine(
+            spark, again, chunk, raw_limit,
+            lambda frames: transforms.quarantine(frames, run_id, ingested_at),
+            names["quarantine"], version,
+        )  # fmt: skip
+    hook("quarantine")
+    _log_rows(spark, names["ingest_log"], [
+        {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
+         "session_id": f.session_id, "file_sequence": f.file_sequence,
+         "ingest_run_id": run_id, "frames": found[f.path][0], "errors": found[f.path][1],
+         "end_state": end_states[f.path]}
+        for f in chosen
+    ], version, "ingested")  # fmt: skip
+    summary.frames = sum(found[f.path][0] for f in chosen)
+    summary.errors = sum(found[f.path][1] for f in chosen)
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def _files(spark: SparkSession, file_rows: list[dict[str, Any]]) -> DataFrame:
+    """The run's files, one partition (one decode task) each."""
+    return spark.createDataFrame(file_rows, schema=schemas.FILES).repartition(
+        max(len(file_rows), 1)
+    )
+
+
+def _scan(spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int) -> dict[str, FileScan]:
+    """What each file does to its session's streams (a scan task per file)."""
+    from pipelines.bronze.decode import scan_files
+
+    scan_schema = schemas.arrow_schema(schemas.SCAN)
+    rows = (
+        _files(spark, file_rows)
+        .mapInArrow(lambda b: scan_files(b, scan_schema, chunk_bytes=chunk), schemas.SCAN)
+        .collect()
+    )
+    scans: dict[str, FileScan] = {r["path"]: FileScan() for r in file_rows}
+    for r in rows:
+        scan = scans[r["file"]]
+        if r["has_snapshot"]:
+            scan.snapshots[r["vb_key"]] = (
+                r["snapshot_start"],
+                r["snapshot_end"],
+                r["snapshot_flags"],
+                r["snapshot_oso"],
+            )
+        if r["vb_uuid"] is not None:
+            scan.uuids[r["vb_key"]] = r["vb_uuid"]
+    return scans
+
+
+def _quarantine(
+    spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int, raw_limit: int,
+    to_rows: Callable[[DataFrame], DataFrame], table: str, version: int,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """Decode ``file_rows`` again for their malformed frames only; append those to the
+    quarantine table and return every file's counts."""
+    from pyspark import StorageLevel
+
+    from pipelines.bronze.decode import decode_files
+
+    counts: Any = spark.sparkContext.accumulator({}, FileCounts())  # type: ignore[arg-type]
+    out_schema = schemas.arrow_schema(schemas.DECODE_OUTPUT)
+    errors = (
+        _files(spark, file_rows)
+        .mapInArrow(
+            lambda batches: decode_files(
+                batches, out_schema, chunk_bytes=chunk, raw_limit=raw_limit, frames=False,
+                done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
+            ),
+            schemas.DECODE_OUTPUT,
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)  # only malformed frames: small
+    )  # fmt: skip
+    try:
+        if errors.count():  # every file decoded once, so every file counted
+            _append(to_rows(errors), table, version)
+    finally:
+        errors.unpersist()
+    return dict(counts.value)
 
 
 def _append(df: DataFrame, table: str, version: int) -> None:
@@ -379,31 +480,10 @@ def _append(df: DataFrame, table: str, version: int) -> None:
         .mode("append")
         .option("txnAppId", TXN_APP_ID)
         .option("txnVersion", version)
+        # One file per capture file already: an optimized write would only add a shuffle.
+        .option("optimizeWrite", "false")
         .saveAsTable(table)
     )
-
-
-def _fold_end_states(state: LogState, files: list[CaptureFile], rows: list[Any]) -> dict[str, str]:
-    """Each file's end state: its predecessor's, updated by the streams the file touched."""
-    touched: dict[str, dict[str, list[Any]]] = {}
-    for r in rows:
-        s = r["state"]
-        snap = s["snapshot"]
-        touched.setdefault(r["file"], {})[str(r["vb_key"])] = [
-            snap["start"], snap["end"], snap["flags"], bool(snap["oso"]), s["vb_uuid"],
-        ]  # fmt: skip
-    previous: dict[str, dict[str, list[Any]]] = {}
-    for row in state.ingested.values():
-        previous[f"{row['session_id']}#{row['file_sequence']}"] = json.loads(
-            row["end_state"] or "{}"
-        )
-    out = {}
-    for f in sorted(files, key=lambda f: (f.session_id, f.file_sequence)):
-        current = dict(previous.get(f"{f.session_id}#{f.file_sequence - 1}", {}))
-        current.update(touched.get(f.path, {}))
-        previous[f"{f.session_id}#{f.file_sequence}"] = current
-        out[f.path] = json.dumps(current, separators=(",", ":"), sort_keys=True)
-    return out
 
 
 # --- entry point -------------------------------------------------------------------------

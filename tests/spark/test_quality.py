@@ -23,15 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from dcp_cdc import cli
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
 from pipelines import schemas
 from pipelines.bronze import transforms as bronze_transforms
+from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket, table_names
 from pipelines.quality import transforms as tr
 from pipelines.quality.job import check_bucket, prune_results, results_table
@@ -409,10 +412,12 @@ STREAM = [
 
 
 def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
-    frames = spark.createDataFrame(STREAM, schema=schemas.DECODE_OUTPUT)
-    carry = spark.createDataFrame([], schema=bronze_transforms.CARRY_IN)
-    ordered = bronze_transforms.with_session_order(frames, carry)
-    events = bronze_transforms.events(ordered, "run", F.current_timestamp()).localCheckpoint()
+    # session order as the ingest's decode task gives it (one file, nothing carried in)
+    decoded = pa.Table.from_pylist(STREAM, schema=to_arrow_schema(schemas.DECODE_OUTPUT))
+    for name, column in SessionOrder({}).columns(decoded).items():
+        decoded = decoded.append_column(name, column)
+    frames = spark.createDataFrame(decoded)
+    events = bronze_transforms.events(frames, "run", F.current_timestamp()).localCheckpoint()
     placed = tr.stream_frames(tr.base_frames(events)).localCheckpoint()
     snaps = tr.snapshots(placed)
     rows = {r["stream_no"]: r.asDict() for r in tr.stream_metrics(placed, snaps, tr.duplicate_seqnos(placed)).collect()}  # fmt: skip

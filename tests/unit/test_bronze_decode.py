@@ -1,16 +1,22 @@
-"""The bronze decode task without Spark: chunked reading of one capture file."""
+"""The bronze decode tasks without Spark: chunked reading of a capture file, session order
+across chunks and files, the scan, and the counts handed back."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from dcp_cdc.capture import read_capture_header
+from dcp_cdc.capture import iter_capture, read_capture_header
+from dcp_cdc.columnar import to_signed64
+from dcp_cdc.errors import MalformedFrameError
+from dcp_cdc.events import OsoSnapshot, SnapshotMarker, StreamRequestResponse
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
-from pipelines.bronze.decode import decode_file
+from pipelines.bronze.decode import StreamState, decode_file, scan_file
 
 SCHEMA = schemas.arrow_schema(schemas.DECODE_OUTPUT)
 
@@ -61,3 +67,82 @@ def test_unframeable_rest_is_one_record(tmp_path: Path) -> None:
     assert err["offset"] == pos and err["error_raw_length"] == len(data) - pos
     assert "unknown magic" in err["error_reason"]
     assert max(r["offset"] for r in rows if r["op"] != "error") < pos
+
+
+EVENTS_SCHEMA = schemas.arrow_schema(schemas.DECODED_EVENTS)
+STATE = ["in_snapshot_start", "in_snapshot_end", "in_snapshot_flags", "in_oso", "in_vb_uuid"]
+
+
+def _file(path: Path, carry: str = "{}") -> dict[str, object]:
+    header, length = read_capture_header(path)
+    return {"path": str(path), "bucket": header.bucket, "session_id": header.session_id,
+            "session_started_at": header.started_at, "file_sequence": header.sequence,
+            "collections": header.collections, "header_length": length,
+            "size": path.stat().st_size, "carry": carry}  # fmt: skip
+
+
+def _reference_states(files: list[Path]) -> dict[tuple[str, int], tuple[object, ...]]:
+    """The state in force at each frame, by the definition, one event at a time."""
+    snapshot: dict[tuple[str, int], tuple[object, ...]] = {}
+    uuid: dict[tuple[str, int], int] = {}
+    out = {}
+    for path in files:
+        session = read_capture_header(path)[0].session_id
+        for event in iter_capture(path):
+            if isinstance(event, MalformedFrameError):
+                continue
+            h = event.header
+            # a response's stream is its opaque (a consumer sets it to the vbucket), as an int
+            key = int(np.int64(h.opaque).astype(np.int32)) if h.is_response else h.vbucket_or_status
+            stream = (session, key)
+            if isinstance(event, SnapshotMarker):
+                snapshot[stream] = (to_signed64(event.start_seqno), to_signed64(event.end_seqno),
+                                    event.snapshot_flags, False)  # fmt: skip
+            elif isinstance(event, OsoSnapshot):
+                snapshot[stream] = (None, None, None, bool(event.oso_flags & 1))
+            elif isinstance(event, StreamRequestResponse) and h.vbucket_or_status == 0:
+                snapshot[stream] = (None, None, None, False)
+            if isinstance(event, StreamRequestResponse) and event.failover_log:
+                uuid[stream] = to_signed64(event.failover_log[0][0])
+            state = snapshot.get(stream, (None, None, None, False))
+            out[(str(path), h.offset)] = (*state, uuid.get(stream))
+    return out
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "rollback", "oso-backfill"])
+def test_session_order_follows_the_definition_across_files(tmp_path: Path, scenario: str) -> None:
+    """Files decoded one by one, each from the carry the scans of the ones before give (as
+    the ingest does), hold the state the definition gives at every frame."""
+    result = simulate(tmp_path, scenario=scenario, seed=4, vbuckets=4, docs=60, ops=400,
+                      max_file_bytes=12_000)  # fmt: skip
+    files = sorted(result.files, key=lambda p: (read_capture_header(p)[0].session_id,
+                                                 read_capture_header(p)[0].sequence))  # fmt: skip
+    assert len(files) >= 3
+    expected = _reference_states(files)
+    states: dict[str, dict[int, StreamState]] = {}
+    got = {}
+    for path in files:
+        session = read_capture_header(path)[0].session_id
+        before = states.get(session, {})
+        carry = json.dumps({str(k): list(v) for k, v in before.items()})
+        rows = pa.Table.from_batches(
+            list(decode_file(_file(path, carry), EVENTS_SCHEMA, chunk_bytes=3000, raw_limit=64,
+                             errors=False)), schema=EVENTS_SCHEMA,
+        ).select(["offset", *STATE]).to_pylist()  # fmt: skip
+        got |= {(str(path), r["offset"]): tuple(r[c] for c in STATE) for r in rows}
+        states[session] = scan_file(_file(path), chunk_bytes=3000).apply(before)
+    assert got == expected
+
+
+def test_counts_reach_the_caller(tmp_path: Path) -> None:
+    result = simulate(tmp_path, scenario="interrupted", seed=2, vbuckets=4, docs=40, ops=150,
+                      inject_malformed=2)  # fmt: skip
+    (path,) = result.files
+    counted: list[tuple[str, int, int]] = []
+    rows = list(decode_file(_file(path), SCHEMA, chunk_bytes=4096, raw_limit=64, frames=False,
+                            done=lambda *c: counted.append(c)))  # fmt: skip
+    errors = pa.Table.from_batches(rows, schema=SCHEMA).to_pylist()
+    assert all(r["op"] == "error" for r in errors)
+    assert len(errors) == len(result.expected_errors)
+    frames = sum(1 for e in iter_capture(path) if not isinstance(e, MalformedFrameError))
+    assert counted == [(str(path), frames, len(errors))]

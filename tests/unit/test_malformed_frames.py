@@ -10,6 +10,7 @@ from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation, UnknownFrame
 from dcp_cdc.protocol import Datatype, Opcode
+from dcp_cdc.snappy import compress
 
 MUTATION_8_2 = bytes.fromhex(
     "805700061f0102100000002c0000121017a8b0d8e6f40000000000000000000400000000000000010200000600"
@@ -23,12 +24,27 @@ def _mutation(ext: bytes, key: bytes, value: bytes, datatype: int = 0) -> bytes:
 
 GOOD_EXT = MUTATION_8_2[24:55]
 
+
+def _xattrs(*pairs: bytes) -> bytes:
+    """An XATTR section of raw ``key NUL value NUL`` pairs (well-formed or not), then a body."""
+    section = b"".join(len(p).to_bytes(4, "big") + p for p in pairs)
+    return len(section).to_bytes(4, "big") + section + b"{}"
+
+
+_XA, _XS = Datatype.XATTR, Datatype.XATTR | Datatype.SNAPPY
+
 CASES = [
     ("extras too short", _mutation(GOOD_EXT[:30], b"\x08k", b""), "extras length", "31 bytes", "30 bytes"),
     ("bad LEB128", _mutation(GOOD_EXT, b"\x80\x80", b""), "bad LEB128", None, None),
     ("empty key", _mutation(GOOD_EXT, b"", b""), "bad LEB128", None, "an empty key"),
     ("bad Snappy", _mutation(GOOD_EXT, b"\x08k", b"\x05\x00", Datatype.SNAPPY), "bad Snappy", None, None),
     ("bad XATTR", _mutation(GOOD_EXT, b"\x08k", b"\x00\x00\x00\x09abc", Datatype.XATTR), "bad XATTR", None, None),
+    ("XATTR duplicate key", _mutation(GOOD_EXT, b"\x08k", _xattrs(b"a\x001\x00", b"a\x002\x00"), _XA), "duplicate key", None, None),
+    ("XATTR duplicate key apart", _mutation(GOOD_EXT, b"\x08k", _xattrs(b"a\x001\x00", b"b\x00\x00", b"a\x00\x00"), _XA), "duplicate key", None, None),
+    ("XATTR duplicate key, Snappy", _mutation(GOOD_EXT, b"\x08k", compress(_xattrs(b"a\x00\x00", b"a\x00\x00")), _XS), "duplicate key", None, None),
+    ("XATTR NUL in value", _mutation(GOOD_EXT, b"\x08k", _xattrs(b"a\x00x\x00y\x00"), _XA), "not key NUL value NUL", None, None),
+    ("XATTR empty key", _mutation(GOOD_EXT, b"\x08k", _xattrs(b"\x00v\x00"), _XA), "empty key", None, None),
+    ("XATTR key not UTF-8", _mutation(GOOD_EXT, b"\x08k", compress(_xattrs(b"\xff\x00v\x00")), _XS), "not UTF-8", None, None),
     ("unknown datatype bit", _mutation(GOOD_EXT, b"\x08k", b"x", 0x08), "unknown datatype", "bits within 0x07", "0x08"),
     ("marker V2.1", frame(make_header(Opcode.DCP_SNAPSHOT_MARKER), b"\x01", b"", bytes(44)), "V2.1", None, "0x01"),
     ("marker V2.0 value", frame(make_header(Opcode.DCP_SNAPSHOT_MARKER), b"\x00", b"", bytes(30)), "V2.0 value length", "36 bytes", "30 bytes"),
