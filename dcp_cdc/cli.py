@@ -200,7 +200,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         applied = apply(config, args.bucket, spark=spark)
     out.write("".join(_indent(s.render()) + "\n" for s in applied))
     with _Step(out, next(number), total, "checking data quality"):
-        reports = check(config, args.bucket, spark=spark)
+        reports = check(config, args.bucket, spark=spark, screenshot=args.screenshot)
 
     cli = _command_name()
     default_warehouse = load_config(DEFAULT_CONFIG).warehouse
@@ -437,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", default="work", help="where the embedded demo's data go")
     run.add_argument("--config", help="a TOML file in conf/: run on its landing data instead")
     run.add_argument("--bucket", help="only this bucket")
+    run.add_argument("--screenshot", action="store_true",
+                     help="also save the quality report as summary.png (headless Chromium)")  # fmt: skip
     run.set_defaults(func=cmd_run)
 
     ingest = sub.add_parser("ingest", help="new capture files into bronze Delta tables")

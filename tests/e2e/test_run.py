@@ -30,9 +30,11 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     workdir = tmp_path_factory.mktemp("demo")
+    cwd = tmp_path_factory.mktemp("cwd")
     done = subprocess.run([str(CLI), "run", "--workdir", str(workdir)], capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
+                          text=True, timeout=1200, cwd=cwd)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert list(cwd.iterdir()) == [], "the run wrote into its working directory"
     return Demo(workdir, done.stdout)
 
 
@@ -88,7 +90,9 @@ def thrift_server(demo: Demo) -> Iterator[int]:
 
 
 def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> None:
-    """One JDBC query through beeline returns what delta-rs reads from the same table."""
+    """One JDBC query through beeline returns what delta-rs reads from the same table: the
+    catalog the run wrote outlives its process, and another Spark process (the Thrift server)
+    finds its tables."""
     from deltalake import DeltaTable
 
     from dcp_cdc.cli import _spark_script

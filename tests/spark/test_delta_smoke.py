@@ -7,16 +7,10 @@ catalog, and a table registered by one Spark process found by the next one.
 from __future__ import annotations
 
 import importlib.metadata
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,7 +21,6 @@ from pipelines.spark_session import METASTORE_DIR_NAME, find_delta_jars
 if TYPE_CHECKING:
     from tests.spark.conftest import Warehouse
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 DOC_SCHEMA = T.StructType(
     [
@@ -151,62 +144,3 @@ def test_jars_match_the_python_packages() -> None:
     except importlib.metadata.PackageNotFoundError:
         return
     assert client_version == importlib.metadata.version("pyspark")
-
-
-_WRITE_TABLE = """
-import sys
-from pipelines.spark_session import build_spark_session
-
-spark = build_spark_session("writer", sys.argv[1], master="local[1]", shuffle_partitions=1)
-spark.sql("CREATE TABLE default.docs (key STRING, rev BIGINT) USING delta")
-spark.sql("INSERT INTO default.docs VALUES ('k1', 1), ('k2', 2)")
-spark.stop()
-"""
-
-_READ_TABLE = """
-import json, sys
-from pipelines.spark_session import build_spark_session
-
-spark = build_spark_session("reader", sys.argv[1], master="local[1]", shuffle_partitions=1)
-detail = spark.sql("DESCRIBE DETAIL default.docs").collect()[0]
-rows = [tuple(r) for r in spark.table("default.docs").orderBy("key").collect()]
-print(json.dumps({"format": detail.format, "rows": rows}))
-spark.stop()
-"""
-
-
-def _run_python(code: str, *args: str, cwd: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
-
-
-@pytest.mark.slow
-def test_catalog_table_outlives_its_spark_process(tmp_path: Path) -> None:
-    """A table registered by one Spark process is found by the next on the same warehouse.
-
-    Separate processes, because the shared session's JVM holds its own Derby metastore.
-    """
-    warehouse = tmp_path / "warehouse"
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-
-    _run_python(_WRITE_TABLE, str(warehouse), cwd=cwd)
-    out = _run_python(_READ_TABLE, str(warehouse), cwd=cwd)
-
-    assert json.loads(out.strip().splitlines()[-1]) == {
-        "format": "delta",
-        "rows": [["k1", 1], ["k2", 2]],
-    }
-    assert (warehouse / METASTORE_DIR_NAME).is_dir()
-    assert (warehouse / "derby.log").is_file()
-    assert list(cwd.iterdir()) == [], "a Spark session wrote into its working directory"
