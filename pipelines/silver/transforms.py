@@ -440,7 +440,7 @@ def update_registry(
         df = spark.createDataFrame(
             [{**r, "updated_at": None} for r in rows], schema=REGISTRY
         ).withColumn("updated_at", F.current_timestamp())
-        with_retry(table, lambda: df.write.format("delta").mode("overwrite").saveAsTable(table))
+        with_retry(table, lambda: _replace_rows(df, table))
     return list(current.values())
 
 
@@ -672,7 +672,14 @@ def retire_dropped(
         table = registry_table(bucket)
         df = spark.createDataFrame([{**r, "updated_at": None} for r in registry], schema=REGISTRY)
         df = df.withColumn("updated_at", F.current_timestamp())
-        with_retry(table, lambda: df.write.format("delta").mode("overwrite").saveAsTable(table))
+        with_retry(table, lambda: _replace_rows(df, table))
+
+
+def _replace_rows(df: DataFrame, table: str) -> None:
+    """All of ``table``'s rows become ``df``'s, in one Delta commit. An overwrite by filter
+    keeps the catalog entry as it is (``saveAsTable`` would alter it, which the Hive metastore
+    refuses for Delta's placeholder schema and logs as an error)."""
+    df.writeTo(table).overwrite(F.lit(True))
 
 
 def save_states(
@@ -696,7 +703,7 @@ def save_states(
             "state": json.dumps(s), "updated_at": None,
         })  # fmt: skip
     df = spark.createDataFrame(rows, schema=STATE).withColumn("updated_at", F.current_timestamp())
-    with_retry(table, lambda: df.write.format("delta").mode("overwrite").saveAsTable(table))
+    with_retry(table, lambda: _replace_rows(df, table))
 
 
 def purge_tombstones(
