@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,10 @@ def test_update_rewrites_only_between_the_markers() -> None:
     assert with_reference(text) == f"# T\n{start}{reference_markdown()}{end}\nafter\n"
     with pytest.raises(ConfigError, match="markers"):
         with_reference("no markers")
+
+
+def test_readme_has_no_unfilled_placeholders() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert re.search(r"@@[A-Z_]+@@", readme) is None
+    # the make run block shows a real run: its five steps and a verdict
+    assert all(f"[{n}/5]" in readme for n in range(1, 6)) and "Quality: PASSED" in readme
