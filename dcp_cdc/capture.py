@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dcp_cdc.decoder import DcpDecoder, Sentinel
+from dcp_cdc.decoder import DcpDecoder, drain
 from dcp_cdc.errors import CaptureFormatError, MalformedFrameError
 from dcp_cdc.events import Event
 
@@ -129,18 +129,7 @@ def iter_stream(
     while True:
         chunk = fh.read(chunk_size)
         decoder.receive_data(chunk)
-        while True:
-            try:
-                event = decoder.next_event()
-            except MalformedFrameError as exc:
-                yield exc
-                if not exc.recoverable:
-                    return
-                continue
-            if isinstance(event, Sentinel):
-                break
-            yield event
-        if not chunk:
+        if (yield from drain(decoder)) or not chunk:
             return
 
 

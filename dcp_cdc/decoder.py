@@ -9,7 +9,7 @@ reader reads its fixed sections through the layouts of :mod:`dcp_cdc.layouts`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Final
 
 from dcp_cdc import flatbuf, layouts
@@ -668,14 +668,23 @@ def iter_decode(
     if data:
         decoder.receive_data(bytes(data))
     decoder.receive_data(b"")
+    yield from drain(decoder)
+
+
+def drain(decoder: DcpDecoder) -> Generator[Event | MalformedFrameError, None, bool]:
+    """The frames ``decoder`` holds whole, malformed ones yielded as errors in place.
+
+    Returns True when an unrecoverable error ended the stream (nothing after it can be
+    framed), False when the decoder needs more data.
+    """
     while True:
         try:
             event = decoder.next_event()
         except MalformedFrameError as exc:
             yield exc
             if not exc.recoverable:
-                return
+                return True
             continue
         if isinstance(event, Sentinel):
-            return
+            return False
         yield event

@@ -21,18 +21,14 @@ are applied) and VACUUM can then remove what both left behind, on the same day.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dcp_cdc.config import AppConfig, BucketConfig, load_config
-from dcp_cdc.errors import DcpError
+from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines.bronze.job import table_names as bronze_tables
 from pipelines.quality.job import results_table
 from pipelines.silver.job import purges_table, registry_table, state_table
@@ -143,20 +139,10 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.maintenance", description=__doc__)
-    parser.add_argument("--config", required=True, help="a TOML file in conf/")
-    parser.add_argument("--bucket", help="only this bucket")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    try:
-        config = load_config(args.config)
-        for summary in run(config, args.bucket):
-            print(summary.render())
-    except DcpError as exc:
-        print(f"dcp-cdc maintain: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    from pipelines.entry import job_parser, run_job
+
+    args = job_parser("pipelines.maintenance", __doc__).parse_args(argv)
+    return 2 if run_job("maintain", args, lambda config: run(config, args.bucket)) is None else 0
 
 
 if __name__ == "__main__":

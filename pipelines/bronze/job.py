@@ -23,11 +23,8 @@ A run that dies anywhere is finished by the next run, which finds the plan witho
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
-from dcp_cdc.errors import CaptureFormatError, DcpError
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.errors import CaptureFormatError
 from dcp_cdc.naming import identifier
 from pipelines import schemas
 from pipelines.bronze.decode import FileScan, StreamState
@@ -501,20 +498,10 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.bronze.job", description=__doc__)
-    parser.add_argument("--config", required=True, help="a TOML file in conf/")
-    parser.add_argument("--bucket", help="only this bucket")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    try:
-        config = load_config(args.config)
-        for summary in run(config, args.bucket):
-            print(summary.render())
-    except DcpError as exc:
-        print(f"dcp-cdc ingest: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    from pipelines.entry import job_parser, run_job
+
+    args = job_parser("pipelines.bronze.job", __doc__).parse_args(argv)
+    return 2 if run_job("ingest", args, lambda config: run(config, args.bucket)) is None else 0
 
 
 if __name__ == "__main__":

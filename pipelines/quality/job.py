@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -33,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
-from dcp_cdc.errors import DataQualityError, DcpError
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.errors import DataQualityError
 from dcp_cdc.naming import identifier
 from pipelines import schemas
 from pipelines.bronze.job import table_names as bronze_tables
@@ -310,22 +309,18 @@ def failed_errors(reports: Sequence[QualityReport]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.quality.job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--config", required=True, help="a TOML file in conf/")
-    parser.add_argument("--bucket", help="only this bucket")
+    from pipelines.entry import job_parser, run_job
+
+    parser = job_parser("pipelines.quality.job", __doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--screenshot", action="store_true",
                         help=f"also save {SCREENSHOT_NAME} of the summary (headless Chromium)")  # fmt: skip
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    try:
-        reports = run(load_config(args.config), args.bucket, screenshot=args.screenshot)
-    except DcpError as exc:
-        print(f"dcp-cdc check: error: {exc}", file=sys.stderr)
+    reports = run_job("check", args, lambda config: run(
+        config, args.bucket, screenshot=args.screenshot
+    ))  # fmt: skip
+    if reports is None:
         return 2
-    for r in reports:
-        print(r.render())
     failed = failed_errors(reports)
     if failed:
         print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)

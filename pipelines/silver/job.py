@@ -20,17 +20,14 @@ documents (no tombstones, nothing past its expiry) over ``..._all``, which keeps
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError, DcpError
 from dcp_cdc.naming import identifier
 from pipelines.bronze.job import table_names as bronze_tables
@@ -244,9 +241,9 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.silver.job", description=__doc__)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--bucket")
+    from pipelines.entry import job_parser, run_job
+
+    parser = job_parser("pipelines.silver.job", __doc__)
     parser.add_argument("--collection", help="SCOPE.NAME: only this collection's table")
     parser.add_argument(
         "--rebuild",
@@ -254,16 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a backfill: empty the tables (or --collection's) and apply all of bronze again",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    try:
-        config = load_config(args.config)
-        for summary in run(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
-            print(summary.render())
-    except DcpError as exc:
-        print(f"dcp-cdc apply: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    summaries = run_job("apply", args, lambda config: run(
+        config, args.bucket, collection=args.collection, rebuild=args.rebuild
+    ))  # fmt: skip
+    return 2 if summaries is None else 0
 
 
 if __name__ == "__main__":

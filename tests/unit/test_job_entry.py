@@ -1,0 +1,67 @@
+"""The ``python -m`` entry points of the jobs (what the DAG's spark-submit tasks run):
+a bad configuration is a one-line error and exit status 2, before any Spark session."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+JOBS = [
+    ("pipelines.bronze.job", "ingest"),
+    ("pipelines.silver.job", "apply"),
+    ("pipelines.quality.job", "check"),
+    ("pipelines.maintenance", "maintain"),
+]
+
+
+@pytest.mark.parametrize(("module", "verb"), JOBS)
+def test_bad_configuration_exits_2_naming_the_job_and_the_field(
+    module: str, verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+                    "[ingest]\nchunk_bytes = -1\n")  # fmt: skip
+    main = importlib.import_module(module).main
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dcp-cdc {verb}: error: ")
+    assert "chunk_bytes" in err
+    assert not (tmp_path / "w").exists()  # no Spark session was started on the warehouse
+
+
+@pytest.mark.parametrize(("module", "verb"), JOBS)
+def test_unknown_bucket_exits_2(
+    module: str, verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
+    main = importlib.import_module(module).main
+    assert main(["--config", str(path), "--bucket", "other"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dcp-cdc {verb}: error: ") and "other" in err
+    assert not (tmp_path / "w").exists()
+
+
+def test_run_job_prints_every_summary_and_passes_them_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from pipelines.entry import run_job
+
+    class Done:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def render(self) -> str:
+            return f"done {self.name}"
+
+    path = tmp_path / "two.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n'
+                    '[[buckets]]\nname = "b"\n')  # fmt: skip
+    args = SimpleNamespace(config=str(path))
+    got = run_job("ingest", args, lambda config: [Done(b.name) for b in config.buckets])  # type: ignore[arg-type]
+    assert got is not None and [s.name for s in got] == ["a", "b"]
+    assert capsys.readouterr().out.splitlines() == ["done a", "done b"]
