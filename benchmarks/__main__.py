@@ -1,12 +1,14 @@
 """``make bench``: every benchmark in turn, or those named (``make bench ARGS="decode apply"``).
 
 Benchmarks are separate from the tests: they take minutes, build their own inputs under
-``benchmarks/.data`` (ignored by git) and write JSON under ``benchmarks/results/``.
+``benchmarks/.data`` (ignored by git) and write JSON under ``benchmarks/results/``. Each runs
+in a process of its own: its own JVM, memory and embedded metastore (a local warehouse
+admits one Spark process at a time, and a stopped session keeps it until its JVM exits).
 """
 
 from __future__ import annotations
 
-import importlib
+import subprocess
 import sys
 import time
 
@@ -23,7 +25,10 @@ def main(argv: list[str]) -> int:
     for name in names:
         started = time.perf_counter()
         print(f"== benchmarks.{name}", flush=True)
-        importlib.import_module(f"benchmarks.{name}").main([])
+        done = subprocess.run([sys.executable, "-m", f"benchmarks.{name}"], check=False)
+        if done.returncode:
+            print(f"== benchmarks.{name}: failed ({done.returncode})", file=sys.stderr)
+            return done.returncode
         print(f"== benchmarks.{name}: {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
