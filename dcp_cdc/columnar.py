@@ -31,7 +31,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcp_cdc import layouts
+from dcp_cdc import layouts, snappy
 from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Event, UnknownFrame
@@ -45,7 +45,7 @@ from dcp_cdc.protocol import (
     Datatype,
     Opcode,
 )
-from dcp_cdc.snappy import MAX_RATIO, MAX_UNCOMPRESSED, decompress_many
+from dcp_cdc.varint import CONTINUATION, read_uleb128_many
 
 I64 = pa.int64()
 I32 = pa.int32()
@@ -586,26 +586,6 @@ class _Values:
     items: pa.Array
 
 
-def _snappy_preambles(buf: bytes, start: Any, length: Any) -> tuple[Any, Any]:
-    """Declared uncompressed length of each block and whether it is acceptable, exactly as
-    :func:`dcp_cdc.snappy.decompress` judges it before decompressing."""
-    u8 = np.frombuffer(buf, dtype=np.uint8)
-    declared = np.zeros(len(start), dtype=np.int64)
-    done = np.zeros(len(start), dtype=np.bool_)
-    bad = np.zeros(len(start), dtype=np.bool_)
-    for i in range(5):
-        present = i < length
-        b = u8[np.minimum(start + i, len(u8) - 1)].astype(np.int64)
-        open_ = ~done & ~bad
-        bad |= open_ & ~present
-        take = open_ & present
-        declared[take] |= (b[take] & 0x7F) << (7 * i)
-        done |= take & (b < 0x80)
-    ok = done & ~bad
-    ok &= (declared <= MAX_UNCOMPRESSED) & (declared <= MAX_RATIO * length + 64)
-    return declared, ok
-
-
 def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Values:
     """Snappy then XATTRs (the order of spec §2) for non-empty values of known datatype."""
     m = len(start)
@@ -614,15 +594,17 @@ def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Value
     start = start.copy()
     length = length.copy()
     sources: list[Any] = [buf]
-    snappy = np.flatnonzero((datatype & _SNAPPY) != 0)
-    if len(snappy):
-        declared, plausible = _snappy_preambles(buf, start[snappy], length[snappy])
-        ok[snappy[~plausible]] = False
-        rows = snappy[plausible]
+    compressed = np.flatnonzero((datatype & _SNAPPY) != 0)
+    if len(compressed):
+        # The declared length of each block, judged as snappy.decompress judges it.
+        declared, _, plausible = read_uleb128_many(buf, start[compressed], length[compressed])
+        plausible &= snappy.plausible(declared, length[compressed])
+        ok[compressed[~plausible]] = False
+        rows = compressed[plausible]
         sizes = declared[plausible]
         at = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(sizes, out=at[1:])
-        out, written = decompress_many(
+        out, written = snappy.decompress_many(
             buf, start[rows].tolist(), length[rows].tolist(), at[:-1].tolist(), sizes.tolist(),
             int(at[-1]),
         )  # fmt: skip
@@ -920,7 +902,7 @@ def decode_frames(
             idx, rec = idx[ok], rec[ok]
         if has_key and collections:
             first = u8[key_start[idx]]
-            ok = first < 0x80  # one-byte LEB128; longer prefixes take the per-frame path
+            ok = first < CONTINUATION  # one-byte LEB128; longer ones take the per-frame path
             idx, rec, first = idx[ok], rec[ok], first[ok]
             cols.set("collection_id", idx, first)
             doc_key_start = key_start[idx] + 1

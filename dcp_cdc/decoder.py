@@ -39,7 +39,6 @@ from dcp_cdc.events import (
     UnknownFrame,
 )
 from dcp_cdc.layouts import Layout
-from dcp_cdc.leb128 import read_uleb128
 from dcp_cdc.protocol import (
     ALT_MAGICS,
     DATATYPE_MASK,
@@ -57,6 +56,7 @@ from dcp_cdc.protocol import (
     system_event_name,
 )
 from dcp_cdc.snappy import decompress
+from dcp_cdc.varint import read_uleb128
 from dcp_cdc.xattrs import split_xattrs
 
 # Plain ints for the hot path: IntFlag arithmetic builds enum objects on every operation.

@@ -33,9 +33,9 @@ from dcp_cdc.events import (
     SystemEvent,
     UnknownFrame,
 )
-from dcp_cdc.leb128 import encode_uleb128
 from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode, SystemEventId
 from dcp_cdc.snappy import compress
+from dcp_cdc.varint import encode_uleb128
 from dcp_cdc.xattrs import join_xattrs
 
 Sections = tuple[bytes, bytes, bytes]  # extras, key, value
