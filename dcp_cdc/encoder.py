@@ -33,7 +33,14 @@ from dcp_cdc.events import (
     SystemEvent,
     UnknownFrame,
 )
-from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode, SystemEventId
+from dcp_cdc.protocol import (
+    STREAM_ID_LEN,
+    STREAM_ID_TAG,
+    Datatype,
+    Magic,
+    Opcode,
+    SystemEventId,
+)
 from dcp_cdc.snappy import compress
 from dcp_cdc.varint import encode_uleb128
 from dcp_cdc.xattrs import join_xattrs
@@ -66,7 +73,7 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     framing = b""
     magic = h.magic
     if h.stream_id is not None:
-        framing = bytes([0x22]) + h.stream_id.to_bytes(2, "big")
+        framing = bytes([STREAM_ID_TAG]) + h.stream_id.to_bytes(STREAM_ID_LEN, "big")
         magic = Magic.ALT_CLIENT_RESPONSE if h.is_response else Magic.ALT_CLIENT_REQUEST
     elif magic in (Magic.ALT_CLIENT_REQUEST, Magic.ALT_CLIENT_RESPONSE):
         magic = Magic.CLIENT_RESPONSE if h.is_response else Magic.CLIENT_REQUEST
@@ -78,10 +85,10 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     else:
         length_word = len(key)
     head = layouts.HEADER.pack(
-        magic, h.opcode, length_word, len(extras), h.datatype, h.vbucket_or_status, body_len,
-        h.opaque, h.cas,
+        magic=magic, opcode=h.opcode, key_len=length_word, ext_len=len(extras),
+        datatype=h.datatype, vbucket_or_status=h.vbucket_or_status, body_len=body_len,
+        opaque=h.opaque, cas=h.cas,
     )  # fmt: skip
-    assert len(head) == HEADER_LEN
     return head + framing + extras + key + value
 
 
