@@ -34,7 +34,16 @@ import pyarrow.compute as pc
 from dcp_cdc import layouts, snappy
 from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
-from dcp_cdc.events import Event, UnknownFrame
+from dcp_cdc.events import (
+    OPS,
+    Deletion,
+    Event,
+    Expiration,
+    Mutation,
+    SeqnoAdvanced,
+    SnapshotMarker,
+    UnknownFrame,
+)
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
     ALT_MAGICS,
@@ -88,12 +97,6 @@ _NP_TYPES: dict[pa.DataType, Any] = {
     I64: np.int64, I32: np.int32, I16: np.int16, pa.bool_(): np.bool_,
 }  # fmt: skip
 
-OPS: tuple[str, ...] = (
-    "mutation", "deletion", "expiration", "snapshot_marker", "system_event", "seqno_advanced",
-    "oso_snapshot", "stream_end", "noop", "prepare", "commit", "abort", "stream_request",
-    "stream_request_response", "failover_log_request", "failover_log_response", "buffer_ack",
-    "set_vbucket_state", "unknown",
-)  # fmt: skip
 _OP_INDEX = {op: i for i, op in enumerate(OPS)}
 _U64_SIGN = 1 << 63
 
@@ -794,12 +797,12 @@ _RESPONSE = sorted(int(m) for m in RESPONSE_MAGICS)
 
 # Hot messages decoded for all rows at once: (opcode, extras layout, op, has a document key).
 _FAST = (
-    (Opcode.DCP_MUTATION, layouts.MUTATION, "mutation", True),
-    (Opcode.DCP_DELETION, layouts.DELETION_V1, "deletion", True),
-    (Opcode.DCP_DELETION, layouts.DELETION_V2, "deletion", True),
-    (Opcode.DCP_EXPIRATION, layouts.EXPIRATION, "expiration", True),
-    (Opcode.DCP_SNAPSHOT_MARKER, layouts.SNAPSHOT_MARKER_V1, "snapshot_marker", False),
-    (Opcode.DCP_SEQNO_ADVANCED, layouts.SEQNO_ADVANCED, "seqno_advanced", False),
+    (Opcode.DCP_MUTATION, layouts.MUTATION, Mutation.op, True),
+    (Opcode.DCP_DELETION, layouts.DELETION_V1, Deletion.op, True),
+    (Opcode.DCP_DELETION, layouts.DELETION_V2, Deletion.op, True),
+    (Opcode.DCP_EXPIRATION, layouts.EXPIRATION, Expiration.op, True),
+    (Opcode.DCP_SNAPSHOT_MARKER, layouts.SNAPSHOT_MARKER_V1, SnapshotMarker.op, False),
+    (Opcode.DCP_SEQNO_ADVANCED, layouts.SEQNO_ADVANCED, SeqnoAdvanced.op, False),
 )
 
 
