@@ -38,7 +38,6 @@ from dcp_cdc.protocol import (
     STREAM_ID_TAG,
     Datatype,
     Magic,
-    Opcode,
     SystemEventId,
 )
 from dcp_cdc.snappy import compress
@@ -262,28 +261,6 @@ _SECTIONS: dict[type, Callable[..., Sections]] = {
     FailoverLogResponse: _failover_log_response,
     BufferAck: lambda e: (layouts.BUFFER_ACK.pack(buffer_bytes=e.buffer_bytes), b"", b""),
 }
-
-OPCODES: dict[type, int] = {
-    Mutation: Opcode.DCP_MUTATION,
-    Deletion: Opcode.DCP_DELETION,
-    Expiration: Opcode.DCP_EXPIRATION,
-    Prepare: Opcode.DCP_PREPARE,
-    Commit: Opcode.DCP_COMMIT,
-    Abort: Opcode.DCP_ABORT,
-    SnapshotMarker: Opcode.DCP_SNAPSHOT_MARKER,
-    SystemEvent: Opcode.DCP_SYSTEM_EVENT,
-    SeqnoAdvanced: Opcode.DCP_SEQNO_ADVANCED,
-    OsoSnapshot: Opcode.DCP_OSO_SNAPSHOT,
-    StreamEnd: Opcode.DCP_STREAM_END,
-    Noop: Opcode.DCP_NOOP,
-    SetVbucketState: Opcode.DCP_SET_VBUCKET_STATE,
-    StreamRequest: Opcode.DCP_STREAM_REQ,
-    StreamRequestResponse: Opcode.DCP_STREAM_REQ,
-    FailoverLogRequest: Opcode.DCP_GET_FAILOVER_LOG,
-    FailoverLogResponse: Opcode.DCP_GET_FAILOVER_LOG,
-    BufferAck: Opcode.DCP_BUFFER_ACKNOWLEDGEMENT,
-}
-"""The opcode of each event class (the header's opcode must agree)."""
 
 
 def encode(event: Event) -> bytes:

@@ -320,8 +320,6 @@ Event = (
     | StreamRequestResponse | FailoverLogRequest | FailoverLogResponse | BufferAck | UnknownFrame
 )  # fmt: skip
 
-DocumentEvent = Mutation | Deletion | Expiration | Prepare
-
 OPS: tuple[str, ...] = tuple(cls.op for cls in get_args(Event))
 """Every ``op`` of decode output and bronze rows, one per event class."""
 DATA_OPS: tuple[str, ...] = (Mutation.op, Deletion.op, Expiration.op)
