@@ -21,8 +21,8 @@ from benchmarks.common import Case, report
 from benchmarks.corpus import captures, frames_of
 from dcp_cdc.columnar import decode_batch
 from dcp_cdc.decoder import DcpDecoder
-from dcp_cdc.leb128 import read_uleb128
 from dcp_cdc.snappy import decompress
+from dcp_cdc.varint import read_uleb128
 from dcp_cdc.xattrs import split_xattrs
 
 LARGE = 5_000_000  # from this many frames, the two slow faces run once

@@ -66,7 +66,7 @@ def parse_header(data: bytes, *, file: str | None = None) -> tuple[CaptureHeader
             f"capture format version {version} is not supported (expected {FORMAT_VERSION})",
             file=file,
         )
-    (length,) = _U32.unpack_from(data, 8)
+    (length,) = _U32.unpack_from(data, len(MAGIC))
     if length > MAX_HEADER_LEN:
         raise CaptureFormatError(f"header length {length} exceeds {MAX_HEADER_LEN}", file=file)
     end = PREAMBLE_LEN + length
@@ -92,7 +92,7 @@ def read_capture_header(path: str | Path) -> tuple[CaptureHeader, int]:
     with open(path, "rb") as fh:
         head = fh.read(PREAMBLE_LEN)
         if len(head) == PREAMBLE_LEN and head[:6] == MAGIC[:6]:
-            (length,) = _U32.unpack_from(head, 8)
+            (length,) = _U32.unpack_from(head, len(MAGIC))
             head += fh.read(min(length, MAX_HEADER_LEN))
     return parse_header(head, file=str(path))
 

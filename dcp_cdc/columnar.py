@@ -31,21 +31,34 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcp_cdc import layouts
+from dcp_cdc import layouts, snappy
 from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
-from dcp_cdc.events import Event, UnknownFrame
+from dcp_cdc.events import (
+    OPS,
+    Deletion,
+    Event,
+    Expiration,
+    Mutation,
+    SeqnoAdvanced,
+    SnapshotMarker,
+    UnknownFrame,
+)
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
     ALT_MAGICS,
+    DATATYPE_MASK,
     HEADER_LEN,
     KNOWN_MAGICS,
     MAX_BODY_LEN,
     RESPONSE_MAGICS,
+    STREAM_ID_LEN,
+    STREAM_ID_TAG,
     Datatype,
+    Magic,
     Opcode,
 )
-from dcp_cdc.snappy import MAX_RATIO, MAX_UNCOMPRESSED, decompress_many
+from dcp_cdc.varint import CONTINUATION, read_uleb128_many
 
 I64 = pa.int64()
 I32 = pa.int32()
@@ -84,12 +97,6 @@ _NP_TYPES: dict[pa.DataType, Any] = {
     I64: np.int64, I32: np.int32, I16: np.int16, pa.bool_(): np.bool_,
 }  # fmt: skip
 
-OPS: tuple[str, ...] = (
-    "mutation", "deletion", "expiration", "snapshot_marker", "system_event", "seqno_advanced",
-    "oso_snapshot", "stream_end", "noop", "prepare", "commit", "abort", "stream_request",
-    "stream_request_response", "failover_log_request", "failover_log_response", "buffer_ack",
-    "set_vbucket_state", "unknown",
-)  # fmt: skip
 _OP_INDEX = {op: i for i, op in enumerate(OPS)}
 _U64_SIGN = 1 << 63
 
@@ -166,7 +173,13 @@ _SEED_WINDOW = 512  # where a segment's first frame is looked for, from its nomi
 _MIN_LOCKSTEP = 32  # below this many segments still walking, the rest walk one by one
 _KNOWN_MAGIC = np.zeros(256, dtype=np.bool_)
 _KNOWN_MAGIC[sorted(KNOWN_MAGICS)] = True
-_BODY_LEN = struct.Struct(">I").unpack_from
+_BODY_LEN_AT = layouts.BODY_LEN_OFFSET
+_BODY_LEN = struct.Struct(">I").unpack_from  # the u32 at _BODY_LEN_AT
+
+
+def _body_len(buf: bytes, pos: int) -> int:
+    """The body length in the header at ``buf[pos:]`` (spec §1.1)."""
+    return int(_BODY_LEN(buf, pos + _BODY_LEN_AT)[0])
 
 
 def _byte_view(buf: Any, fmt: str) -> Any:
@@ -191,10 +204,11 @@ def _walk(buf: bytes, pos: int, stop: int) -> tuple[list[int], int, bool]:
     append = found.append
     n = len(buf)
     known = KNOWN_MAGICS
+    body_len, at = _BODY_LEN, _BODY_LEN_AT
     while pos < stop:
         if pos + HEADER_LEN > n:
             return found, pos, True
-        end = pos + HEADER_LEN + _BODY_LEN(buf, pos + 8)[0]
+        end = pos + HEADER_LEN + body_len(buf, pos + at)[0]
         if buf[pos] not in known or end - pos - HEADER_LEN > MAX_BODY_LEN or end > n:
             return found, pos, True
         append(pos)
@@ -223,7 +237,7 @@ def frame_starts(
     unframeable = (
         halted
         and pos + HEADER_LEN <= n
-        and (buf[pos] not in KNOWN_MAGICS or _BODY_LEN(buf, pos + 8)[0] > MAX_BODY_LEN)
+        and (buf[pos] not in KNOWN_MAGICS or _body_len(buf, pos) > MAX_BODY_LEN)
     )
     if unframeable:
         try:
@@ -232,7 +246,7 @@ def frame_starts(
             fatal = exc
     if fatal is None and final and pos < n:
         opcode = buf[pos + 1] if n - pos > 1 else None
-        needed = HEADER_LEN + _BODY_LEN(buf, pos + 8)[0] if n - pos >= HEADER_LEN else None
+        needed = HEADER_LEN + _body_len(buf, pos) if n - pos >= HEADER_LEN else None
         fatal = TruncatedFrameError(
             offset=base_offset + pos, available=n - pos, needed=needed, opcode=opcode
         )
@@ -256,7 +270,7 @@ def _segment_seeds(buf: bytes, segment: int) -> Any:
     flat = np.flatnonzero(_is_magic(u8[bounds[:, None] + np.arange(window, dtype=np.int64)]))
     seg = flat // window
     cand = bounds[seg] + flat % window
-    body = _byte_view(buf, ">u4")[cand + 8].astype(np.int64)
+    body = _byte_view(buf, ">u4")[cand + _BODY_LEN_AT].astype(np.int64)
     nxt = cand + HEADER_LEN + body
     ok = (body <= MAX_BODY_LEN) & ((nxt == n) | (nxt + HEADER_LEN <= n))
     inner = np.flatnonzero(ok & (nxt < n))
@@ -285,7 +299,7 @@ def _walk_segments(buf: bytes, segment: int) -> tuple[npt.NDArray[np.int64], int
             break
         fits = pos + HEADER_LEN <= n
         at = pos if fits.all() else np.where(fits, pos, 0)
-        frame_end = at + HEADER_LEN + be32[at + 8].astype(np.int64)
+        frame_end = at + HEADER_LEN + be32[at + _BODY_LEN_AT].astype(np.int64)
         ok = fits & _is_magic(u8[at]) & (frame_end - at - HEADER_LEN <= MAX_BODY_LEN)
         ok &= frame_end <= n
         if not ok.all():
@@ -586,26 +600,6 @@ class _Values:
     items: pa.Array
 
 
-def _snappy_preambles(buf: bytes, start: Any, length: Any) -> tuple[Any, Any]:
-    """Declared uncompressed length of each block and whether it is acceptable, exactly as
-    :func:`dcp_cdc.snappy.decompress` judges it before decompressing."""
-    u8 = np.frombuffer(buf, dtype=np.uint8)
-    declared = np.zeros(len(start), dtype=np.int64)
-    done = np.zeros(len(start), dtype=np.bool_)
-    bad = np.zeros(len(start), dtype=np.bool_)
-    for i in range(5):
-        present = i < length
-        b = u8[np.minimum(start + i, len(u8) - 1)].astype(np.int64)
-        open_ = ~done & ~bad
-        bad |= open_ & ~present
-        take = open_ & present
-        declared[take] |= (b[take] & 0x7F) << (7 * i)
-        done |= take & (b < 0x80)
-    ok = done & ~bad
-    ok &= (declared <= MAX_UNCOMPRESSED) & (declared <= MAX_RATIO * length + 64)
-    return declared, ok
-
-
 def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Values:
     """Snappy then XATTRs (the order of spec §2) for non-empty values of known datatype."""
     m = len(start)
@@ -614,15 +608,17 @@ def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Value
     start = start.copy()
     length = length.copy()
     sources: list[Any] = [buf]
-    snappy = np.flatnonzero((datatype & _SNAPPY) != 0)
-    if len(snappy):
-        declared, plausible = _snappy_preambles(buf, start[snappy], length[snappy])
-        ok[snappy[~plausible]] = False
-        rows = snappy[plausible]
+    compressed = np.flatnonzero((datatype & _SNAPPY) != 0)
+    if len(compressed):
+        # The declared length of each block, judged as snappy.decompress judges it.
+        declared, _, plausible = read_uleb128_many(buf, start[compressed], length[compressed])
+        plausible &= snappy.plausible(declared, length[compressed])
+        ok[compressed[~plausible]] = False
+        rows = compressed[plausible]
         sizes = declared[plausible]
         at = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(sizes, out=at[1:])
-        out, written = decompress_many(
+        out, written = snappy.decompress_many(
             buf, start[rows].tolist(), length[rows].tolist(), at[:-1].tolist(), sizes.tolist(),
             int(at[-1]),
         )  # fmt: skip
@@ -779,15 +775,7 @@ def _duplicate_key_rows(entry_rows: Any, keys: pa.Array) -> Any:
 
 # --- decoding ------------------------------------------------------------------------------
 
-_HEADER_DTYPE = np.dtype(
-    {
-        "names": ["magic", "opcode", "keylen16", "ext_len", "datatype", "vb_or_status",
-                  "body_len", "opaque", "cas"],
-        "formats": ["u1", "u1", ">u2", "u1", "u1", ">u2", ">u4", ">u4", ">u8"],
-        "offsets": [0, 1, 2, 4, 5, 6, 8, 12, 16],
-        "itemsize": HEADER_LEN,
-    }
-)  # fmt: skip
+_HEADER_DTYPE = layouts.HEADER.numpy_dtype()
 _LAYOUT_DTYPES: dict[str, Any] = {}
 
 
@@ -795,14 +783,7 @@ def _records(buf: bytes, at: Any, layout: Layout) -> Any:
     """The ``layout`` section at each offset ``at``, as a structured array (one gather)."""
     dtype = _LAYOUT_DTYPES.get(layout.name)
     if dtype is None:
-        dtype = _LAYOUT_DTYPES[layout.name] = np.dtype(
-            {
-                "names": [f.name for f in layout.fields],
-                "formats": [f">u{f.size}" for f in layout.fields],
-                "offsets": [f.offset for f in layout.fields],
-                "itemsize": layout.length,
-            }
-        )
+        dtype = _LAYOUT_DTYPES[layout.name] = layout.numpy_dtype()
     return _byte_view(buf, f"V{layout.length}")[at].view(dtype)
 
 
@@ -810,16 +791,18 @@ _SNAPPY = int(Datatype.SNAPPY)
 _XATTR = int(Datatype.XATTR)
 _DOC_OPCODES = [int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)]
 _ALT = sorted(int(m) for m in ALT_MAGICS)
+_SERVER_REQUEST = int(Magic.SERVER_REQUEST)  # duplex, server-initiated: the per-frame path
+_UNKNOWN_DATATYPE_BITS = 0xFF & ~DATATYPE_MASK
 _RESPONSE = sorted(int(m) for m in RESPONSE_MAGICS)
 
 # Hot messages decoded for all rows at once: (opcode, extras layout, op, has a document key).
 _FAST = (
-    (Opcode.DCP_MUTATION, layouts.MUTATION, "mutation", True),
-    (Opcode.DCP_DELETION, layouts.DELETION_V1, "deletion", True),
-    (Opcode.DCP_DELETION, layouts.DELETION_V2, "deletion", True),
-    (Opcode.DCP_EXPIRATION, layouts.EXPIRATION, "expiration", True),
-    (Opcode.DCP_SNAPSHOT_MARKER, layouts.SNAPSHOT_MARKER_V1, "snapshot_marker", False),
-    (Opcode.DCP_SEQNO_ADVANCED, layouts.SEQNO_ADVANCED, "seqno_advanced", False),
+    (Opcode.DCP_MUTATION, layouts.MUTATION, Mutation.op, True),
+    (Opcode.DCP_DELETION, layouts.DELETION_V1, Deletion.op, True),
+    (Opcode.DCP_DELETION, layouts.DELETION_V2, Deletion.op, True),
+    (Opcode.DCP_EXPIRATION, layouts.EXPIRATION, Expiration.op, True),
+    (Opcode.DCP_SNAPSHOT_MARKER, layouts.SNAPSHOT_MARKER_V1, SnapshotMarker.op, False),
+    (Opcode.DCP_SEQNO_ADVANCED, layouts.SEQNO_ADVANCED, SeqnoAdvanced.op, False),
 )
 
 
@@ -868,7 +851,7 @@ def decode_frames(
     head = _byte_view(buf, f"V{HEADER_LEN}")[starts].view(_HEADER_DTYPE)
     magic = head["magic"]
     alt = np.isin(magic, _ALT)
-    keylen16 = head["keylen16"].astype(np.int64)
+    keylen16 = head["key_len"].astype(np.int64)
     fe_len = np.where(alt, keylen16 >> 8, 0)
     key_len = np.where(alt, keylen16 & 0xFF, keylen16)
     ext_len = head["ext_len"].astype(np.int64)
@@ -889,22 +872,22 @@ def decode_frames(
     cols.full("opaque", head["opaque"])
     cols.full("cas", head["cas"].astype(np.uint64).view(np.int64))
     cols.full("datatype", datatype)
-    vb_or_status = head["vb_or_status"]
+    vb_or_status = head["vbucket_or_status"]
     cols.set("vbucket", ~is_response, vb_or_status[~is_response])
     cols.set("status", is_response, vb_or_status[is_response])
 
-    # Stream ids: the usual alt frame is exactly one stream-id FrameInfo (0x22 + u16).
+    # Stream ids: the usual alt frame is exactly one stream-id FrameInfo (tag + u16).
     slow = value_len < 0  # impossible lengths are reported by the per-frame path
     sid_rows = np.flatnonzero(alt & ~slow)
     if len(sid_rows):
         at = starts[sid_rows] + HEADER_LEN
-        simple = (fe_len[sid_rows] == 3) & (u8[at] == 0x22)
+        simple = (fe_len[sid_rows] == 1 + STREAM_ID_LEN) & (u8[at] == STREAM_ID_TAG)
         cols.set("stream_id", sid_rows[simple], _byte_view(buf, ">u2")[at[simple] + 1])
         slow[sid_rows[~simple]] = True
 
     fast = np.zeros(n, dtype=np.bool_)
-    request = ~is_response & (magic != 0x82) & ~slow
-    known_datatype = (datatype & 0xF8) == 0
+    request = ~is_response & (magic != _SERVER_REQUEST) & ~slow
+    known_datatype = (datatype & _UNKNOWN_DATATYPE_BITS) == 0
     for op_code, layout, op, has_key in _FAST:
         sel = request & (opcode == op_code) & (ext_len == layout.length)
         if has_key:
@@ -920,7 +903,7 @@ def decode_frames(
             idx, rec = idx[ok], rec[ok]
         if has_key and collections:
             first = u8[key_start[idx]]
-            ok = first < 0x80  # one-byte LEB128; longer prefixes take the per-frame path
+            ok = first < CONTINUATION  # one-byte LEB128; longer ones take the per-frame path
             idx, rec, first = idx[ok], rec[ok], first[ok]
             cols.set("collection_id", idx, first)
             doc_key_start = key_start[idx] + 1

@@ -39,7 +39,6 @@ from dcp_cdc.events import (
     UnknownFrame,
 )
 from dcp_cdc.layouts import Layout
-from dcp_cdc.leb128 import read_uleb128
 from dcp_cdc.protocol import (
     ALT_MAGICS,
     DATATYPE_MASK,
@@ -48,6 +47,7 @@ from dcp_cdc.protocol import (
     MAX_BODY_LEN,
     RESPONSE_MAGICS,
     STREAM_ID_FRAME_INFO,
+    STREAM_ID_LEN,
     Datatype,
     Opcode,
     Status,
@@ -57,6 +57,7 @@ from dcp_cdc.protocol import (
     system_event_name,
 )
 from dcp_cdc.snappy import decompress
+from dcp_cdc.varint import read_uleb128
 from dcp_cdc.xattrs import split_xattrs
 
 # Plain ints for the hot path: IntFlag arithmetic builds enum objects on every operation.
@@ -96,7 +97,7 @@ def read_header(buf: Buffer, pos: int = 0, *, base_offset: int = 0) -> FrameHead
             got=f"0x{magic:02x}",
         )
     _, opcode, key_len, ext_len, datatype, vb_or_status, body_len, opaque, cas = (
-        layouts.HEADER.unpack_from(buf, pos)
+        layouts.HEADER.unpack(buf, pos)
     )
     fe_len = 0
     if magic in _ALT_MAGICS:
@@ -172,7 +173,7 @@ def _stream_id(buf: Buffer, start: int, length: int) -> int | None:
                 got=f"{obj_len} bytes",
             )
         if obj_id == STREAM_ID_FRAME_INFO:
-            if obj_len != 2:
+            if obj_len != STREAM_ID_LEN:
                 raise FieldError(
                     "bad framing extras: stream-id FrameInfo length",
                     expected="2 bytes",

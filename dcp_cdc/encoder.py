@@ -33,9 +33,15 @@ from dcp_cdc.events import (
     SystemEvent,
     UnknownFrame,
 )
-from dcp_cdc.leb128 import encode_uleb128
-from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode, SystemEventId
+from dcp_cdc.protocol import (
+    STREAM_ID_LEN,
+    STREAM_ID_TAG,
+    Datatype,
+    Magic,
+    SystemEventId,
+)
 from dcp_cdc.snappy import compress
+from dcp_cdc.varint import encode_uleb128
 from dcp_cdc.xattrs import join_xattrs
 
 Sections = tuple[bytes, bytes, bytes]  # extras, key, value
@@ -66,7 +72,7 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     framing = b""
     magic = h.magic
     if h.stream_id is not None:
-        framing = bytes([0x22]) + h.stream_id.to_bytes(2, "big")
+        framing = bytes([STREAM_ID_TAG]) + h.stream_id.to_bytes(STREAM_ID_LEN, "big")
         magic = Magic.ALT_CLIENT_RESPONSE if h.is_response else Magic.ALT_CLIENT_REQUEST
     elif magic in (Magic.ALT_CLIENT_REQUEST, Magic.ALT_CLIENT_RESPONSE):
         magic = Magic.CLIENT_RESPONSE if h.is_response else Magic.CLIENT_REQUEST
@@ -78,10 +84,10 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     else:
         length_word = len(key)
     head = layouts.HEADER.pack(
-        magic, h.opcode, length_word, len(extras), h.datatype, h.vbucket_or_status, body_len,
-        h.opaque, h.cas,
+        magic=magic, opcode=h.opcode, key_len=length_word, ext_len=len(extras),
+        datatype=h.datatype, vbucket_or_status=h.vbucket_or_status, body_len=body_len,
+        opaque=h.opaque, cas=h.cas,
     )  # fmt: skip
-    assert len(head) == HEADER_LEN
     return head + framing + extras + key + value
 
 
@@ -255,28 +261,6 @@ _SECTIONS: dict[type, Callable[..., Sections]] = {
     FailoverLogResponse: _failover_log_response,
     BufferAck: lambda e: (layouts.BUFFER_ACK.pack(buffer_bytes=e.buffer_bytes), b"", b""),
 }
-
-OPCODES: dict[type, int] = {
-    Mutation: Opcode.DCP_MUTATION,
-    Deletion: Opcode.DCP_DELETION,
-    Expiration: Opcode.DCP_EXPIRATION,
-    Prepare: Opcode.DCP_PREPARE,
-    Commit: Opcode.DCP_COMMIT,
-    Abort: Opcode.DCP_ABORT,
-    SnapshotMarker: Opcode.DCP_SNAPSHOT_MARKER,
-    SystemEvent: Opcode.DCP_SYSTEM_EVENT,
-    SeqnoAdvanced: Opcode.DCP_SEQNO_ADVANCED,
-    OsoSnapshot: Opcode.DCP_OSO_SNAPSHOT,
-    StreamEnd: Opcode.DCP_STREAM_END,
-    Noop: Opcode.DCP_NOOP,
-    SetVbucketState: Opcode.DCP_SET_VBUCKET_STATE,
-    StreamRequest: Opcode.DCP_STREAM_REQ,
-    StreamRequestResponse: Opcode.DCP_STREAM_REQ,
-    FailoverLogRequest: Opcode.DCP_GET_FAILOVER_LOG,
-    FailoverLogResponse: Opcode.DCP_GET_FAILOVER_LOG,
-    BufferAck: Opcode.DCP_BUFFER_ACKNOWLEDGEMENT,
-}
-"""The opcode of each event class (the header's opcode must agree)."""
 
 
 def encode(event: Event) -> bytes:

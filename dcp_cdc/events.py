@@ -7,7 +7,7 @@ output and bronze tables. Field names follow the spec.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, get_args
 
 from dcp_cdc.protocol import HEADER_LEN, RESPONSE_MAGICS, Datatype, OsoFlag
 
@@ -320,4 +320,7 @@ Event = (
     | StreamRequestResponse | FailoverLogRequest | FailoverLogResponse | BufferAck | UnknownFrame
 )  # fmt: skip
 
-DocumentEvent = Mutation | Deletion | Expiration | Prepare
+OPS: tuple[str, ...] = tuple(cls.op for cls in get_args(Event))
+"""Every ``op`` of decode output and bronze rows, one per event class."""
+DATA_OPS: tuple[str, ...] = (Mutation.op, Deletion.op, Expiration.op)
+"""The ops that change a document (spec §6.4–§6.6): what silver applies."""

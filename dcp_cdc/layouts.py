@@ -1,17 +1,22 @@
 """Frame layouts, declared once.
 
-Each :class:`Layout` is one fixed-size section of a frame (an extras block, or the fixed part
-of a value) as a table of big-endian unsigned fields. Both faces of the decoder read through
-these tables: the event iterator unpacks them with :mod:`struct`, the columnar decoder gathers
-them with numpy, and the encoder packs them. Offsets are relative to the section start
-(spec §6: "extras offsets").
+Each :class:`Layout` is one fixed-size section of a frame (the 24-byte header, an extras block,
+or the fixed part of a value) as a table of big-endian unsigned fields. Both faces of the
+decoder read through these tables: the event iterator unpacks them with :mod:`struct`, the
+columnar decoder gathers them with numpy (:meth:`Layout.numpy_dtype`), and the encoder packs
+them. Offsets are relative to the section start (spec §6: "extras offsets").
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+from dcp_cdc.protocol import HEADER_LEN
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
 
@@ -33,6 +38,7 @@ class Layout:
     spec: str
     _struct: struct.Struct = field(init=False, repr=False, compare=False)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _known: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         fmt = ">"
@@ -47,6 +53,7 @@ class Layout:
         fmt += "x" * (self.length - pos)
         object.__setattr__(self, "_struct", struct.Struct(fmt))
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
+        object.__setattr__(self, "_known", frozenset(self._names))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -61,19 +68,48 @@ class Layout:
 
     def pack(self, **values: int) -> bytes:
         """Bytes of the section; fields not given are 0, unknown names are an error."""
-        if len(values) > len(self._names) or not values.keys() <= set(self._names):
-            unknown = sorted(set(values) - set(self._names))
+        if not values.keys() <= self._known:
+            unknown = sorted(values.keys() - self._known)
             raise TypeError(f"layout {self.name} has no field(s) {unknown}")
         return self._struct.pack(*(values.get(n, 0) for n in self._names))
 
-    def numpy_fields(self) -> list[tuple[str, int, str]]:
-        """``(name, offset, numpy big-endian dtype)`` for the columnar face."""
-        return [(f.name, f.offset, f">u{f.size}") for f in self.fields]
+    def offset_of(self, name: str) -> int:
+        """Where field ``name`` starts in the section."""
+        for f in self.fields:
+            if f.name == name:
+                return f.offset
+        raise KeyError(f"layout {self.name} has no field {name!r}")
+
+    def numpy_dtype(self) -> np.dtype[np.void]:
+        """The section as a numpy structured dtype: big-endian fields at their offsets, one
+        item per ``length`` bytes (the columnar face gathers sections with it)."""
+        import numpy as np  # only the columnar face needs numpy; the event iterator does not
+
+        return np.dtype(
+            {
+                "names": list(self.names),
+                "formats": [f">u{f.size}" for f in self.fields],
+                "offsets": [f.offset for f in self.fields],
+                "itemsize": self.length,
+            }
+        )
 
 
 def _layout(name: str, length: int, spec: str, *fields: tuple[str, int, int]) -> Layout:
     return Layout(name, length, tuple(Field(*f) for f in fields), spec)
 
+
+# --- the header (spec §1.1) ----------------------------------------------------------------
+
+HEADER = _layout(
+    "header", HEADER_LEN, "§1.1",
+    ("magic", 0, 1), ("opcode", 1, 1), ("key_len", 2, 2), ("ext_len", 4, 1), ("datatype", 5, 1),
+    ("vbucket_or_status", 6, 2), ("body_len", 8, 4), ("opaque", 12, 4), ("cas", 16, 8),
+)  # fmt: skip
+"""The 24-byte header. With an alt magic (§1.3) the u16 ``key_len`` holds the framing extras
+length in its high byte and the key length in its low byte."""
+BODY_LEN_OFFSET = HEADER.offset_of("body_len")
+"""Where the frame's length is: enough of a header to frame a stream (§1.1)."""
 
 # --- extras sections (spec §6) -------------------------------------------------------------
 
@@ -143,16 +179,3 @@ COLLECTION_EVENT_V1 = _layout(
 SCOPE_EVENT_V0 = _layout("scope_event_v0", 12, "§6.7", ("manifest_uid", 0, 8), ("scope_id", 8, 4))
 FAILOVER_ENTRY = _layout("failover_entry", 16, "§6.1", ("vb_uuid", 0, 8), ("seqno", 8, 8))
 ROLLBACK = _layout("rollback", 8, "§6.1", ("rollback_seqno", 0, 8))
-
-HEADER = struct.Struct(">BBHBBHIIQ")
-"""The classic 24-byte header (spec §1.1); the alt layout splits the u16 at offset 2."""
-
-
-def layout_fields() -> dict[str, Any]:
-    """Every field name a layout declares, for schema checks."""
-    names: dict[str, Any] = {}
-    for value in globals().values():
-        if isinstance(value, Layout):
-            for f in value.fields:
-                names.setdefault(f.name, f.size)
-    return names

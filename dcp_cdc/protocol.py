@@ -203,7 +203,10 @@ class StreamRequestFlag(IntFlag):
 
 
 STREAM_ID_FRAME_INFO = 2
-"""FrameInfo id of the DCP stream-id (spec §1.3): encoded ``0x22`` then a u16."""
+"""FrameInfo id of the DCP stream-id (spec §1.3); its value is a u16."""
+STREAM_ID_LEN = 2
+STREAM_ID_TAG = STREAM_ID_FRAME_INFO << 4 | STREAM_ID_LEN
+"""First byte of a stream-id FrameInfo: id in the high nibble, length in the low (``0x22``)."""
 
 NO_END_SEQNO = 0xFFFF_FFFF_FFFF_FFFF
 """End seqno meaning "stream forever" (spec §4.4)."""

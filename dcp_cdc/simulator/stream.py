@@ -8,6 +8,7 @@ snapshot it received whole: the consistent point the ground truth is taken at.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 from collections import Counter
@@ -467,6 +468,4 @@ def _dedup(items: list[Item]) -> list[Item]:
 
 
 def _rfc3339(ns: int) -> str:
-    import datetime as dt
-
     return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.UTC).isoformat(timespec="seconds")

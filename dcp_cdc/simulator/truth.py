@@ -11,13 +11,11 @@ import datetime as dt
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dcp_cdc.render import bytes_field
-
-if TYPE_CHECKING:
-    from dcp_cdc.simulator.model import Doc
-    from dcp_cdc.simulator.scenarios import Simulation
+from dcp_cdc.simulator.model import Doc
+from dcp_cdc.simulator.state import Simulation
 
 
 def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import Opcode
 from pipelines.bronze.transforms import vb_key
 
-DATA_OPS = ("mutation", "deletion", "expiration")
 ITEM_OPS = (*DATA_OPS, "system_event", "seqno_advanced", "prepare", "commit", "abort")
 """Frames that carry a seqno of the vbucket's history (spec §7.1)."""
 STREAM_OPS = (*ITEM_OPS, "snapshot_marker", "oso_snapshot", "stream_end", "stream_request",

@@ -24,8 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-DATA_OPS = frozenset({"mutation", "deletion", "expiration"})
-CHANGE_OF = {"mutation": "upsert", "deletion": "delete", "expiration": "expire"}
+from dcp_cdc.events import DATA_OPS, Deletion, Expiration, Mutation
+
+CHANGE_OF = {Mutation.op: "upsert", Deletion.op: "delete", Expiration.op: "expire"}
 
 Position = tuple[str, str, int, int]  # session_started_at, session_id, file_sequence, offset
 

@@ -22,6 +22,7 @@ from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Deletion, Event, Expiration, Mutation, SnapshotMarker, SystemEvent
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from dcp_cdc.simulator.model import vbucket_of
+from dcp_cdc.simulator.scenarios import SCENARIO_FUNCS
 from tests.reference_consumer import ReferenceConsumer, capture_files
 
 SMALL = {"vbuckets": 16, "docs": 300, "ops": 1200, "collections": 3}
@@ -347,3 +348,7 @@ def test_due_for_expiry_keeps_what_it_did_not_hand_out() -> None:
     for d in first:
         bucket.remove(0, d.key, change="expire")
     assert [d.key for d in bucket.due_for_expiry(10)] == [b"k3", b"k4"]
+
+
+def test_every_scenario_name_has_a_script() -> None:
+    assert tuple(SCENARIO_FUNCS) == SCENARIOS

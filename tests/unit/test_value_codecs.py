@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dcp_cdc import flatbuf, snappy
 from dcp_cdc.errors import FieldError
-from dcp_cdc.leb128 import encode_uleb128, read_uleb128
+from dcp_cdc.varint import encode_uleb128, read_uleb128, read_uleb128_many
 from dcp_cdc.xattrs import join_xattrs, split_xattrs
+from tests.unit.snappy_oracle import compress_literal, decompress_pure
 
 # spec §3 test vectors, as written there
 LEB128_VECTORS = [
@@ -44,19 +46,37 @@ def test_leb128_malformed(hex_bytes: str, reason: str) -> None:
         read_uleb128(bytes.fromhex(hex_bytes))
 
 
+@given(st.lists(st.binary(max_size=7), min_size=1, max_size=20))
+@settings(max_examples=100, deadline=None)
+def test_leb128_many_agrees_with_the_scalar_reader(chunks: list[bytes]) -> None:
+    """The columnar face reads many varints at once by the same rule (accepted or not)."""
+    data = b"".join(chunks) + b"\x00"  # a trailing byte no container reaches
+    lengths = np.array([len(c) for c in chunks], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    values, sizes, ok = read_uleb128_many(data, starts, lengths)
+    for i, chunk in enumerate(chunks):
+        try:
+            value, end = read_uleb128(chunk)
+        except FieldError:
+            assert not ok[i], chunk.hex()
+        else:
+            assert ok[i], chunk.hex()
+            assert (values[i], sizes[i]) == (value, end)
+
+
 @given(st.binary(max_size=3000))
 @settings(max_examples=80, deadline=None)
 def test_snappy_round_trip_and_readers_agree(data: bytes) -> None:
     block = snappy.compress(data)
     assert snappy.decompress(block) == data
-    assert snappy.decompress_pure(block) == data
-    assert snappy.decompress_pure(snappy.compress_literal(data)) == data
+    assert decompress_pure(block) == data
+    assert decompress_pure(compress_literal(data)) == data
 
 
 def test_snappy_pure_reader_handles_overlapping_copies() -> None:
     # literal "ab", then copy length 6 offset 2 (1-byte-offset copy): "abababab"
     block = bytes([8, 0x04, ord("a"), ord("b"), 0x01 | (2 << 2), 2])
-    assert snappy.decompress_pure(block) == b"abababab"
+    assert decompress_pure(block) == b"abababab"
     assert snappy.decompress(block) == b"abababab"
 
 
@@ -73,7 +93,7 @@ def test_snappy_pure_reader_handles_overlapping_copies() -> None:
 )
 def test_snappy_malformed_both_readers(block: bytes, reason: str) -> None:
     with pytest.raises(FieldError, match=reason):
-        snappy.decompress_pure(block)
+        decompress_pure(block)
     with pytest.raises(FieldError, match="bad Snappy block"):
         snappy.decompress(block)
 
