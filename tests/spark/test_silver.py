@@ -16,7 +16,8 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
-from pipelines.silver.job import apply_bucket, registry_table
+from pipelines.silver.job import apply_bucket
+from pipelines.tables import BucketTables
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
 
@@ -50,7 +51,7 @@ def pipeline(
 
 def silver_live(spark: SparkSession, bucket: str) -> dict[tuple[int, str], dict[str, Any]]:
     """Every non-deleted row of every live collection table (expired ones included)."""
-    registry = spark.table(registry_table(bucket)).where("status != 'retired'").collect()
+    registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for reg in registry:
         for r in spark.table(f"{reg['table_name']}_all").where(~F.col("_deleted")).collect():
@@ -162,6 +163,6 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     for result, prefix in zip(results, ("mixed/", "interrupted/"), strict=True):
         assert_equal_to_truth(spark, bucket, result, key_prefix=prefix)
     versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {r['table_name']}_all").count()
-                for r in spark.table(registry_table(bucket)).where("status != 'retired'").collect()}  # fmt: skip
+                for r in spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()}  # fmt: skip
     apply_bucket(spark, config, config.buckets[0])
     assert versions == {t: spark.sql(f"DESCRIBE HISTORY {t}_all").count() for t in versions}
