@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -264,7 +265,7 @@ def retire_dropped(
             archived = tables.archived(name, row["collection_id"], stamp)
             if not spark.catalog.tableExists(archived):  # or a concurrent run archived it
                 rename = f"ALTER TABLE {tables.all_rows(name)} RENAME TO {archived}"
-                delta_io.catalog_step(name, lambda q=rename: spark.sql(q), "TABLE_OR_VIEW_NOT_FOUND")  # type: ignore[misc]
+                delta_io.catalog_step(name, partial(spark.sql, rename), "TABLE_OR_VIEW_NOT_FOUND")
         else:
             spark.sql(f"DROP TABLE IF EXISTS {tables.all_rows(name)}")
         spark.sql(f"DROP VIEW IF EXISTS {name}")

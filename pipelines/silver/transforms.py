@@ -212,4 +212,3 @@ def purge_marks(rows: DataFrame, table: str, condition: str) -> DataFrame:
         .select(F.lit(table).alias("table_name"), "vbucket", "purged_through_seqno",
                 F.current_timestamp().alias("purged_at"))
     )  # fmt: skip
-
