@@ -22,7 +22,7 @@ from dcp_cdc.config import (
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.simulator import SimulationResult
 from pipelines.silver.job import apply_bucket, purge_tombstones
-from pipelines.tables import BucketTables
+from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline
 
 # Scalar columns compared row by row between the two readers (doc_binary and xattrs too).
@@ -77,7 +77,7 @@ def _location(spark: SparkSession, table: str) -> str:
 
 def _silver_tables(spark: SparkSession, bucket: str) -> list[tuple[str, str]]:
     rows = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
-    return sorted((f"{r['table_name']}_all", f"{r['scope']}.{r['name']}") for r in rows)
+    return sorted((all_rows(r["table_name"]), f"{r['scope']}.{r['name']}") for r in rows)
 
 
 def test_deltalake_reads_the_same_rows(spark: SparkSession, applied: Applied) -> None:

@@ -40,7 +40,7 @@ from pipelines.quality import transforms as tr
 from pipelines.quality.job import check_bucket, prune_results
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
 from pipelines.silver.job import apply_bucket
-from pipelines.tables import BucketTables
+from pipelines.tables import BucketTables, all_rows
 
 VBUCKETS = 4  # per scenario
 OFFSET = {scenario: VBUCKETS * i for i, scenario in enumerate(SCENARIOS)}
@@ -230,10 +230,10 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
     registry = spark.table(BucketTables(bucket.name).registry).where("status != 'retired'").collect()
     dropped_cid = min(bucket.truths["collection-lifecycle"]["dropped_collections"])
     table = next(r["table_name"] for r in registry if r["collection_id"] == dropped_cid)
-    sample = spark.table(f"{table}_all").where(~F.col("_deleted")).limit(1).collect()[0]
+    sample = spark.table(all_rows(table)).where(~F.col("_deleted")).limit(1).collect()[0]
     vb = OFFSET["collection-lifecycle"]
     _append(spark, [{**sample.asDict(), "key": "resurrected::1", "_vbucket": vb}],
-            spark.table(f"{table}_all").schema, f"{table}_all")  # fmt: skip
+            spark.table(all_rows(table)).schema, all_rows(table))  # fmt: skip
 
     # a silver row deleted by hand, in a collection the other faults leave alone
     lo = OFFSET["history"]
@@ -243,7 +243,7 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
         if reg["collection_id"] not in (dropped_cid, gap["collection_id"])
         for r in spark.table(reg["table_name"]).where(F.col("_vbucket").between(lo, lo + VBUCKETS - 1)).limit(1).collect()
     )  # fmt: skip
-    spark.sql(f"DELETE FROM {deleted['table']}_all WHERE key = '{deleted['key']}'")
+    spark.sql(f"DELETE FROM {all_rows(deleted['table'])} WHERE key = '{deleted['key']}'")
 
     # a malformed frame in quarantine
     file = spark.table(names["ingest_log"]).where("status = 'ingested'").collect()[0]["file"]

@@ -17,7 +17,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver.job import apply_bucket
-from pipelines.tables import BucketTables
+from pipelines.tables import BucketTables, all_rows
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
 
@@ -54,7 +54,7 @@ def silver_live(spark: SparkSession, bucket: str) -> dict[tuple[int, str], dict[
     registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for reg in registry:
-        for r in spark.table(f"{reg['table_name']}_all").where(~F.col("_deleted")).collect():
+        for r in spark.table(all_rows(reg["table_name"])).where(~F.col("_deleted")).collect():
             assert (r["_collection_id"], r["key"]) not in rows
             rows[(r["_collection_id"], r["key"])] = r.asDict()
     return rows
@@ -162,7 +162,7 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     assert again.changes == 0 and not again.rollbacks
     for result, prefix in zip(results, ("mixed/", "interrupted/"), strict=True):
         assert_equal_to_truth(spark, bucket, result, key_prefix=prefix)
-    versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {r['table_name']}_all").count()
+    versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {all_rows(r['table_name'])}").count()
                 for r in spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()}  # fmt: skip
     apply_bucket(spark, config, config.buckets[0])
-    assert versions == {t: spark.sql(f"DESCRIBE HISTORY {t}_all").count() for t in versions}
+    assert versions == {t: spark.sql(f"DESCRIBE HISTORY {all_rows(t)}").count() for t in versions}

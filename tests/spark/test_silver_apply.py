@@ -19,7 +19,7 @@ from dcp_cdc.simulator import simulate
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver import store
 from pipelines.silver.job import apply_bucket, purge_tombstones
-from pipelines.tables import BucketTables
+from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline, silver_live
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
@@ -31,7 +31,7 @@ def _tables(spark: SparkSession, bucket: str) -> dict[str, set[tuple[Any, ...]]]
     registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     out = {}
     for reg in registry:
-        rows = spark.table(f"{reg['table_name']}_all").select(*_COMPARED).collect()
+        rows = spark.table(all_rows(reg["table_name"])).select(*_COMPARED).collect()
         out[reg["table_name"]] = {tuple(_hashable(v) for v in r) for r in rows}
     return out
 
@@ -71,7 +71,7 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 
 def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
     for reg in registry:
-        spark.sql(f"DELETE FROM {reg['table_name']}_all")
+        spark.sql(f"DELETE FROM {all_rows(reg['table_name'])}")
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
@@ -115,7 +115,7 @@ def test_purged_tombstones_still_refuse_older_changes(
                                   seed=3, vbuckets=4, docs=60, ops=400)  # fmt: skip
         config = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
         registry = [r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()]
-        table = next(f"{r['table_name']}_all" for r in registry if r["collection_id"] == 0)
+        table = next(all_rows(r["table_name"]) for r in registry if r["collection_id"] == 0)
         deleted = [r["key"] for r in spark.table(table).where("_deleted").collect()]
         assert len(deleted) >= 5
 
