@@ -125,7 +125,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
     """
     from pipelines.quality import transforms as tr
 
-    bronze = BucketTables(bucket)
+    names = BucketTables(bucket)
     kept: list[DataFrame] = []
 
     def keep(df: DataFrame) -> DataFrame:
@@ -133,7 +133,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         return kept[-1]
 
     try:
-        base = keep(tr.base_frames(spark.table(bronze.events)))
+        base = keep(tr.base_frames(spark.table(names.events)))
         frames = keep(tr.stream_frames(base))
         snaps = keep(tr.snapshots(frames))
         streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
@@ -150,7 +150,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
             tr.bronze_live_documents(committed, cuts), silver.live, silver_rows, cuts,
             silver.names))  # fmt: skip
         files = _collect(spark, tr.file_metrics(
-            base, spark.table(bronze.quarantine), spark.table(bronze.ingest_log)))  # fmt: skip
+            base, spark.table(names.quarantine), spark.table(names.ingest_log)))  # fmt: skip
     finally:
         for df in kept:
             df.unpersist()
