@@ -52,9 +52,9 @@ def bucket_of(keys: int) -> str:
 
 
 def registry_of(keys: int) -> list[dict[str, Any]]:
-    from pipelines.silver.job import collection_table
+    from pipelines.tables import BucketTables
 
-    name = collection_table(bucket_of(keys), "_default", "_default")
+    name = BucketTables(bucket_of(keys)).collection("_default", "_default")
     return [{"collection_id": 0, "table_name": name, "status": "live"}]
 
 
@@ -77,9 +77,10 @@ def session(event_log: Path | None = None) -> Any:
 def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tuple[str, int, Path]:
     """The ``_all`` table of ``keys`` keys (built or reused), its built version, and the
     parquet folder of the change batch."""
-    from pipelines.silver import transforms
+    from pipelines.silver import store
+    from pipelines.tables import all_rows, view_of
 
-    table = f"{registry_of(keys)[0]['table_name']}_all"
+    table = all_rows(registry_of(keys)[0]["table_name"])
     marker = DATA / f"table-{keys}.json"
     batch = DATA / f"changes-{keys}-{changes}.parquet"
     wanted = {"generator": GENERATOR, "keys": keys, "properties": table_properties()}
@@ -88,8 +89,8 @@ def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tupl
         print(f"  building {table} ({keys:,} keys)", flush=True)
         marker.unlink(missing_ok=True)
         spark.sql(f"DROP TABLE IF EXISTS {table}")
-        transforms.ensure_support_tables(spark, bucket_of(keys), table_properties())
-        transforms.ensure_collection_table(spark, table.removesuffix("_all"), table_properties())
+        store.ensure_support_tables(spark, bucket_of(keys), table_properties())
+        store.ensure_collection_table(spark, view_of(table), table_properties())
         files = max(1, keys // ROWS_PER_FILE)
         (
             table_rows(spark, keys)
@@ -125,10 +126,11 @@ def last_merge_metrics(spark: Any, table: str) -> dict[str, int]:
 
 
 def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = False) -> list[Case]:
-    from pipelines.silver import transforms
+    from pipelines import schemas
+    from pipelines.silver import store, transforms
 
     table, version, batch = prepare(spark, keys, changes, fresh=fresh)
-    walked = spark.read.schema(transforms.WALKED).parquet(str(batch))
+    walked = spark.read.schema(schemas.WALKED).parquet(str(batch))
     registry = registry_of(keys)
 
     def newest_rows() -> None:
@@ -142,7 +144,7 @@ def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = Fal
         spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {version}")
         cpu = jvm_cpu_seconds(spark)
         seconds, merged = timed(
-            lambda: transforms.merge_changes(spark, bucket_of(keys), registry, walked), 1
+            lambda: store.merge_changes(spark, bucket_of(keys), registry, walked), 1
         )
         merge_cpu.append(jvm_cpu_seconds(spark) - cpu)
         merge_seconds += seconds

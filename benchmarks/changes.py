@@ -5,7 +5,7 @@
   Couchbase maps it (CRC32 of the key, 1024 vbuckets), a ~200-byte JSON body, seqno
   ``index + 1``, rev seqno 1. Written in (vbucket, key) order, so files hold key ranges of
   few vbuckets, as OPTIMIZE would leave a clustered table.
-- A batch of ``changes`` walked change rows (:data:`pipelines.silver.transforms.WALKED`, what
+- A batch of ``changes`` walked change rows (:data:`pipelines.schemas.WALKED`, what
   ``merge_changes`` takes): 70 % updates of existing keys, 10 % deletions of existing keys,
   20 % inserts of new keys. The existing keys are spread evenly over the whole table
   (index ``j * 1_000_003 mod keys``, distinct), as a real batch spreads over every vbucket.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.silver.transforms import SILVER, WALKED
+from pipelines.schemas import SILVER, WALKED
 
 VBUCKETS = 1024
 STRIDE = 1_000_003  # prime: j * STRIDE mod keys visits distinct keys, evenly spread
@@ -58,7 +58,7 @@ def doc_of(index: Column, version: Column) -> Column:
 
 
 def table_rows(spark: SparkSession, keys: int) -> DataFrame:
-    """The silver table's rows (:data:`pipelines.silver.transforms.SILVER`), in write order."""
+    """The silver table's rows (:data:`pipelines.schemas.SILVER`), in write order."""
     idx = F.col("id")
     rows = spark.range(keys).select(
         key_of(idx).alias("key"),

@@ -32,7 +32,8 @@ import psutil
 from benchmarks.common import Case, report
 from benchmarks.corpus import DATA, captures
 from dcp_cdc.config import AppConfig, BucketConfig
-from pipelines.bronze.job import ensure_tables, ingest_bucket, table_names
+from pipelines.bronze.job import ensure_tables, ingest_bucket
+from pipelines.tables import BucketTables
 
 BUCKET = "bench"
 
@@ -129,7 +130,7 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
     seconds, peaks, cpu, setup = [], [], [], []
     try:
         for _ in range(runs):
-            for table in table_names(BUCKET).values():
+            for table in BucketTables(BUCKET).bronze.values():
                 spark.sql(f"DROP TABLE IF EXISTS {table}")
             started = time.perf_counter()  # a bucket's tables are created once: not timed
             ensure_tables(spark, config, BUCKET)
@@ -140,7 +141,7 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
                 seconds.append(time.perf_counter() - started)
             peaks.append(dict(sampler.peak))
             cpu.append(dict(sampler.cpu))
-            stored = spark.table(table_names(BUCKET)["events"]).count()
+            stored = spark.table(BucketTables(BUCKET).events).count()
             assert summary.frames == stored == n_events, (summary.frames, stored, n_events)
             print(f"  {n_events:,} events: {seconds[-1]:.1f} s, CPU s "
                   + ", ".join(f"{k} {v:,.1f}" for k, v in sampler.cpu.items()) + "; peak RSS "

@@ -304,7 +304,7 @@ def _micro_batch_seconds(logs: list[Path]) -> float:
 def prepare(spark: Any, keys: int, changes: int, *, fresh: bool) -> tuple[Layout, Path]:
     """The source table and the pipeline's state after the initial load (built or reused)."""
     from benchmarks.changes import table_rows
-    from pipelines.silver.transforms import WALKED
+    from pipelines.schemas import WALKED
 
     layout = Layout(keys, changes)
     spec = write_project(layout, keys)
@@ -358,18 +358,19 @@ def ours_once(keys: int, changes: int) -> dict[str, float]:
     """Our ``merge_changes`` in a fresh Spark session (a cold JVM, as every AutoCDC run has):
     the first MERGE after restoring the table, then a second one after restoring it again
     (the same work in a warm JVM)."""
-    from pipelines.silver import transforms
+    from pipelines import schemas
+    from pipelines.silver import store
 
     spark = apply.session()
     try:
         table, version, batch = apply.prepare(spark, keys, changes)
-        walked = spark.read.schema(transforms.WALKED).parquet(str(batch))
+        walked = spark.read.schema(schemas.WALKED).parquet(str(batch))
         registry = apply.registry_of(keys)
         seconds = []
         for _ in range(2):
             spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {version}")
             timed_s, _ = timed(
-                lambda: transforms.merge_changes(spark, apply.bucket_of(keys), registry, walked),
+                lambda: store.merge_changes(spark, apply.bucket_of(keys), registry, walked),
                 1,
             )
             seconds += timed_s

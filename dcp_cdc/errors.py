@@ -119,10 +119,6 @@ class ConfigError(DcpError):
     """Invalid or missing configuration; the message names the field and the file."""
 
 
-class DataQualityError(DcpError):
-    """A data-quality expectation of severity ``error`` failed."""
-
-
 class FieldError(DcpError):
     """A part of a frame (key prefix, value, xattrs) is malformed.
 

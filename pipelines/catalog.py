@@ -9,13 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipelines.bronze.job import table_names as bronze_tables
-from pipelines.silver.job import registry_table, state_table
+from pipelines.tables import LAYERS, BucketTables, all_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-LAYERS = ("bronze", "silver", "quality")
 
 
 @dataclass(frozen=True)
@@ -97,15 +94,15 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
     """Events by type, documents per collection and open snapshots of ``bucket``."""
     from pyspark.sql import functions as F
 
-    names = bronze_tables(bucket)
-    overview = BucketOverview(bucket, events_table=names["events"])
-    if spark.catalog.tableExists(names["events"]):
-        counts = spark.table(names["events"]).groupBy("op").count().collect()
+    names = BucketTables(bucket)
+    overview = BucketOverview(bucket, events_table=names.events)
+    if spark.catalog.tableExists(names.events):
+        counts = spark.table(names.events).groupBy("op").count().collect()
         overview.events_by_op = {r["op"]: r["count"] for r in counts}
-    if spark.catalog.tableExists(names["quarantine"]):
-        overview.quarantined = spark.table(names["quarantine"]).count()
-    if spark.catalog.tableExists(registry_table(bucket)):
-        registry = spark.table(registry_table(bucket)).where(F.col("status") != "retired").collect()
+    if spark.catalog.tableExists(names.quarantine):
+        overview.quarantined = spark.table(names.quarantine).count()
+    if spark.catalog.tableExists(names.registry):
+        registry = spark.table(names.registry).where(F.col("status") != "retired").collect()
         now = F.unix_timestamp()
         deleted, expiry = F.col("_deleted"), F.col("_expiry")
         tallies = [
@@ -114,7 +111,7 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
             F.count_if(~deleted & (expiry != 0) & (expiry <= now)).alias("expired"),
         ]
         for reg in sorted(registry, key=lambda r: (r["scope"], r["name"])):
-            row = spark.table(f"{reg['table_name']}_all").agg(*tallies).collect()[0]
+            row = spark.table(all_rows(reg["table_name"])).agg(*tallies).collect()[0]
             overview.collections.append(
                 CollectionCount(
                     f"{reg['scope']}.{reg['name']}",
@@ -124,10 +121,10 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
                     row["expired"],
                 )
             )
-    if spark.catalog.tableExists(state_table(bucket)):
+    if spark.catalog.tableExists(names.stream_state):
         overview.open_snapshots = sorted(
             r["vbucket"]
-            for r in spark.table(state_table(bucket))
+            for r in spark.table(names.stream_state)
             .where(F.col("open_snapshot_start").isNotNull())
             .select("vbucket")
             .collect()

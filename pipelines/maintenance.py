@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dcp_cdc.config import AppConfig, BucketConfig
-from pipelines.bronze.job import table_names as bronze_tables
-from pipelines.quality.job import results_table
-from pipelines.silver.job import purges_table, registry_table, state_table
+from pipelines.quality.job import prune_results
+from pipelines.silver.job import purge_tombstones
+from pipelines.tables import BucketTables, all_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,12 +67,12 @@ class MaintenanceSummary:
 def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
     """Every Delta table of ``bucket`` that exists: bronze, silver (support tables and the
     ``_all`` table of each collection not retired) and quality."""
-    names = list(bronze_tables(bucket).values())
-    names += [registry_table(bucket), state_table(bucket), purges_table(bucket)]
-    if spark.catalog.tableExists(registry_table(bucket)):
-        live = spark.table(registry_table(bucket)).where("status != 'retired'")
-        names += sorted(f"{r['table_name']}_all" for r in live.select("table_name").collect())
-    names.append(results_table(bucket))
+    tables = BucketTables(bucket)
+    names = [*tables.bronze.values(), *tables.silver_support]
+    if spark.catalog.tableExists(tables.registry):
+        live = spark.table(tables.registry).where("status != 'retired'")
+        names += sorted(all_rows(r["table_name"]) for r in live.select("table_name").collect())
+    names.append(tables.results)
     return [name for name in names if spark.catalog.tableExists(name)]
 
 
@@ -104,9 +104,6 @@ def _retention_check(spark: SparkSession, *, enabled: bool) -> Iterator[None]:
 def maintain_bucket(
     spark: SparkSession, config: AppConfig, bucket: BucketConfig
 ) -> MaintenanceSummary:
-    from pipelines.quality.job import prune_results
-    from pipelines.silver.job import purge_tombstones
-
     started = time.perf_counter()
     settings = config.maintenance
     summary = MaintenanceSummary(bucket.name)

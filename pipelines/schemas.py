@@ -57,6 +57,12 @@ def arrow_schema(schema: T.StructType) -> pa.Schema:
     return pa.schema([pa.field(f.name, arrow_type(f.dataType)) for f in schema.fields])
 
 
+def projection(schema: T.StructType, *names: str) -> list[T.StructField]:
+    """Some of ``schema``'s fields, by name, in the order given (for a frame that holds a
+    projection of a table)."""
+    return [schema[name] for name in names]
+
+
 def _fields(*pairs: tuple[str, T.DataType]) -> list[T.StructField]:
     return [T.StructField(name, dtype, True) for name, dtype in pairs]
 
@@ -196,3 +202,107 @@ QUALITY_RESULTS = T.StructType(
 )
 """``quality.<bucket>_results``: one row per expectation and run; ``examples`` is a JSON
 array of failing rows (their ``where`` label and what is wrong there)."""
+
+SILVER = T.StructType(
+    [
+        T.StructField("key", T.StringType(), False),
+        T.StructField("doc", T.StringType()),
+        T.StructField("doc_binary", T.BinaryType()),
+        T.StructField("xattrs", T.MapType(T.StringType(), T.StringType())),
+        T.StructField("_collection_id", T.LongType()),
+        T.StructField("_vbucket", T.IntegerType()),
+        T.StructField("_vb_uuid", T.LongType()),
+        T.StructField("_seqno", T.LongType()),
+        T.StructField("_rev_seqno", T.LongType()),
+        T.StructField("_cas", T.LongType()),
+        T.StructField("_flags", T.LongType()),
+        T.StructField("_expiry", T.LongType()),
+        T.StructField("_deleted", T.BooleanType()),
+        T.StructField("_change", T.StringType()),
+        T.StructField("_applied_at", T.TimestampType()),
+        T.StructField("_ingest_run_id", T.StringType()),
+    ]
+)
+"""A silver collection table (``..._all``); the user-facing view drops tombstones and expired."""
+
+REGISTRY = T.StructType(
+    [
+        T.StructField("collection_id", T.LongType()),
+        T.StructField("scope_id", T.LongType()),
+        T.StructField("scope", T.StringType()),
+        T.StructField("name", T.StringType()),
+        T.StructField("table_name", T.StringType()),
+        T.StructField("max_ttl", T.LongType()),
+        T.StructField("history", T.BooleanType()),
+        T.StructField("created_uid", T.LongType()),
+        T.StructField("dropped_uid", T.LongType()),
+        T.StructField("create_seqnos", T.MapType(T.IntegerType(), T.LongType())),
+        T.StructField("drop_seqnos", T.MapType(T.IntegerType(), T.LongType())),
+        T.StructField("flush_seqnos", T.MapType(T.IntegerType(), T.LongType())),
+        T.StructField("status", T.StringType()),
+        T.StructField("updated_at", T.TimestampType()),
+    ]
+)
+"""``silver.<bucket>__collections``: ``status`` is live, dropped (not yet in every vbucket) or
+retired (its table archived or dropped)."""
+
+STATE = T.StructType(
+    [
+        T.StructField("vbucket", T.IntegerType()),
+        T.StructField("vb_uuid", T.LongType()),
+        T.StructField("failover_log", DECODED["failover_log"].dataType),
+        T.StructField("last_applied_seqno", T.LongType()),
+        T.StructField("consistent_seqno", T.LongType()),
+        T.StructField("manifest_uid", T.LongType()),
+        T.StructField("purge_seqno", T.LongType()),
+        T.StructField("open_snapshot_start", T.LongType()),
+        T.StructField("open_snapshot_end", T.LongType()),
+        T.StructField("position_run_id", T.StringType()),
+        T.StructField("state", T.StringType()),
+        T.StructField("updated_at", T.TimestampType()),
+    ]
+)
+"""``silver.<bucket>__stream_state``: per vbucket, where silver stands."""
+
+WALKED = T.StructType(
+    [
+        T.StructField("kind", T.StringType()),  # change | system_event | rollback | state
+        T.StructField("vbucket", T.IntegerType()),
+        T.StructField("frames", T.LongType()),
+        T.StructField("ignored", T.LongType()),
+        T.StructField("state", T.StringType()),
+        T.StructField("position_run_id", T.StringType()),
+        T.StructField("rollback_seqno", T.LongType()),
+        T.StructField("op", T.StringType()),
+        T.StructField("event", T.StringType()),
+        T.StructField("collection_id", T.LongType()),
+        T.StructField("scope_id", T.LongType()),
+        T.StructField("name", T.StringType()),
+        T.StructField("manifest_uid", T.LongType()),
+        T.StructField("max_ttl", T.LongType()),
+        T.StructField("history", T.BooleanType()),
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("is_json", T.BooleanType()),
+        T.StructField("xattrs", T.MapType(T.StringType(), T.StringType())),
+        T.StructField("by_seqno", T.LongType()),
+        T.StructField("rev_seqno", T.LongType()),
+        T.StructField("cas", T.LongType()),
+        T.StructField("flags", T.LongType()),
+        T.StructField("expiration", T.LongType()),
+        T.StructField("in_vb_uuid", T.LongType()),
+        T.StructField("ingest_run_id", T.StringType()),
+    ]
+)
+
+PURGES = T.StructType(
+    [
+        T.StructField("table_name", T.StringType()),
+        T.StructField("vbucket", T.IntegerType()),
+        T.StructField("purged_through_seqno", T.LongType()),
+        T.StructField("purged_at", T.TimestampType()),
+    ]
+)
+"""``silver.<bucket>__tombstone_purges``: per table and vbucket, the highest seqno of a
+tombstone the maintenance purge removed. A change at or below it for a key the table no
+longer has is refused: it is older than a deletion that was purged (no resurrection)."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from dcp_cdc.config import is_uri
-from dcp_cdc.errors import DcpError
+from pipelines.errors import SparkSetupError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,10 +44,6 @@ DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 METASTORE_DIR_NAME = "metastore_db"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
-
-
-class SparkSetupError(DcpError):
-    """The local Spark set-up is missing or conflicts with the session asked for."""
 
 
 def delta_jars_dir() -> Path:

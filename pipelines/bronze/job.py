@@ -35,26 +35,20 @@ from typing import TYPE_CHECKING, Any
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.errors import CaptureFormatError
-from dcp_cdc.naming import identifier
-from pipelines import schemas
-from pipelines.bronze.decode import FileScan, StreamState
+from pipelines import delta_io
+from pipelines.bronze.decode import FileScan, StreamState, decode_files, open_input, scan_files
+from pipelines.tables import BucketTables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# pyspark, and the modules that import it (pipelines.schemas, pipelines.bronze.transforms), are
+# imported where used: the command line imports this module to print its help without Spark.
 
 log = logging.getLogger("dcp_cdc.bronze")
 TXN_APP_ID = "dcp-cdc-bronze"
 EVENTS_CLUSTERING = ("vbucket", "by_seqno")
 """Liquid clustering keys of the events table (applied by OPTIMIZE, not at ingest)."""
-
-
-def table_names(bucket: str) -> dict[str, str]:
-    base = identifier(bucket)
-    return {
-        "events": f"bronze.{base}_events",
-        "quarantine": f"bronze.{base}_quarantine",
-        "ingest_log": f"bronze.{base}_ingest_log",
-    }
 
 
 @dataclass(frozen=True, order=True)
@@ -134,8 +128,6 @@ def list_captures(spark: SparkSession, location: str) -> list[CaptureFile]:
 
 
 def read_header(file: CaptureFile) -> CaptureFile:
-    from pipelines.bronze.decode import open_input
-
     with open_input(file.path) as fh:
         head = fh.read(PREAMBLE_LEN)
         if len(head) == PREAMBLE_LEN:
@@ -150,22 +142,22 @@ def read_header(file: CaptureFile) -> CaptureFile:
 # --- tables ------------------------------------------------------------------------------
 
 
-def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> dict[str, str]:
-    from delta.tables import DeltaTable
+def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> BucketTables:
+    """The bronze tables of ``bucket`` exist (the events table clustered by
+    :data:`EVENTS_CLUSTERING`); returns the bucket's names."""
+    from pipelines import schemas
 
-    names = table_names(bucket)
-    spark.sql("CREATE DATABASE IF NOT EXISTS bronze")
-    for kind, schema in (
-        ("events", schemas.EVENTS),
-        ("quarantine", schemas.QUARANTINE),
-        ("ingest_log", schemas.INGEST_LOG),
+    names = BucketTables(bucket)
+    delta_io.ensure_database(spark, names.events)
+    for table, schema in (
+        (names.events, schemas.EVENTS),
+        (names.quarantine, schemas.QUARANTINE),
+        (names.ingest_log, schemas.INGEST_LOG),
     ):
-        builder = DeltaTable.createIfNotExists(spark).tableName(names[kind]).addColumns(schema)
-        if kind == "events":
-            builder = builder.clusterBy(*EVENTS_CLUSTERING)
-        for key, value in config.tables.properties.items():
-            builder = builder.property(key, value)
-        builder.execute()
+        clustering = EVENTS_CLUSTERING if table == names.events else ()
+        delta_io.create_table(
+            spark, table, schema, config.tables.properties, cluster_by=clustering
+        )
     return names
 
 
@@ -196,6 +188,8 @@ def _log_rows(
 ) -> None:
     from pyspark.sql import functions as F
 
+    from pipelines import schemas
+
     full = [
         {**{f.name: None for f in schemas.INGEST_LOG.fields}, **r, "status": status,
          "run_version": version, "logged_at": None}
@@ -204,7 +198,7 @@ def _log_rows(
     df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
         "logged_at", F.current_timestamp()
     )
-    df.write.format("delta").mode("append").saveAsTable(table)
+    delta_io.append(df, table)
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -323,20 +317,20 @@ def ingest_bucket(
     """
     from pyspark.sql import functions as F
 
+    from pipelines import schemas
     from pipelines.bronze import transforms
-    from pipelines.bronze.decode import decode_files
 
     started = time.perf_counter()
     summary = IngestSummary(bucket.name)
     names = ensure_tables(spark, config, bucket.name)
-    state = read_log(spark, names["ingest_log"])
+    state = read_log(spark, names.ingest_log)
     files = list_captures(spark, config.landing_for(bucket))
     chosen, changed_rows = plan_files(
         files, state, bucket.name, config.ingest.max_files_per_run, config.ingest.max_file_bytes,
         summary,
     )  # fmt: skip
     if changed_rows:
-        _log_rows(spark, names["ingest_log"], changed_rows, state.last_version, "changed")
+        _log_rows(spark, names.ingest_log, changed_rows, state.last_version, "changed")
     if state.open_plan:  # a run that did not finish: repeat exactly its plan
         version = state.open_plan[0]["run_version"]
         run_id = state.open_plan[0]["ingest_run_id"]
@@ -349,7 +343,7 @@ def ingest_bucket(
     else:
         version = state.last_version + 1
         run_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        _log_rows(spark, names["ingest_log"], [
+        _log_rows(spark, names.ingest_log, [
             {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
              "session_id": f.session_id, "file_sequence": f.file_sequence,
              "ingest_run_id": run_id}
@@ -381,7 +375,10 @@ def ingest_bucket(
         ),
         schemas.DECODED_EVENTS,
     )  # fmt: skip
-    _append(transforms.events(events, run_id, ingested_at), names["events"], version)
+    delta_io.append_once(
+        transforms.events(events, run_id, ingested_at), names.events, app_id=TXN_APP_ID,
+        version=version,
+    )  # fmt: skip
     hook("events")
     found: dict[str, tuple[int, int]] = dict(counts.value)
     # Files with malformed frames, or all when the events were written by an earlier attempt
@@ -391,10 +388,10 @@ def ingest_bucket(
         found |= _quarantine(
             spark, again, chunk, raw_limit,
             lambda frames: transforms.quarantine(frames, run_id, ingested_at),
-            names["quarantine"], version,
+            names.quarantine, version,
         )  # fmt: skip
     hook("quarantine")
-    _log_rows(spark, names["ingest_log"], [
+    _log_rows(spark, names.ingest_log, [
         {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
          "session_id": f.session_id, "file_sequence": f.file_sequence,
          "ingest_run_id": run_id, "frames": found[f.path][0], "errors": found[f.path][1],
@@ -410,6 +407,8 @@ def ingest_bucket(
 
 def _files(spark: SparkSession, file_rows: list[dict[str, Any]]) -> DataFrame:
     """The run's files, one partition (one decode task) each."""
+    from pipelines import schemas
+
     return spark.createDataFrame(file_rows, schema=schemas.FILES).repartition(
         max(len(file_rows), 1)
     )
@@ -417,7 +416,7 @@ def _files(spark: SparkSession, file_rows: list[dict[str, Any]]) -> DataFrame:
 
 def _scan(spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int) -> dict[str, FileScan]:
     """What each file does to its session's streams (a scan task per file)."""
-    from pipelines.bronze.decode import scan_files
+    from pipelines import schemas
 
     scan_schema = schemas.arrow_schema(schemas.SCAN)
     rows = (
@@ -448,7 +447,7 @@ def _quarantine(
     quarantine table and return every file's counts."""
     from pyspark import StorageLevel
 
-    from pipelines.bronze.decode import decode_files
+    from pipelines import schemas
 
     counts: Any = spark.sparkContext.accumulator({}, FileCounts())  # type: ignore[arg-type]
     out_schema = schemas.arrow_schema(schemas.DECODE_OUTPUT)
@@ -465,22 +464,10 @@ def _quarantine(
     )  # fmt: skip
     try:
         if errors.count():  # every file decoded once, so every file counted
-            _append(to_rows(errors), table, version)
+            delta_io.append_once(to_rows(errors), table, app_id=TXN_APP_ID, version=version)
     finally:
         errors.unpersist()
     return dict(counts.value)
-
-
-def _append(df: DataFrame, table: str, version: int) -> None:
-    (
-        df.write.format("delta")
-        .mode("append")
-        .option("txnAppId", TXN_APP_ID)
-        .option("txnVersion", version)
-        # One file per capture file already: an optimized write would only add a shuffle.
-        .option("optimizeWrite", "false")
-        .saveAsTable(table)
-    )
 
 
 # --- entry point -------------------------------------------------------------------------

@@ -33,33 +33,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
-from dcp_cdc.errors import DataQualityError
-from dcp_cdc.naming import identifier
-from pipelines import schemas
-from pipelines.bronze.job import table_names as bronze_tables
+from pipelines import delta_io, tables
+from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
 from pipelines.quality.report import OpenSnapshot, QualityReport
 from pipelines.quality.suites import SUITES, checks
-from pipelines.silver.job import registry_table, state_table
+from pipelines.tables import BucketTables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+# pyspark, Great Expectations and the modules that import them (pipelines.schemas, the
+# quality transforms and validate) are imported where used: the command line imports this
+# module to print its help without them.
 
 log = logging.getLogger("dcp_cdc.quality")
 SUMMARY_NAME = "summary.html"
 SCREENSHOT_NAME = "summary.png"
 DOCS_NAME = "data_docs"
-
-
-def results_table(bucket: str) -> str:
-    return f"quality.{identifier(bucket)}_results"
-
-
-def output_location(config: AppConfig, bucket: str) -> str:
-    """Where a bucket's summary and Data Docs go: ``<warehouse>/quality/<identifier>``."""
-    if is_uri(config.warehouse):
-        return f"{config.warehouse.rstrip('/')}/quality/{identifier(bucket)}"
-    return str(Path(config.warehouse).expanduser().resolve() / "quality" / identifier(bucket))
 
 
 @dataclass(frozen=True)
@@ -87,33 +78,42 @@ def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
     """Silver's side. Tables come from the registry (not retired); a table it names that is
     missing is left out, so reconciliation reports its collection as empty in silver."""
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
-    registry, state = registry_table(bucket), state_table(bucket)
+    from pipelines.schemas import REGISTRY, SILVER, STATE, projection
+
+    def empty(*fields: T.StructField) -> DataFrame:
+        return spark.createDataFrame([], T.StructType(list(fields)))
+
+    table_column = T.StructField("table", T.StringType())
+    silver_tables = BucketTables(bucket)
+    registry, state = silver_tables.registry, silver_tables.stream_state
+    state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno")
     if spark.catalog.tableExists(state):
-        states = spark.table(state).select("vbucket", "consistent_seqno", "last_applied_seqno")
+        states = spark.table(state).select(*state_columns)
     else:
-        states = spark.createDataFrame([], "vbucket INT, consistent_seqno LONG, last_applied_seqno LONG")  # fmt: skip
-    rows = spark.createDataFrame([], "_collection_id LONG, _vbucket INT, _vb_uuid LONG, _seqno LONG, key STRING, table STRING")  # fmt: skip
-    live = spark.createDataFrame([], "_collection_id LONG, key STRING, _seqno LONG, _expiry LONG, table STRING")  # fmt: skip
-    names = spark.createDataFrame([], "collection_id LONG, name STRING")
+        states = empty(*projection(STATE, *state_columns))
+    rows_columns = ("_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key")
+    live_columns = ("_collection_id", "key", "_seqno", "_expiry")
+    rows = empty(*projection(SILVER, *rows_columns), table_column)
+    live = empty(*projection(SILVER, *live_columns), table_column)
+    names = empty(*projection(REGISTRY, "collection_id", "name"))
     if not spark.catalog.tableExists(registry):
         return SilverFrames(states, rows, live, names)
     reg = spark.table(registry)
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
     for r in reg.where(F.col("status") != "retired").select("table_name").distinct().collect():
         table = r["table_name"]
-        if not spark.catalog.tableExists(f"{table}_all") or not spark.catalog.tableExists(table):
+        all_rows = tables.all_rows(table)
+        if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):
             log.warning("silver table %s (or its _all table) is missing", table)
             continue
         rows = rows.unionByName(
-            spark.table(f"{table}_all").select(
-                "_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key", F.lit(table).alias("table")
-            )
-        )  # fmt: skip
+            spark.table(all_rows).select(*rows_columns, F.lit(table).alias("table"))
+        )
         live = live.unionByName(
-            spark.table(table).select("_collection_id", "key", "_seqno", "_expiry",
-                                      F.lit(table).alias("table"))
-        )  # fmt: skip
+            spark.table(table).select(*live_columns, F.lit(table).alias("table"))
+        )
     return SilverFrames(states, rows, live, names)
 
 
@@ -125,7 +125,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
     """
     from pipelines.quality import transforms as tr
 
-    bronze = bronze_tables(bucket)
+    names = BucketTables(bucket)
     kept: list[DataFrame] = []
 
     def keep(df: DataFrame) -> DataFrame:
@@ -133,7 +133,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         return kept[-1]
 
     try:
-        base = keep(tr.base_frames(spark.table(bronze["events"])))
+        base = keep(tr.base_frames(spark.table(names.events)))
         frames = keep(tr.stream_frames(base))
         snaps = keep(tr.snapshots(frames))
         streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
@@ -150,7 +150,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
             tr.bronze_live_documents(committed, cuts), silver.live, silver_rows, cuts,
             silver.names))  # fmt: skip
         files = _collect(spark, tr.file_metrics(
-            base, spark.table(bronze["quarantine"]), spark.table(bronze["ingest_log"])))  # fmt: skip
+            base, spark.table(names.quarantine), spark.table(names.ingest_log)))  # fmt: skip
     finally:
         for df in kept:
             df.unpersist()
@@ -202,13 +202,14 @@ def check_bucket(
     started = time.perf_counter()
     all_checks = checks(config.quality)
     name = bucket.name
-    events = bronze_tables(name)["events"]
+    names = BucketTables(name)
+    events = names.events
     if not spark.catalog.tableExists(events):
         raise DataQualityError(f"bucket {name!r}: {events} does not exist; ingest it before checking it")  # fmt: skip
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     metrics = metric_frames(spark, name)
-    target = output_location(config, name)
+    target = tables.report_location(config, name)
     local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
     shutil.rmtree(local / DOCS_NAME, ignore_errors=True)  # the site shows this run only
     local.mkdir(parents=True, exist_ok=True)
@@ -217,7 +218,7 @@ def check_bucket(
         run_name=run_id, run_time=now, max_examples=config.quality.max_examples,
     )  # fmt: skip
     entity = {s.name: s.entity for s in SUITES}
-    report = QualityReport(name, run_id, now.isoformat(), results_table=results_table(name))
+    report = QualityReport(name, run_id, now.isoformat(), results_table=names.results)
     report.outcomes = [
         reporting.outcome_from_result(
             c, results[c.key], entity=entity[c.suite], max_examples=config.quality.max_examples,
@@ -250,17 +251,14 @@ def check_bucket(
 def _append_results(
     spark: SparkSession, config: AppConfig, report: QualityReport, checked_at: dt.datetime
 ) -> None:
-    from delta.tables import DeltaTable
+    from pipelines import schemas
 
-    table = results_table(report.bucket)
-    spark.sql("CREATE DATABASE IF NOT EXISTS quality")
-    builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schemas.QUALITY_RESULTS)  # fmt: skip
-    for key, value in config.tables.properties.items():
-        builder = builder.property(key, value)
-    builder.execute()
+    table = BucketTables(report.bucket).results
+    delta_io.ensure_database(spark, table)
+    delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, config.tables.properties)
     rows = [{**r, "checked_at": checked_at} for r in reporting.result_rows(report)]
     df = spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS)
-    df.write.format("delta").mode("append").saveAsTable(table)
+    delta_io.append(df, table)
 
 
 def _upload(spark: SparkSession, local: Path, target: str) -> None:
@@ -275,7 +273,7 @@ def _upload(spark: SparkSession, local: Path, target: str) -> None:
 
 def prune_results(spark: SparkSession, config: AppConfig, bucket: BucketConfig) -> int:
     """Delete result rows older than ``quality.results_retention_days``; returns how many."""
-    table = results_table(bucket.name)
+    table = BucketTables(bucket.name).results
     if not spark.catalog.tableExists(table):
         return 0
     days = config.quality.results_retention_days

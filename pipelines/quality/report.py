@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dcp_cdc.errors import DcpError
+from pipelines.errors import BrowserError
 from pipelines.quality.suites import SUITES, Check
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
@@ -337,10 +338,6 @@ def _examples_html(outcome: ExpectationOutcome) -> str:
 
 
 # --- a real browser -------------------------------------------------------------------------
-
-
-class BrowserError(DcpError):
-    """No headless Chromium to open the report with, or it failed."""
 
 
 def find_chromium() -> str | None:

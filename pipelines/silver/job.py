@@ -15,7 +15,9 @@ Per run and bucket:
 6. save each vbucket's position and state (``silver.<bucket>__stream_state``).
 
 The table a user queries, ``silver.<bucket>__<scope>__<collection>``, is a view of live
-documents (no tombstones, nothing past its expiry) over ``..._all``, which keeps tombstones.
+documents (no tombstones, nothing past its expiry) over ``..._all``, which keeps tombstones
+(names: :mod:`pipelines.tables`). This module orders the steps; the reads, MERGEs and deletes
+are :mod:`pipelines.silver.store`'s, the DataFrames they run :mod:`pipelines.silver.transforms`'.
 """
 
 from __future__ import annotations
@@ -28,40 +30,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dcp_cdc.config import AppConfig, BucketConfig
-from dcp_cdc.errors import ConfigError, DcpError
-from dcp_cdc.naming import identifier
-from pipelines.bronze.job import table_names as bronze_tables
+from dcp_cdc.errors import ConfigError
+from pipelines import tables
+from pipelines.tables import BucketTables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+# pyspark, and pipelines.silver.store which imports it, are imported where used: the command
+# line imports this module to print its help without starting (or importing) Spark.
+
 log = logging.getLogger("dcp_cdc.silver")
-MAX_COMMIT_ATTEMPTS = 5
-
-
-class SilverConflictError(DcpError):
-    """Another writer kept winning the Delta commit race on a silver table."""
-
-
-def bucket_prefix(bucket: str) -> str:
-    return f"silver.{identifier(bucket)}"
-
-
-def collection_table(bucket: str, scope: str, collection: str) -> str:
-    """The name users query (a view of live documents); ``_all`` holds tombstones too."""
-    return f"{bucket_prefix(bucket)}__{identifier(scope)}__{identifier(collection)}"
-
-
-def registry_table(bucket: str) -> str:
-    return f"{bucket_prefix(bucket)}__collections"
-
-
-def state_table(bucket: str) -> str:
-    return f"{bucket_prefix(bucket)}__stream_state"
-
-
-def purges_table(bucket: str) -> str:
-    return f"{bucket_prefix(bucket)}__tombstone_purges"
 
 
 @dataclass
@@ -104,27 +83,27 @@ def apply_bucket(
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
     from pyspark.sql import functions as F
 
-    from pipelines.silver import transforms
+    from pipelines.silver import store
 
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
     name = bucket.name
-    transforms.ensure_support_tables(spark, name, config.tables.properties)
-    bronze = bronze_tables(name)
-    if not spark.catalog.tableExists(bronze["events"]):
+    store.ensure_support_tables(spark, name, config.tables.properties)
+    names = BucketTables(name)
+    if not spark.catalog.tableExists(names.events):
         log.info("no bronze table for bucket %s yet", name)
         return summary
-    states = transforms.read_states(spark, state_table(name))
+    states = store.read_states(spark, names.stream_state)
     if rebuild:
         emptied = empty_tables(spark, name, collection)
         log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), name)
         # Every vbucket is walked from its first frame again; the tables not emptied see
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
-    frames, again = transforms.unconsumed_frames(spark, bronze, states)
+    frames, again = store.unconsumed_frames(spark, names, states)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-    walked = transforms.walk_vbuckets(
+    walked = store.walk_vbuckets(
         spark, frames, states, again, eager=config.silver.eager_apply
     ).cache()
     try:
@@ -144,7 +123,7 @@ def apply_bucket(
         change_cids = {
             r["collection_id"] for r in changes.select("collection_id").distinct().collect()
         }
-        registry = transforms.update_registry(
+        registry = store.update_registry(
             spark, name, controls, config.tables.properties, change_cids
         )
         rollbacks = [
@@ -158,14 +137,14 @@ def apply_bucket(
             ]
             changes = changes.where(F.col("collection_id").isin(keep))
         if rollbacks:
-            summary.rebuilt_keys = transforms.rebuild_rolled_back(
-                spark, name, bronze["events"], registry, rollbacks, new_states
+            summary.rebuilt_keys = store.rebuild_rolled_back(
+                spark, name, names.events, registry, rollbacks, new_states
             )
-        summary.dropped_rows = transforms.apply_drops(spark, name, registry, controls)
-        summary.tables = transforms.merge_changes(spark, name, registry, changes)
+        summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
+        summary.tables = store.merge_changes(spark, name, registry, changes)
         summary.changes = sum(summary.tables.values())
-        transforms.retire_dropped(spark, name, registry, new_states, config)
-        transforms.save_states(spark, state_table(name), states, new_states)
+        store.retire_dropped(spark, name, registry, new_states, config)
+        store.save_states(spark, names.stream_state, states, new_states)
     finally:
         walked.unpersist()
     summary.seconds = time.perf_counter() - started
@@ -176,12 +155,9 @@ def apply_bucket(
 def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> list[str]:
     """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone) and
     their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
-    registry = (
-        [r.asDict() for r in spark.table(registry_table(bucket)).collect()]
-        if spark.catalog.tableExists(registry_table(bucket))
-        else []
-    )
-    live = [r for r in registry if r["status"] != "retired"]
+    from pipelines.silver import store
+
+    live = [r for r in store.read_registry(spark, bucket) if r["status"] != "retired"]
     if collection is not None:
         chosen = [r for r in live if f"{r['scope']}.{r['name']}" == collection]
         if not chosen:
@@ -191,16 +167,9 @@ def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> li
                 f"(known: {known})"
             )
         live = chosen
-    tables = [f"{r['table_name']}_all" for r in live]
-    marks = purges_table(bucket)
-    for table in tables:
-        if spark.catalog.tableExists(table):
-            spark.sql(f"DELETE FROM {table}")
-        # The table holds no key now: a purge mark would refuse every change at or below it,
-        # live documents too. The walk over bronze brings the purged tombstones back.
-        if spark.catalog.tableExists(marks):
-            spark.sql(f"DELETE FROM {marks} WHERE table_name = '{table}'")
-    return tables
+    emptied = [tables.all_rows(r["table_name"]) for r in live]
+    store.delete_rows(spark, bucket, emptied)
+    return emptied
 
 
 def purge_tombstones(
@@ -208,15 +177,13 @@ def purge_tombstones(
 ) -> dict[str, int]:
     """Maintenance: tombstones older than ``silver.tombstone_retention_hours`` leave every
     collection table of ``bucket``; returns rows removed per table (the user-facing name)."""
-    from pipelines.silver import transforms
+    from pipelines.silver import store
 
-    if not spark.catalog.tableExists(registry_table(bucket.name)):
+    if not spark.catalog.tableExists(BucketTables(bucket.name).registry):
         return {}
-    transforms.ensure_support_tables(spark, bucket.name, config.tables.properties)
-    registry = [
-        r.asDict(recursive=True) for r in spark.table(registry_table(bucket.name)).collect()
-    ]
-    purged = transforms.purge_tombstones(
+    store.ensure_support_tables(spark, bucket.name, config.tables.properties)
+    registry = store.read_registry(spark, bucket.name)
+    purged = store.purge_tombstones(
         spark, bucket.name, registry, config.silver.tombstone_retention_hours
     )
     log.info("tombstone purge of bucket %s: %s", bucket.name, purged or "nothing to purge")

@@ -21,8 +21,8 @@ from dcp_cdc.config import (
 )
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.simulator import SimulationResult
-from pipelines.bronze.job import table_names
-from pipelines.silver.job import apply_bucket, purge_tombstones, registry_table
+from pipelines.silver.job import apply_bucket, purge_tombstones
+from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline
 
 # Scalar columns compared row by row between the two readers (doc_binary and xattrs too).
@@ -76,8 +76,8 @@ def _location(spark: SparkSession, table: str) -> str:
 
 
 def _silver_tables(spark: SparkSession, bucket: str) -> list[tuple[str, str]]:
-    rows = spark.table(registry_table(bucket)).where("status != 'retired'").collect()
-    return sorted((f"{r['table_name']}_all", f"{r['scope']}.{r['name']}") for r in rows)
+    rows = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
+    return sorted((all_rows(r["table_name"]), f"{r['scope']}.{r['name']}") for r in rows)
 
 
 def test_deltalake_reads_the_same_rows(spark: SparkSession, applied: Applied) -> None:
@@ -95,7 +95,7 @@ def test_deltalake_reads_the_same_rows(spark: SparkSession, applied: Applied) ->
         rows = _spark_rows(spark, table)
         assert rows and _delta_rs_rows(location) == rows, table
     assert "deletionVectors" not in features  # delta-rs 1.6 refuses tables with it
-    events = table_names(bucket)["events"]
+    events = BucketTables(bucket).events
     spark_events = {
         (r["vbucket"], r["by_seqno"], r["op"], r["key"]) for r in spark.table(events).collect()
     }
@@ -139,11 +139,10 @@ def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
     spark: SparkSession, applied: Applied
 ) -> None:
     from pipelines.maintenance import maintain_bucket
-    from pipelines.quality.job import results_table
 
     bucket, config = applied.bucket, applied.config
     spark.sql("CREATE DATABASE IF NOT EXISTS quality")
-    results = results_table(bucket)  # only its checked_at matters to the retention
+    results = BucketTables(bucket).results  # only its checked_at matters to the retention
     spark.sql(f"CREATE TABLE {results} (expectation STRING, checked_at TIMESTAMP) USING delta")
     spark.sql(f"INSERT INTO {results} VALUES ('old', current_timestamp() - INTERVAL 40 DAYS), "
               "('new', current_timestamp() - INTERVAL 1 DAYS)")  # fmt: skip
@@ -161,7 +160,7 @@ def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
         assert {t: spark.table(t).count() for t in tables} == live
         assert summary.quality_rows_deleted == 1
         assert [r["expectation"] for r in spark.table(results).collect()] == ["new"]
-        events = table_names(bucket)["events"]
+        events = BucketTables(bucket).events
         assert {events, results, *tables} <= set(summary.vacuumed)
         assert summary.optimized and set(summary.optimized) <= set(summary.vacuumed)
         assert all(removed >= added for removed, added in summary.optimized.values())

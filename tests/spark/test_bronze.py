@@ -16,7 +16,8 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig
 from dcp_cdc.decoder import decode_frame
 from dcp_cdc.simulator import simulate
-from pipelines.bronze.job import IngestSummary, ingest_bucket, table_names
+from pipelines.bronze.job import IngestSummary, ingest_bucket
+from pipelines.tables import BucketTables
 
 
 class Killed(RuntimeError):
@@ -34,7 +35,7 @@ def _config(landing: Path, warehouse: Path, bucket: str, **ingest: Any) -> AppCo
 def bucket(spark: SparkSession) -> Any:
     name = f"b-{uuid.uuid4().hex[:8]}"
     yield name
-    for table in table_names(name).values():
+    for table in BucketTables(name).bronze.values():
         spark.sql(f"DROP TABLE IF EXISTS {table}")
 
 
@@ -43,7 +44,7 @@ def _ingest(spark: SparkSession, config: AppConfig, **kw: Any) -> IngestSummary:
 
 
 def _op_counts(spark: SparkSession, bucket: str) -> dict[str, int]:
-    rows = spark.table(table_names(bucket)["events"]).groupBy("op").count().collect()
+    rows = spark.table(BucketTables(bucket).events).groupBy("op").count().collect()
     return {r["op"]: r["count"] for r in rows}
 
 
@@ -62,7 +63,7 @@ def test_counts_lineage_and_quarantine(spark: SparkSession, bucket: str, tmp_pat
 
     assert _op_counts(spark, bucket) == _expected_counts(result.truth)
 
-    names = table_names(bucket)
+    names = BucketTables(bucket).bronze
     quarantined = spark.table(names["quarantine"]).orderBy("file", "offset").collect()
     expected = sorted((e["file"], e["offset"], e["reason"]) for e in result.expected_errors)
     assert sorted((Path(q["file"]).name, q["offset"], q["reason"]) for q in quarantined) == expected
@@ -110,12 +111,12 @@ def test_rerun_is_a_no_op(spark: SparkSession, bucket: str, tmp_path: Path,
     config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket)
     first = _ingest(spark, config)
     versions = {
-        k: spark.sql(f"DESCRIBE HISTORY {t}").count() for k, t in table_names(bucket).items()
+        k: spark.sql(f"DESCRIBE HISTORY {t}").count() for k, t in BucketTables(bucket).bronze.items()
     }
     second = _ingest(spark, config)
     assert first.frames > 0 and second.run_version is None and second.frames == 0
     assert versions == {k: spark.sql(f"DESCRIBE HISTORY {t}").count()
-                        for k, t in table_names(bucket).items()}  # fmt: skip
+                        for k, t in BucketTables(bucket).bronze.items()}  # fmt: skip
 
 
 @pytest.mark.parametrize("point", ["planned", "events", "quarantine"])
@@ -135,7 +136,7 @@ def test_a_run_killed_midway_then_rerun_is_exactly_once(
     resumed = _ingest(spark, config)
     assert resumed.resumed
     assert _op_counts(spark, bucket) == _expected_counts(result.truth)
-    assert spark.table(table_names(bucket)["quarantine"]).count() == len(result.expected_errors)
+    assert spark.table(BucketTables(bucket).quarantine).count() == len(result.expected_errors)
     assert _ingest(spark, config).run_version is None  # and then nothing is left to do
 
 
@@ -169,11 +170,11 @@ def test_out_of_order_arrival_and_carried_stream_state(
         _ingest(spark, _config(tmp_path / "sim2" / "landing", spark_warehouse, other))
         cols = ["file_sequence", "frame_index", "op", "in_snapshot_start", "in_snapshot_end",
                 "in_snapshot_flags", "in_oso", "in_vb_uuid"]  # fmt: skip
-        staged = spark.table(table_names(bucket)["events"]).select(cols)
-        whole = spark.table(table_names(other)["events"]).select(cols)
+        staged = spark.table(BucketTables(bucket).events).select(cols)
+        whole = spark.table(BucketTables(other).events).select(cols)
         assert staged.exceptAll(whole).count() == 0 and whole.exceptAll(staged).count() == 0
     finally:
-        for table in table_names(other).values():
+        for table in BucketTables(other).bronze.values():
             spark.sql(f"DROP TABLE IF EXISTS {table}")
 
 
@@ -190,5 +191,5 @@ def test_a_file_changed_after_ingest_is_reported_not_reread(
     again = _ingest(spark, config)
     assert again.changed == [str(result.files[0])] and again.run_version is None
     assert _op_counts(spark, bucket) == before
-    log = spark.table(table_names(bucket)["ingest_log"]).where("status = 'changed'").collect()
+    log = spark.table(BucketTables(bucket).ingest_log).where("status = 'changed'").collect()
     assert len(log) == 1 and log[0]["file"] == str(result.files[0])

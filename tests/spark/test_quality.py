@@ -35,11 +35,12 @@ from dcp_cdc.simulator import SCENARIOS, simulate
 from pipelines import schemas
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
-from pipelines.bronze.job import ingest_bucket, table_names
+from pipelines.bronze.job import ingest_bucket
 from pipelines.quality import transforms as tr
-from pipelines.quality.job import check_bucket, prune_results, results_table
+from pipelines.quality.job import check_bucket, prune_results
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
-from pipelines.silver.job import apply_bucket, registry_table
+from pipelines.silver.job import apply_bucket
+from pipelines.tables import BucketTables, all_rows
 
 VBUCKETS = 4  # per scenario
 OFFSET = {scenario: VBUCKETS * i for i, scenario in enumerate(SCENARIOS)}
@@ -156,7 +157,7 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
     report = bucket.clean
     rows = spark.sql(
         f"SELECT suite, expectation, success, severity, observed_value, examples "
-        f"FROM {results_table(bucket.name)} WHERE run_id = '{report.run_id}'"
+        f"FROM {BucketTables(bucket.name).results} WHERE run_id = '{report.run_id}'"
     ).collect()
     assert len(rows) == 19
     failed = {f"{r['suite']}.{r['expectation']}": r for r in rows if not r["success"]}
@@ -166,7 +167,7 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
     assert "missing" in examples[0]["open_detail"]
 
     # the maintenance DAG prunes rows older than the retention
-    table = results_table(bucket.name)
+    table = BucketTables(bucket.name).results
     old = spark.table(table).where(F.col("run_id") == report.run_id).limit(1).collect()[0].asDict()
     old |= {"run_id": "old", "checked_at": old["checked_at"] - dt.timedelta(days=91)}
     spark.createDataFrame([old], schema=schemas.QUALITY_RESULTS).write.format("delta").mode(
@@ -199,7 +200,7 @@ def _append(spark: SparkSession, rows: list[dict[str, Any]], schema: Any, table:
 
 @pytest.fixture(scope="module")
 def faults(spark: SparkSession, bucket: Bucket) -> Faults:
-    names = table_names(bucket.name)
+    names = BucketTables(bucket.name).bronze
     events = spark.table(names["events"])
     data = F.col("op").isin("mutation", "deletion", "expiration") & ~F.col("in_oso")
 
@@ -226,13 +227,13 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
     spark.sql(f"DELETE FROM {names['events']} WHERE file = '{gap['file']}' AND offset = {gap['offset']}")  # fmt: skip
 
     # a row of a collection dropped in its vbucket comes back
-    registry = spark.table(registry_table(bucket.name)).where("status != 'retired'").collect()
+    registry = spark.table(BucketTables(bucket.name).registry).where("status != 'retired'").collect()
     dropped_cid = min(bucket.truths["collection-lifecycle"]["dropped_collections"])
     table = next(r["table_name"] for r in registry if r["collection_id"] == dropped_cid)
-    sample = spark.table(f"{table}_all").where(~F.col("_deleted")).limit(1).collect()[0]
+    sample = spark.table(all_rows(table)).where(~F.col("_deleted")).limit(1).collect()[0]
     vb = OFFSET["collection-lifecycle"]
     _append(spark, [{**sample.asDict(), "key": "resurrected::1", "_vbucket": vb}],
-            spark.table(f"{table}_all").schema, f"{table}_all")  # fmt: skip
+            spark.table(all_rows(table)).schema, all_rows(table))  # fmt: skip
 
     # a silver row deleted by hand, in a collection the other faults leave alone
     lo = OFFSET["history"]
@@ -242,7 +243,7 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
         if reg["collection_id"] not in (dropped_cid, gap["collection_id"])
         for r in spark.table(reg["table_name"]).where(F.col("_vbucket").between(lo, lo + VBUCKETS - 1)).limit(1).collect()
     )  # fmt: skip
-    spark.sql(f"DELETE FROM {deleted['table']}_all WHERE key = '{deleted['key']}'")
+    spark.sql(f"DELETE FROM {all_rows(deleted['table'])} WHERE key = '{deleted['key']}'")
 
     # a malformed frame in quarantine
     file = spark.table(names["ingest_log"]).where("status = 'ingested'").collect()[0]["file"]
@@ -263,7 +264,7 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
     run_id = match.group(1)
     results = {
         f"{r['suite']}.{r['expectation']}": r.asDict()
-        for r in spark.table(results_table(bucket.name)).where(F.col("run_id") == run_id).collect()
+        for r in spark.table(BucketTables(bucket.name).results).where(F.col("run_id") == run_id).collect()
     }
     return Faults(duplicate, gap, deleted, dropped_cid, vb, code, out.getvalue(), err.getvalue(),
                   run_id, results)  # fmt: skip

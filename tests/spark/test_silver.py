@@ -16,7 +16,8 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
-from pipelines.silver.job import apply_bucket, registry_table
+from pipelines.silver.job import apply_bucket
+from pipelines.tables import BucketTables, all_rows
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
 
@@ -50,10 +51,10 @@ def pipeline(
 
 def silver_live(spark: SparkSession, bucket: str) -> dict[tuple[int, str], dict[str, Any]]:
     """Every non-deleted row of every live collection table (expired ones included)."""
-    registry = spark.table(registry_table(bucket)).where("status != 'retired'").collect()
+    registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for reg in registry:
-        for r in spark.table(f"{reg['table_name']}_all").where(~F.col("_deleted")).collect():
+        for r in spark.table(all_rows(reg["table_name"])).where(~F.col("_deleted")).collect():
             assert (r["_collection_id"], r["key"]) not in rows
             rows[(r["_collection_id"], r["key"])] = r.asDict()
     return rows
@@ -161,7 +162,7 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     assert again.changes == 0 and not again.rollbacks
     for result, prefix in zip(results, ("mixed/", "interrupted/"), strict=True):
         assert_equal_to_truth(spark, bucket, result, key_prefix=prefix)
-    versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {r['table_name']}_all").count()
-                for r in spark.table(registry_table(bucket)).where("status != 'retired'").collect()}  # fmt: skip
+    versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {all_rows(r['table_name'])}").count()
+                for r in spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()}  # fmt: skip
     apply_bucket(spark, config, config.buckets[0])
-    assert versions == {t: spark.sql(f"DESCRIBE HISTORY {t}_all").count() for t in versions}
+    assert versions == {t: spark.sql(f"DESCRIBE HISTORY {all_rows(t)}").count() for t in versions}

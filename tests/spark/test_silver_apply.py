@@ -17,15 +17,9 @@ from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
 from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import simulate
 from pipelines.bronze.job import ingest_bucket
-from pipelines.bronze.job import table_names as bronze_tables
-from pipelines.silver import transforms
-from pipelines.silver.job import (
-    apply_bucket,
-    purge_tombstones,
-    purges_table,
-    registry_table,
-    state_table,
-)
+from pipelines.silver import store
+from pipelines.silver.job import apply_bucket, purge_tombstones
+from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline, silver_live
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
@@ -34,10 +28,10 @@ _COMPARED = ["key", "doc", "doc_binary", "xattrs", "_collection_id", "_vbucket",
 
 
 def _tables(spark: SparkSession, bucket: str) -> dict[str, set[tuple[Any, ...]]]:
-    registry = spark.table(registry_table(bucket)).where("status != 'retired'").collect()
+    registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     out = {}
     for reg in registry:
-        rows = spark.table(f"{reg['table_name']}_all").select(*_COMPARED).collect()
+        rows = spark.table(all_rows(reg["table_name"])).select(*_COMPARED).collect()
         out[reg["table_name"]] = {tuple(_hashable(v) for v in r) for r in rows}
     return out
 
@@ -64,11 +58,11 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
                        buckets=[BucketConfig(name=bucket)])  # fmt: skip
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
-    states = transforms.read_states(spark, state_table(bucket))
-    frames, _ = transforms.unconsumed_frames(spark, bronze_tables(bucket), {})
-    walked = transforms.walk_vbuckets(spark, frames, {})
+    states = store.read_states(spark, BucketTables(bucket).stream_state)
+    frames, _ = store.unconsumed_frames(spark, BucketTables(bucket), {})
+    walked = store.walk_vbuckets(spark, frames, {})
     changes = walked.where(F.col("kind") == "change").localCheckpoint()
-    registry = [r.asDict(recursive=True) for r in spark.table(registry_table(bucket)).collect()]
+    registry = [r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()]
     expected = _tables(spark, bucket)
     assert states and changes.count() > 300
     yield changes, registry, expected, bucket
@@ -77,7 +71,7 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 
 def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
     for reg in registry:
-        spark.sql(f"DELETE FROM {reg['table_name']}_all")
+        spark.sql(f"DELETE FROM {all_rows(reg['table_name'])}")
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
@@ -96,7 +90,7 @@ def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
     )
     _empty_tables(spark, registry)
     for b in [*order, *sorted(twice)]:
-        transforms.merge_changes(spark, bucket, registry, split.where(F.col("_batch") == b))
+        store.merge_changes(spark, bucket, registry, split.where(F.col("_batch") == b))
     assert _tables(spark, bucket) == expected
 
 
@@ -106,7 +100,7 @@ def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
 def _replay_old_mutations(spark: SparkSession, bucket: str, keys: list[str]) -> DataFrame:
     """Bronze mutations of ``keys`` as walked changes: an old event arriving again."""
     return (
-        spark.table(bronze_tables(bucket)["events"])
+        spark.table(BucketTables(bucket).events)
         .where((F.col("op") == "mutation") & F.col("key").cast("string").isin(keys))
         .withColumn("vbucket", F.col("vbucket").cast("int"))
     )
@@ -120,8 +114,8 @@ def test_purged_tombstones_still_refuse_older_changes(
         result, config = pipeline(spark, tmp_path, spark_warehouse, bucket, scenario="basic",
                                   seed=3, vbuckets=4, docs=60, ops=400)  # fmt: skip
         config = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
-        registry = [r.asDict(recursive=True) for r in spark.table(registry_table(bucket)).collect()]
-        table = next(f"{r['table_name']}_all" for r in registry if r["collection_id"] == 0)
+        registry = [r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()]
+        table = next(all_rows(r["table_name"]) for r in registry if r["collection_id"] == 0)
         deleted = [r["key"] for r in spark.table(table).where("_deleted").collect()]
         assert len(deleted) >= 5
 
@@ -129,16 +123,16 @@ def test_purged_tombstones_still_refuse_older_changes(
 
         assert sum(purged.values()) >= len(deleted)
         assert spark.table(table).where("_deleted").count() == 0
-        marks = spark.table(purges_table(bucket)).where(F.col("table_name") == table).collect()
+        marks = spark.table(BucketTables(bucket).purges).where(F.col("table_name") == table).collect()
         assert {m["vbucket"] for m in marks} <= {0, 1, 2, 3} and marks
-        transforms.merge_changes(
+        store.merge_changes(
             spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
         )
         assert_equal_to_truth(spark, bucket, result)  # nothing came back
 
         # without the marks, the same replay would bring the deleted documents back
-        spark.sql(f"DELETE FROM {purges_table(bucket)}")
-        transforms.merge_changes(
+        spark.sql(f"DELETE FROM {BucketTables(bucket).purges}")
+        store.merge_changes(
             spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
         )
         back = {k for (_, k) in silver_live(spark, bucket)}
@@ -180,7 +174,7 @@ def test_eager_apply_shows_the_open_snapshot_and_then_converges(
         summary = apply_bucket(spark, config, config.buckets[0])
         assert summary.open_snapshots >= 1
         eager_rows = silver_live(spark, bucket)
-        open_state = spark.table(state_table(bucket)).where("open_snapshot_end IS NOT NULL")
+        open_state = spark.table(BucketTables(bucket).stream_state).where("open_snapshot_end IS NOT NULL")
         tail = {
             r["vbucket"]: (r["consistent_seqno"], r["last_applied_seqno"])
             for r in open_state.collect()

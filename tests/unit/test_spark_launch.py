@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
-from pipelines.spark_session import JARS_DIR_ENV, SparkSetupError, launch_conf, properties_text
+from pipelines.errors import SparkSetupError
+from pipelines.spark_session import JARS_DIR_ENV, launch_conf, properties_text
 
 
 @pytest.fixture

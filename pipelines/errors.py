@@ -1,0 +1,27 @@
+"""The error types of the Spark jobs, all :class:`~dcp_cdc.errors.DcpError` subclasses.
+
+The library's errors (malformed input, configuration, misuse) live in :mod:`dcp_cdc.errors`;
+these are the pipelines' own: a caller catches each by name, and ``python -m`` entry points
+turn any of them into a one-line message and exit status 2.
+"""
+
+from __future__ import annotations
+
+from dcp_cdc.errors import DcpError
+
+
+class SparkSetupError(DcpError):
+    """The local Spark set-up is missing or conflicts with the session asked for."""
+
+
+class CommitConflictError(DcpError):
+    """Another writer kept winning the Delta commit race (or the catalog race) on a table;
+    nothing of the step was written, and running again is safe."""
+
+
+class DataQualityError(DcpError):
+    """A data-quality expectation of severity ``error`` failed, or there is nothing to check."""
+
+
+class BrowserError(DcpError):
+    """No headless Chromium to open the report with, or it failed."""

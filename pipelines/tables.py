@@ -1,0 +1,122 @@
+"""Every table and view name of dcp-cdc, and where a bucket's quality reports go.
+
+One database per layer (:data:`LAYERS`); a bucket's names start with its SQL identifier
+(:func:`dcp_cdc.naming.identifier`). Jobs, maintenance, the catalog overview and the command
+line ask here; nothing else builds a table name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcp_cdc.config import AppConfig, is_uri
+from dcp_cdc.naming import identifier
+
+LAYERS = ("bronze", "silver", "quality")
+"""The databases, one per layer, in pipeline order."""
+
+ALL_SUFFIX = "_all"
+
+
+def all_rows(view: str) -> str:
+    """The Delta table behind a collection's view of live documents: every row, tombstones
+    and expired documents included."""
+    return f"{view}{ALL_SUFFIX}"
+
+
+def view_of(table: str) -> str:
+    """The user-facing view of a collection's ``_all`` table."""
+    return table.removesuffix(ALL_SUFFIX)
+
+
+def archived(view: str, collection_id: int, day: str) -> str:
+    """Where a retired collection's ``_all`` table goes when ``silver.retire = "archive"``."""
+    return f"{view}__dropped_{collection_id:x}_{day}"
+
+
+def database(table: str) -> str:
+    """The database (layer) a table name is in."""
+    return table.partition(".")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketTables:
+    """The names of one bucket's tables and views, across the three layers."""
+
+    bucket: str
+
+    @property
+    def _id(self) -> str:
+        return identifier(self.bucket)
+
+    # --- bronze ---------------------------------------------------------------------------
+
+    @property
+    def events(self) -> str:
+        return f"bronze.{self._id}_events"
+
+    @property
+    def quarantine(self) -> str:
+        return f"bronze.{self._id}_quarantine"
+
+    @property
+    def ingest_log(self) -> str:
+        return f"bronze.{self._id}_ingest_log"
+
+    @property
+    def bronze(self) -> dict[str, str]:
+        """The bronze tables by kind (``events``, ``quarantine``, ``ingest_log``)."""
+        return {
+            "events": self.events,
+            "quarantine": self.quarantine,
+            "ingest_log": self.ingest_log,
+        }
+
+    # --- silver ---------------------------------------------------------------------------
+
+    @property
+    def _silver(self) -> str:
+        return f"silver.{self._id}"
+
+    @property
+    def registry(self) -> str:
+        """The collection registry (``pipelines.schemas.REGISTRY``)."""
+        return f"{self._silver}__collections"
+
+    @property
+    def stream_state(self) -> str:
+        """Where silver stands per vbucket (``pipelines.schemas.STATE``)."""
+        return f"{self._silver}__stream_state"
+
+    @property
+    def purges(self) -> str:
+        """The tombstone-purge marks (``pipelines.schemas.PURGES``)."""
+        return f"{self._silver}__tombstone_purges"
+
+    @property
+    def silver_support(self) -> tuple[str, str, str]:
+        """The registry, stream state and purge marks."""
+        return self.registry, self.stream_state, self.purges
+
+    def collection(self, scope: str, name: str) -> str:
+        """The name users query (a view of live documents); :meth:`collection_all` holds
+        tombstones too."""
+        return f"{self._silver}__{identifier(scope)}__{identifier(name)}"
+
+    def collection_all(self, scope: str, name: str) -> str:
+        return all_rows(self.collection(scope, name))
+
+    # --- quality --------------------------------------------------------------------------
+
+    @property
+    def results(self) -> str:
+        """One row per expectation and run (``pipelines.schemas.QUALITY_RESULTS``)."""
+        return f"quality.{self._id}_results"
+
+
+def report_location(config: AppConfig, bucket: str) -> str:
+    """Where a bucket's quality summary and Data Docs go: ``<warehouse>/quality/<identifier>``."""
+    if is_uri(config.warehouse):
+        return f"{config.warehouse.rstrip('/')}/quality/{identifier(bucket)}"
+    return str(Path(config.warehouse).expanduser().resolve() / "quality" / identifier(bucket))
