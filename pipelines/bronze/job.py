@@ -23,6 +23,7 @@ A run that dies anywhere is finished by the next run, which finds the plan witho
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
@@ -30,10 +31,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
 from dcp_cdc.errors import CaptureFormatError
 from dcp_cdc.naming import identifier
 from pipelines import schemas
@@ -497,11 +498,22 @@ def run(
     return [ingest_bucket(session, config, b) for b in buckets]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.entry import job_parser, run_job
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dcp-cdc ingest`` has no flags besides ``--config`` and ``--bucket``."""
 
-    args = job_parser("pipelines.bronze.job", __doc__).parse_args(argv)
-    return 2 if run_job("ingest", args, lambda config: run(config, args.bucket)) is None else 0
+
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc ingest``: one summary per bucket."""
+    for summary in run(load_config(args.config), args.bucket):
+        out.write(summary.render() + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pipelines.bronze.job`` and ``spark-submit pipelines/bronze/job.py``."""
+    from pipelines.cli import job_main
+
+    return job_main("ingest", argv)
 
 
 if __name__ == "__main__":

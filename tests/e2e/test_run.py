@@ -95,7 +95,7 @@ def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> Non
     finds its tables."""
     from deltalake import DeltaTable
 
-    from dcp_cdc.cli import _spark_script
+    from pipelines.cli import _spark_script
 
     tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
     table = next(t for t in tables if DeltaTable(str(t)).to_pyarrow_table().num_rows)

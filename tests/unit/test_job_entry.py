@@ -44,12 +44,10 @@ def test_unknown_bucket_exits_2(
     assert not (tmp_path / "w").exists()
 
 
-def test_run_job_prints_every_summary_and_passes_them_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_job_prints_every_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from types import SimpleNamespace
-
-    from pipelines.entry import run_job
+    from pipelines.bronze import job
 
     class Done:
         def __init__(self, name: str) -> None:
@@ -61,7 +59,31 @@ def test_run_job_prints_every_summary_and_passes_them_on(
     path = tmp_path / "two.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n'
                     '[[buckets]]\nname = "b"\n')  # fmt: skip
-    args = SimpleNamespace(config=str(path))
-    got = run_job("ingest", args, lambda config: [Done(b.name) for b in config.buckets])  # type: ignore[arg-type]
-    assert got is not None and [s.name for s in got] == ["a", "b"]
+    monkeypatch.setattr(
+        job, "run", lambda config, bucket=None: [Done(b.name) for b in config.bucket(bucket)]
+    )
+    assert job.main(["--config", str(path)]) == 0
     assert capsys.readouterr().out.splitlines() == ["done a", "done b"]
+
+
+def test_check_exits_1_naming_every_failed_error_expectation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's exit logic is written once: ``dcp-cdc check`` and ``python -m`` share it."""
+    from types import SimpleNamespace
+
+    from pipelines import cli
+    from pipelines.quality import job
+
+    path = tmp_path / "ok.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
+    report = SimpleNamespace(bucket="b", failed_errors=["suite.one", "suite.two"],
+                             render=lambda: "report of b")  # fmt: skip
+    monkeypatch.setattr(job, "run", lambda config, bucket=None, screenshot=False: [report])
+    for main in (job.main, lambda argv: cli.main(["check", *argv])):
+        assert main(["--config", str(path)]) == 1
+        captured = capsys.readouterr()
+        assert captured.out.splitlines() == ["report of b"]
+        assert captured.err.splitlines()[-1] == (
+            "dcp-cdc check: failed error expectations: b: suite.one; b: suite.two"
+        )
