@@ -35,8 +35,8 @@ from pipelines.run import local_config
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 Command = Callable[[argparse.Namespace, TextIO], int]
 
-# Verbs whose module has ``add_arguments(parser)`` and ``command(args, out) -> int``; the jobs
-# among them take ``--config`` (required) and ``--bucket``, ``run`` takes ``--bucket``.
+# Verbs run by a module with ``add_arguments(parser)`` (its own flags) and
+# ``command(args, out) -> exit status``; every job takes ``--config`` and ``--bucket`` too.
 MODULES = {
     "run": "pipelines.run",
     "ingest": "pipelines.bronze.job",
@@ -44,7 +44,6 @@ MODULES = {
     "check": "pipelines.quality.job",
     "maintain": "pipelines.maintenance",
 }
-JOBS = ("ingest", "apply", "check", "maintain")
 
 
 def _capture_paths(paths: Sequence[str]) -> list[Path]:
@@ -226,7 +225,7 @@ def _options(*declare: Callable[[argparse.ArgumentParser], object]) -> argparse.
 def _module_verb(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     verb: str,
-    help: str,
+    summary: str,
     parents: list[argparse.ArgumentParser],
     *,
     populate: bool,
@@ -234,10 +233,10 @@ def _module_verb(
     """The sub-parser of a verb a module runs; with its flags (which imports the module) only
     when ``populate``."""
     if not populate:
-        sub.add_parser(verb, help=help, parents=parents)
+        sub.add_parser(verb, help=summary, parents=parents)
         return
     module = importlib.import_module(MODULES[verb])
-    parser = sub.add_parser(verb, help=help, parents=parents, description=module.__doc__,
+    parser = sub.add_parser(verb, help=summary, parents=parents, description=module.__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     module.add_arguments(parser)
     command: Command = module.command
