@@ -1,11 +1,16 @@
-"""Events as JSON objects, the way a protocol analyser shows them (``dcp-cdc decode``)."""
+"""Events as JSON objects, the way a protocol analyser shows them (``dcp-cdc decode``), and
+a capture's counts as text."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
+from dcp_cdc.capture import iter_capture, read_capture_header
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Event, SnapshotMarker, UnknownFrame
 from dcp_cdc.protocol import snapshot_flag_names
@@ -74,3 +79,31 @@ def error_to_json(error: MalformedFrameError) -> dict[str, Any]:
         "truncated": isinstance(error, TruncatedFrameError),
     }
     return out
+
+
+def summarize(paths: Sequence[Path], out: TextIO) -> int:
+    """Counts per op and per vbucket of the captures, and their errors; 1 if any."""
+    ops: Counter[str] = Counter()
+    vbuckets: set[int] = set()
+    errors: list[MalformedFrameError] = []
+    total_bytes = 0
+    for path in paths:
+        header, _ = read_capture_header(path)
+        total_bytes += path.stat().st_size
+        for item in iter_capture(path):
+            if isinstance(item, MalformedFrameError):
+                errors.append(item)
+                continue
+            ops[item.op] += 1
+            if item.header.vbucket is not None and item.op != "noop":
+                vbuckets.add(item.header.vbucket)
+        out.write(
+            f"  {path.name}: bucket={header.bucket} session={header.session_id} "
+            f"sequence={header.sequence}\n"
+        )
+    out.write(f"{sum(ops.values())} frames, {total_bytes} bytes, {len(vbuckets)} vbuckets\n")
+    for op, count in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])):
+        out.write(f"  {op:<26}{count:>10}\n")
+    for err in errors:
+        out.write(f"  error: {err}\n")
+    return 1 if errors else 0

@@ -21,14 +21,15 @@ are applied) and VACUUM can then remove what both left behind, on the same day.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from pipelines.quality.job import prune_results
 from pipelines.silver.job import purge_tombstones
 from pipelines.tables import BucketTables, all_rows
@@ -135,12 +136,20 @@ def run(
     return [maintain_bucket(session, config, b) for b in buckets]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.entry import job_parser, run_job
-
-    args = job_parser("pipelines.maintenance", __doc__).parse_args(argv)
-    return 2 if run_job("maintain", args, lambda config: run(config, args.bucket)) is None else 0
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dcp-cdc maintain`` has no flags besides ``--config`` and ``--bucket``."""
 
 
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc maintain``: one summary per bucket."""
+    for summary in run(load_config(args.config), args.bucket):
+        out.write(summary.render() + "\n")
+    return 0
+
+
+# ``python -m pipelines.maintenance`` and ``spark-submit pipelines/maintenance.py``: the ``maintain`` verb of the command line
+# (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipelines.cli import job_main
+
+    raise SystemExit(job_main("maintain"))

@@ -23,17 +23,18 @@ A run that dies anywhere is finished by the next run, which finds the plan witho
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
 from dcp_cdc.errors import CaptureFormatError
 from pipelines import delta_io
 from pipelines.bronze.decode import FileScan, StreamState, decode_files, open_input, scan_files
@@ -484,12 +485,20 @@ def run(
     return [ingest_bucket(session, config, b) for b in buckets]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.entry import job_parser, run_job
-
-    args = job_parser("pipelines.bronze.job", __doc__).parse_args(argv)
-    return 2 if run_job("ingest", args, lambda config: run(config, args.bucket)) is None else 0
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``dcp-cdc ingest`` has no flags besides ``--config`` and ``--bucket``."""
 
 
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc ingest``: one summary per bucket."""
+    for summary in run(load_config(args.config), args.bucket):
+        out.write(summary.render() + "\n")
+    return 0
+
+
+# ``python -m pipelines.bronze.job`` and ``spark-submit pipelines/bronze/job.py``: the ``ingest`` verb of the command line
+# (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipelines.cli import job_main
+
+    raise SystemExit(job_main("ingest"))

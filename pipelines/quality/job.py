@@ -30,9 +30,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
 from pipelines import delta_io, tables
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
@@ -306,19 +306,22 @@ def failed_errors(reports: Sequence[QualityReport]) -> list[str]:
     return [f"{r.bucket}: {key}" for r in reports for key in r.failed_errors]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.entry import job_parser, run_job
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``dcp-cdc check`` besides ``--config`` and ``--bucket`` (``dcp-cdc run``
+    takes them too, for its check step)."""
+    parser.add_argument(
+        "--screenshot",
+        action="store_true",
+        help=f"also save {SCREENSHOT_NAME} of the summary (headless Chromium)",
+    )
 
-    parser = job_parser("pipelines.quality.job", __doc__,
-                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--screenshot", action="store_true",
-                        help=f"also save {SCREENSHOT_NAME} of the summary (headless Chromium)")  # fmt: skip
-    args = parser.parse_args(argv)
-    reports = run_job("check", args, lambda config: run(
-        config, args.bucket, screenshot=args.screenshot
-    ))  # fmt: skip
-    if reports is None:
-        return 2
+
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc check``: one report per bucket; exit 1 naming every failed expectation of
+    severity ``error``."""
+    reports = run(load_config(args.config), args.bucket, screenshot=args.screenshot)
+    for report in reports:
+        out.write(report.render() + "\n")
     failed = failed_errors(reports)
     if failed:
         print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)
@@ -326,5 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+# ``python -m pipelines.quality.job`` and ``spark-submit pipelines/quality/job.py``: the ``check`` verb of the command line
+# (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipelines.cli import job_main
+
+    raise SystemExit(job_main("check"))

@@ -22,14 +22,14 @@ are :mod:`pipelines.silver.store`'s, the DataFrames they run :mod:`pipelines.sil
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from dcp_cdc.errors import ConfigError
 from pipelines import tables
 from pipelines.tables import BucketTables
@@ -207,22 +207,29 @@ def run(
     ]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.entry import job_parser, run_job
-
-    parser = job_parser("pipelines.silver.job", __doc__)
-    parser.add_argument("--collection", help="SCOPE.NAME: only this collection's table")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``dcp-cdc apply`` besides ``--config`` and ``--bucket``."""
+    parser.add_argument(
+        "--collection", metavar="SCOPE.NAME", help="only this collection's table"
+    )
     parser.add_argument(
         "--rebuild",
         action="store_true",
         help="a backfill: empty the tables (or --collection's) and apply all of bronze again",
     )
-    args = parser.parse_args(argv)
-    summaries = run_job("apply", args, lambda config: run(
-        config, args.bucket, collection=args.collection, rebuild=args.rebuild
-    ))  # fmt: skip
-    return 2 if summaries is None else 0
 
 
+def command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc apply``: one summary per bucket."""
+    config = load_config(args.config)
+    for summary in run(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
+        out.write(summary.render() + "\n")
+    return 0
+
+
+# ``python -m pipelines.silver.job`` and ``spark-submit pipelines/silver/job.py``: the ``apply`` verb of the command line
+# (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pipelines.cli import job_main
+
+    raise SystemExit(job_main("apply"))

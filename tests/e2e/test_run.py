@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.e2e
-CLI = Path(sys.executable).with_name("dcp-cdc")
+# the command of the code under test (the venv's dcp-cdc script runs what is installed)
+CLI = [sys.executable, "-m", "pipelines.cli"]
 PROMPT = re.compile(r"^\d+: jdbc:hive2://\S+> ")
 
 
@@ -31,7 +32,7 @@ class Demo:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     workdir = tmp_path_factory.mktemp("demo")
     cwd = tmp_path_factory.mktemp("cwd")
-    done = subprocess.run([str(CLI), "run", "--workdir", str(workdir)], capture_output=True,
+    done = subprocess.run([*CLI, "run", "--workdir", str(workdir)], capture_output=True,
                           text=True, timeout=1200, cwd=cwd)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert list(cwd.iterdir()) == [], "the run wrote into its working directory"
@@ -69,7 +70,7 @@ def thrift_server(demo: Demo) -> Iterator[int]:
     port = _free_port()
     log = (demo.workdir / "thrift-server.log").open("w")
     server = subprocess.Popen(
-        [str(CLI), "thrift-server", "--warehouse", str(demo.workdir / "warehouse"),
+        [*CLI, "thrift-server", "--warehouse", str(demo.workdir / "warehouse"),
          "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -95,7 +96,7 @@ def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> Non
     finds its tables."""
     from deltalake import DeltaTable
 
-    from dcp_cdc.cli import _spark_script
+    from pipelines.cli import _spark_script
 
     tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
     table = next(t for t in tables if DeltaTable(str(t)).to_pyarrow_table().num_rows)

@@ -29,10 +29,9 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dcp_cdc import cli
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
-from pipelines import schemas
+from pipelines import cli, schemas
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket

@@ -17,9 +17,9 @@ from dcp_cdc.capture import (
     parse_header,
     read_capture_header,
 )
-from dcp_cdc.cli import main
 from dcp_cdc.errors import CaptureFormatError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation
+from pipelines.cli import main
 from tests.unit.sample_session import sample_events, write_sample_capture
 
 MUTATION_8_2 = bytes.fromhex(

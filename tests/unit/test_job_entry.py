@@ -1,12 +1,16 @@
-"""The ``python -m`` entry points of the jobs (what the DAG's spark-submit tasks run):
-a bad configuration is a one-line error and exit status 2, before any Spark session."""
+"""The entry point of the jobs' ``python -m`` and ``spark-submit`` runs (what the DAG's tasks
+run), ``pipelines.cli.job_main``: a bad configuration is a one-line error and exit status 2,
+before any Spark session. (``tests/e2e/test_installed_package.py`` runs one by ``python -m``.)"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 import pytest
+
+from pipelines.cli import job_main
 
 JOBS = [
     ("pipelines.bronze.job", "ingest"),
@@ -23,8 +27,9 @@ def test_bad_configuration_exits_2_naming_the_job_and_the_field(
     path = tmp_path / "bad.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
                     "[ingest]\nchunk_bytes = -1\n")  # fmt: skip
-    main = importlib.import_module(module).main
-    assert main(["--config", str(path)]) == 2
+    # the module run as a script is this verb
+    assert f'job_main("{verb}")' in inspect.getsource(importlib.import_module(module))
+    assert job_main(verb, ["--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"dcp-cdc {verb}: error: ")
     assert "chunk_bytes" in err
@@ -37,19 +42,16 @@ def test_unknown_bucket_exits_2(
 ) -> None:
     path = tmp_path / "ok.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
-    main = importlib.import_module(module).main
-    assert main(["--config", str(path), "--bucket", "other"]) == 2
+    assert job_main(verb, ["--config", str(path), "--bucket", "other"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"dcp-cdc {verb}: error: ") and "other" in err
     assert not (tmp_path / "w").exists()
 
 
-def test_run_job_prints_every_summary_and_passes_them_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_job_prints_every_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from types import SimpleNamespace
-
-    from pipelines.entry import run_job
+    from pipelines.bronze import job
 
     class Done:
         def __init__(self, name: str) -> None:
@@ -61,7 +63,31 @@ def test_run_job_prints_every_summary_and_passes_them_on(
     path = tmp_path / "two.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n'
                     '[[buckets]]\nname = "b"\n')  # fmt: skip
-    args = SimpleNamespace(config=str(path))
-    got = run_job("ingest", args, lambda config: [Done(b.name) for b in config.buckets])  # type: ignore[arg-type]
-    assert got is not None and [s.name for s in got] == ["a", "b"]
+    monkeypatch.setattr(
+        job, "run", lambda config, bucket=None: [Done(b.name) for b in config.bucket(bucket)]
+    )
+    assert job_main("ingest", ["--config", str(path)]) == 0
     assert capsys.readouterr().out.splitlines() == ["done a", "done b"]
+
+
+def test_check_exits_1_naming_every_failed_error_expectation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's exit logic is written once: ``dcp-cdc check`` and ``python -m`` share it."""
+    from types import SimpleNamespace
+
+    from pipelines import cli
+    from pipelines.quality import job
+
+    path = tmp_path / "ok.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
+    report = SimpleNamespace(bucket="b", failed_errors=["suite.one", "suite.two"],
+                             render=lambda: "report of b")  # fmt: skip
+    monkeypatch.setattr(job, "run", lambda config, bucket=None, screenshot=False: [report])
+    for main in (lambda argv: job_main("check", argv), lambda argv: cli.main(["check", *argv])):
+        assert main(["--config", str(path)]) == 1
+        captured = capsys.readouterr()
+        assert captured.out.splitlines() == ["report of b"]
+        assert captured.err.splitlines()[-1] == (
+            "dcp-cdc check: failed error expectations: b: suite.one; b: suite.two"
+        )

@@ -300,7 +300,7 @@ def test_summary_page_of_a_clean_run_says_so() -> None:
 def test_check_command_fails_on_bad_configuration_before_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from dcp_cdc import cli
+    from pipelines import cli
 
     path = tmp_path / "q.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from dcp_cdc.capture import iter_capture
-from dcp_cdc.cli import main
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Deletion, Event, Expiration, Mutation, SnapshotMarker, SystemEvent
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from dcp_cdc.simulator.model import vbucket_of
 from dcp_cdc.simulator.scenarios import SCENARIO_FUNCS
+from pipelines.cli import main
 from tests.reference_consumer import ReferenceConsumer, capture_files
 
 SMALL = {"vbuckets": 16, "docs": 300, "ops": 1200, "collections": 3}

@@ -1,0 +1,280 @@
+"""The code's layout (STYLE.md, "One home per concern"): the layers point one way, ``dags`` →
+``pipelines`` → ``dcp_cdc``; no module of ours imports a module that imports it back; every
+error class lives in one of the two error modules; table names come from one module; the
+command line's job modules import without Spark.
+
+The import graph is read from the source with ``ast``, so an import hidden in a function body
+or under ``if TYPE_CHECKING:`` counts. Left out: ``if __name__ == "__main__":`` blocks (a
+script's own entry: run as a script, the module is a different module object).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("dcp_cdc", "pipelines", "dags")
+LAYER = {"dcp_cdc": 0, "pipelines": 1, "dags": 2}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+def _skipped(node: ast.If) -> bool:
+    """``if __name__ == "__main__":``."""
+    return ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, module, names) of every import statement at any depth, but a script's entry."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _skipped(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module, [a.name for a in node.names]
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _edges(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """module -> {imported module of ours: line}; ``from pkg import mod`` names the module."""
+    edges: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for line, target, names in _imports(tree):
+            if target.split(".")[0] not in PACKAGES:
+                continue
+            found = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+            if len(found) < len(names) or not names:
+                found.append(target)
+            for module in found:
+                # importing one's own package (as Python does for every submodule) is no circle
+                if module in modules and not (name + ".").startswith(module + "."):
+                    edges[name].setdefault(module, line)
+    return edges
+
+
+def _cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_imports_inside_functions_and_type_checking() -> None:
+    tree = ast.parse(
+        "import os\n"
+        "def f():\n    from pipelines.silver import job\n"
+        "if TYPE_CHECKING:\n    from pipelines import cli\n"
+        'if __name__ == "__main__":\n    import dags\n'
+        "from . import relative\n"
+    )
+    found = sorted(target for _, target, _ in _imports(tree))
+    assert found == ["os", "pipelines", "pipelines.silver"]
+
+
+def test_cycles_are_found() -> None:
+    edges = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}
+    assert _cycles(edges) == [["a", "b", "c"]]
+
+
+def test_no_import_circle() -> None:
+    edges = _edges(_modules())
+    cycles = _cycles(edges)
+    detail = [
+        f"{m} imports {n} (line {edges[m][n]})"
+        for c in cycles
+        for m in c
+        for n in c
+        if n in edges[m]
+    ]
+    assert not cycles, "import circles:\n" + "\n".join(detail)
+
+
+def test_layers_point_one_way() -> None:
+    """dags -> pipelines -> dcp_cdc, never back up: the library never imports pipelines."""
+    edges = _edges(_modules())
+    upward = [
+        f"{module} imports {target} (line {line})"
+        for module, targets in edges.items()
+        for target, line in targets.items()
+        if LAYER[target.split(".")[0]] > LAYER[module.split(".")[0]]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+ERROR_MODULES = ("dcp_cdc.errors", "pipelines.errors")
+
+
+def test_every_error_class_lives_in_an_error_module() -> None:
+    """One home for errors: a class deriving from an exception is in one of the two modules."""
+    elsewhere = [
+        f"{name}.{node.name} (line {node.lineno})"
+        for name, path in _modules().items()
+        if name not in ERROR_MODULES
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and (
+            node.name.endswith("Error")
+            or any(ast.unparse(b).endswith(("Error", "Exception")) for b in node.bases)
+        )
+    ]
+    assert not elsewhere, "\n".join(elsewhere)
+
+
+def test_every_error_is_a_dcp_error() -> None:
+    import importlib
+
+    from dcp_cdc.errors import DcpError
+
+    for module_name in ERROR_MODULES:
+        module = importlib.import_module(module_name)
+        classes = [v for v in vars(module).values() if isinstance(v, type)]
+        errors = [c for c in classes if issubclass(c, BaseException)]
+        assert errors
+        assert [c.__name__ for c in errors if not issubclass(c, DcpError)] == []
+
+
+TABLES_MODULE = "pipelines.tables"
+TABLE_NAME = re.compile(
+    r"(?<![\w/.])(bronze|silver|quality)\.(\{|\w*(__|_(events|quarantine|ingest_log|results|all)\b))"
+)
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every string literal (f-strings' literal parts too) that is not a docstring."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.lineno, node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            yield node.lineno, text
+
+
+def test_table_names_come_from_one_module() -> None:
+    """No job, report or command spells a bronze, silver or quality table name itself."""
+    spelled = [
+        f"{name} line {line}: {text!r}"
+        for name, path in _modules().items()
+        if name != TABLES_MODULE
+        for line, text in _strings(ast.parse(path.read_text(encoding="utf-8")))
+        if TABLE_NAME.search(text)
+    ]
+    assert not spelled, "\n".join(spelled)
+
+
+def test_silver_modules_point_one_way() -> None:
+    """job -> store -> transforms: the pure transforms know no store, the store no job."""
+    edges = _edges(_modules())
+    assert not {"pipelines.silver.store", "pipelines.silver.job"} & set(
+        edges["pipelines.silver.transforms"]
+    )
+    assert "pipelines.silver.job" not in edges["pipelines.silver.store"]
+
+
+JOB_MODULES = [
+    "pipelines.bronze.job",
+    "pipelines.silver.job",
+    "pipelines.quality.job",
+    "pipelines.maintenance",
+    "pipelines.catalog",
+    "pipelines.run",
+    "pipelines.cli",
+]
+HEAVY = ("pyspark", "delta", "great_expectations")
+
+
+def test_job_modules_import_without_spark_delta_or_great_expectations() -> None:
+    script = (
+        "import importlib, json, sys\n"
+        f"for m in {JOB_MODULES!r}: importlib.import_module(m)\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert json.loads(done.stdout) == []
+
+
+def test_table_names() -> None:
+    from pipelines.tables import BucketTables, all_rows, view_of
+
+    names = BucketTables("travel-sample")
+    assert names.bronze == {
+        "events": "bronze.travel_sample_a8560dff_events",
+        "quarantine": "bronze.travel_sample_a8560dff_quarantine",
+        "ingest_log": "bronze.travel_sample_a8560dff_ingest_log",
+    }
+    assert names.silver_support == (
+        "silver.travel_sample_a8560dff__collections",
+        "silver.travel_sample_a8560dff__stream_state",
+        "silver.travel_sample_a8560dff__tombstone_purges",
+    )
+    assert names.collection("inventory", "Airline") == (
+        "silver.travel_sample_a8560dff__inventory__airline_23a92764"
+    )
+    assert names.collection_all("inventory", "route") == (
+        "silver.travel_sample_a8560dff__inventory__route_all"
+    )
+    assert view_of(all_rows("silver.b__s__c")) == "silver.b__s__c"
+    assert names.results == "quality.travel_sample_a8560dff_results"
