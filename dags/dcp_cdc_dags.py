@@ -165,7 +165,6 @@ def _submit(
         application_args=["--config", str(config_path), *args],
         conn_id=config.airflow.spark_conn_id,
         spark_binary=config.airflow.spark_submit,
-        py_files=config.airflow.py_files,
         driver_memory_override=config.airflow.driver_memory,
         name=f"dcp-cdc-{task_id}",
         **kwargs,
