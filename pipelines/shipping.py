@@ -22,6 +22,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from dcp_cdc.config import is_uri
 from dcp_cdc.errors import ConfigError
 
 PACKAGES = ("dcp_cdc", "pipelines")
@@ -91,6 +92,8 @@ def py_files_for(setting: str | None, master: str) -> str | None:
         return None
     if setting == AUTO:
         return None if local_master(master) else str(code_zip())
+    if not is_uri(setting) and not Path(setting).is_file():
+        raise ConfigError(f"[spark] py_files: {setting} is not a file (a zip: make pyfiles)")
     return setting
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import pipelines.spark_session as spark_session
 from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
+from dcp_cdc.errors import ConfigError
 from pipelines.shipping import code_zip, main, package_files, py_files_for
 from pipelines.spark_session import JARS_DIR_ENV, SparkSetupError, launch_conf
 
@@ -50,7 +51,10 @@ def test_what_is_shipped_depends_on_the_setting_and_the_master(tmp_path: Path) -
     auto = py_files_for("auto", "spark://127.0.0.1:7077")
     assert auto is not None and zipfile.is_zipfile(auto)
     assert py_files_for("s3a://artifacts/dcp_cdc.zip", "yarn") == "s3a://artifacts/dcp_cdc.zip"
-    assert py_files_for("/opt/code.zip", "local[2]") == "/opt/code.zip"
+    (tmp_path / "code.zip").write_bytes(b"")
+    assert py_files_for(str(tmp_path / "code.zip"), "local[2]") == str(tmp_path / "code.zip")
+    with pytest.raises(ConfigError, match=r"\[spark\] py_files: .*missing.zip is not a file"):
+        py_files_for(str(tmp_path / "missing.zip"), "yarn")
     assert py_files_for(None, "yarn") is None and py_files_for("", "yarn") is None
 
 
