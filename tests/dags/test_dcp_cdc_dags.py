@@ -193,3 +193,23 @@ retries = 0
         silver |= {(r["_collection_id"], r["key"], r["_seqno"])
                    for r in rows.to_pylist() if not r["_deleted"]}  # fmt: skip
     assert silver == truth
+
+
+def test_default_configuration_for_a_checkout_and_an_installed_package(
+    airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipelines.airflow as dcp_airflow
+    from dcp_cdc.errors import ConfigError
+
+    monkeypatch.delenv("DCP_CDC_CONFIG", raising=False)
+    assert dcp_airflow.config_path() == dcp_airflow.CHECKOUT_CONFIG  # make-built checkout
+    # an installed package has no checkout beside it: ./conf/local.toml, else an error
+    monkeypatch.setattr(dcp_airflow, "CHECKOUT_CONFIG", tmp_path / "site" / "conf" / "local.toml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="DCP_CDC_CONFIG"):
+        dcp_airflow.config_path()
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "local.toml").write_text("")
+    assert dcp_airflow.config_path() == tmp_path / "conf" / "local.toml"
+    monkeypatch.setenv("DCP_CDC_CONFIG", "elsewhere.toml")
+    assert dcp_airflow.config_path() == tmp_path / "elsewhere.toml"
