@@ -56,16 +56,27 @@ def executor_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("executor-venv")
     venv.EnvBuilder(with_pip=False).create(folder)
     python = folder / "bin" / "python"
-    done = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    done = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     site = Path(done.stdout.strip())
     # A plain path line: that folder joins sys.path, but its own .pth files (the editable
     # install's finder) are not processed.
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     env = _cluster_env()
     for module, importable in (("pyarrow", True), ("pipelines", False), ("dcp_cdc", False)):
-        probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True,
-                               text=True, timeout=60, env=env, cwd=folder)  # fmt: skip
+        probe = subprocess.run(
+            [str(python), "-c", f"import {module}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=folder,
+        )
         assert (probe.returncode == 0) == importable, (module, probe.stderr[-500:])
     return python
 
@@ -74,7 +85,9 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], seconds: f
     deadline = time.monotonic() + seconds
     while text not in log.read_text(errors="replace"):
         assert process.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, f"no {text!r} in {seconds} s: " + log.read_text()[-3000:]
+        assert time.monotonic() < deadline, (
+            f"no {text!r} in {seconds} s: " + log.read_text()[-3000:]
+        )
         time.sleep(0.5)
 
 
@@ -89,19 +102,48 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, executor_python: Path) -> 
     logs = []
     try:
         for name, args, ready in (
-            ("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                        "--port", str(port), "--webui-port", str(_free_port())],
-             "I have been elected leader"),
-            ("worker", ["org.apache.spark.deploy.worker.Worker", master_url, "--host",
-                        "127.0.0.1", "--webui-port", str(_free_port()), "--cores", "1",
-                        "--memory", "1g", "--work-dir", str(folder / "work")],
-             "Successfully registered with master"),
-        ):  # fmt: skip
+            (
+                "master",
+                [
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--webui-port",
+                    str(_free_port()),
+                ],
+                "I have been elected leader",
+            ),
+            (
+                "worker",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--webui-port",
+                    str(_free_port()),
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    str(folder / "work"),
+                ],
+                "Successfully registered with master",
+            ),
+        ):
             log = folder / f"{name}.log"
             logs.append(log.open("wb"))
-            process = subprocess.Popen([str(_spark_class()), *args], stdout=logs[-1],
-                                       stderr=subprocess.STDOUT, env=env, cwd=folder,
-                                       start_new_session=True)  # fmt: skip
+            process = subprocess.Popen(
+                [str(_spark_class()), *args],
+                stdout=logs[-1],
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=folder,
+                start_new_session=True,
+            )
             started.append(process)
             _wait_for(log, ready, process, 180)
         yield master_url
@@ -127,7 +169,11 @@ def _silver(warehouse: Path) -> dict[tuple[int, str], tuple[Any, ...]]:
         columns = ["_collection_id", "key", "_seqno", "_rev_seqno", "_vbucket", "_deleted"]
         for r in DeltaTable(str(table)).to_pyarrow_table(columns=columns).to_pylist():
             if not r["_deleted"]:
-                rows[(r["_collection_id"], r["key"])] = (r["_seqno"], r["_rev_seqno"], r["_vbucket"])
+                rows[(r["_collection_id"], r["key"])] = (
+                    r["_seqno"],
+                    r["_rev_seqno"],
+                    r["_vbucket"],
+                )
     return rows
 
 
@@ -145,8 +191,9 @@ def test_run_on_a_standalone_cluster_ships_the_code_and_silver_equals_the_truth(
 ) -> None:
     from dcp_cdc.simulator import simulate
 
-    result = simulate(tmp_path / "sim", scenario="basic", seed=3, vbuckets=4, docs=120, ops=300,
-                      bucket=BUCKET)  # fmt: skip
+    result = simulate(
+        tmp_path / "sim", scenario="basic", seed=3, vbuckets=4, docs=120, ops=300, bucket=BUCKET
+    )
     config = tmp_path / "cluster.toml"
     config.write_text(f"""
 landing = "{tmp_path / "sim" / "landing"}"
@@ -163,13 +210,19 @@ shuffle_partitions = 2
 "spark.executor.memory" = "768m"
 "spark.pyspark.python" = "{executor_python}"
 "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-""")  # fmt: skip
+""")
     # The driver has the package (this environment); the executors only the dependencies.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
     env |= {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": str(executor_python)}
     started = time.monotonic()
-    done = subprocess.run([str(CLI), "run", "--config", str(config)], capture_output=True,
-                          text=True, timeout=900, env=env, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [str(CLI), "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     print(f"dcp-cdc run on the cluster: {time.monotonic() - started:.0f} s")
     assert "Quality: PASSED" in done.stdout, done.stdout[-3000:]

@@ -75,9 +75,7 @@ def test_s3_options_come_from_sparks_s3a_settings() -> None:
         "region": "eu-west-1",
         "force_virtual_addressing": False,
     }
-    assert s3_options({"spark.hadoop.fs.s3a.connection.ssl.enabled": "false"}) == {
-        "scheme": "http"
-    }
+    assert s3_options({"spark.hadoop.fs.s3a.connection.ssl.enabled": "false"}) == {"scheme": "http"}
     assert s3_options({}) == {}
 
 

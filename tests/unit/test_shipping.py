@@ -22,8 +22,13 @@ def test_the_zip_holds_both_packages_and_their_data_but_no_bytecode(tmp_path: Pa
     zipped = code_zip(tmp_path)
     names = zipfile.ZipFile(zipped).namelist()
     assert names == sorted(names) == [name for name, _ in package_files()]
-    for name in ("dcp_cdc/__init__.py", "dcp_cdc/simulator/__init__.py", "pipelines/shipping.py",
-                 "pipelines/bronze/decode.py", "pipelines/log4j2.properties"):  # fmt: skip
+    for name in (
+        "dcp_cdc/__init__.py",
+        "dcp_cdc/simulator/__init__.py",
+        "pipelines/shipping.py",
+        "pipelines/bronze/decode.py",
+        "pipelines/log4j2.properties",
+    ):
         assert name in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     # built once per content: the same code is the same file, with the same bytes
@@ -40,8 +45,9 @@ def test_the_zip_is_importable(tmp_path: Path) -> None:
         "import pipelines.bronze.decode, dcp_cdc.columnar\n"
         "print(pipelines.bronze.decode.__file__)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(zipped / "pipelines" / "bronze" / "decode.py")
 
