@@ -202,7 +202,7 @@ warehouse = "{tmp_path / "warehouse"}"
 name = "{BUCKET}"
 [spark]
 master = "{cluster}"
-shuffle_partitions = 2
+shuffle_partitions = 1
 [spark.conf]
 "spark.driver.host" = "127.0.0.1"
 "spark.driver.bindAddress" = "127.0.0.1"
@@ -210,6 +210,7 @@ shuffle_partitions = 2
 "spark.executor.memory" = "768m"
 "spark.pyspark.python" = "{executor_python}"
 "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"spark.executor.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """)
     # The driver has the package (this environment); the executors only the dependencies.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
