@@ -87,12 +87,10 @@ bench: setup
 		echo "bench: no benchmarks/ yet"; \
 	fi
 
-# The code of dcp_cdc and pipelines as one zip for spark-submit --py-files on a cluster
-# (committed files only: git archive of HEAD).
-pyfiles:
-	@mkdir -p dist
-	git archive --format=zip -o dist/dcp_cdc.zip HEAD dcp_cdc pipelines
-	@echo "dist/dcp_cdc.zip: spark-submit --py-files dist/dcp_cdc.zip ..."
+# The code of dcp_cdc and pipelines as one zip, for [spark] py_files on a cluster: the same
+# zip `py_files = "auto"` builds (pipelines/shipping.py), from this checkout's packages.
+pyfiles: setup
+	$(PY) -m pipelines.shipping --out dist/dcp_cdc.zip
 
 # A throwaway venv resolves pyproject.toml (with the dev extra) and is frozen into the lock.
 # pip itself is left out: the venv's own pip installs the lock.

@@ -134,7 +134,16 @@ class SparkConfig(_Model):
     """A shared Hive metastore (``thrift://host:9083``) for the catalog. Default: an embedded
     Derby database in ``<warehouse>/metastore_db``, which needs a local warehouse."""
     conf: dict[str, str] = Field(default_factory=dict)
-    """Any other Spark settings, applied last (e.g. ``spark.hadoop.fs.s3a.*``)."""
+    """Any other Spark settings, applied last (e.g. ``spark.hadoop.fs.s3a.*``, which the
+    landing location's reader takes its S3 credentials and endpoint from too)."""
+    py_files: str | None = "auto"
+    """The code of ``dcp_cdc`` and ``pipelines`` shipped to the executors by every entry
+    point (``dcp-cdc``, ``python -m``, ``spark-submit``, the DAGs): a path or URI of a zip
+    (``make pyfiles``), ``auto`` (with a master that is not local, a zip of the installed
+    packages, built once per content) or empty (the executors' Python has the package)."""
+    jars_dir: str | None = None
+    """The folder of the Delta Lake jars. Default: ``$DCP_CDC_JARS_DIR``, else the checkout's
+    ``.cache/jars`` (``make setup``) when running from one."""
 
 
 class AirflowConfig(_Model):
@@ -165,9 +174,6 @@ class AirflowConfig(_Model):
     spark_submit: str | None = None
     """The ``spark-submit`` a worker runs: a path, or a name on its PATH. Default: the one of
     the pyspark installed beside Airflow, else ``spark-submit`` from the PATH."""
-    py_files: str | None = None
-    """``--py-files`` for ``spark-submit``: a wheel or zip of ``dcp_cdc`` and ``pipelines`` for
-    executors that do not have the package installed."""
     application_dir: str | None = None
     """Where ``spark-submit`` finds the entry scripts (``bronze/job.py``, ...): a path or URI
     of the ``pipelines`` folder. Default: the installed ``pipelines`` package."""
@@ -176,6 +182,16 @@ class AirflowConfig(_Model):
     pool: str | None = None
     """The Airflow pool of every task. With the embedded Derby catalog only one Spark job may
     use the warehouse at a time: give such a deployment a pool with one slot."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        if isinstance(data, dict) and "py_files" in data:
+            raise ValueError(
+                "py_files moved to [spark] py_files (every entry point ships the code from it, "
+                "not only the DAGs)"
+            )
+        return data
 
 
 class MaintenanceConfig(_Model):
@@ -269,6 +285,11 @@ def load_config(path: str | Path, **overrides: object) -> AppConfig:
     for key in ("landing", "warehouse"):
         if key in raw:
             raw[key] = _anchored(raw[key], folder)
+    spark = raw.get("spark")
+    if isinstance(spark, dict):
+        for key in ("py_files", "jars_dir"):
+            if key in spark and spark[key] != "auto":
+                spark[key] = _anchored(spark[key], folder)
     for bucket in raw.get("buckets", []) if isinstance(raw.get("buckets"), list) else []:
         if isinstance(bucket, dict) and "landing" in bucket:
             bucket["landing"] = _anchored(bucket["landing"], folder)

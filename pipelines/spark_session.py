@@ -1,8 +1,10 @@
 """The one place that builds Spark sessions for dcp-cdc.
 
 Every session gets Delta Lake (SQL extension and ``DeltaCatalog``) from jars resolved once by
-``make setup`` into ``.cache/jars``; nothing is downloaded at run time (no
-``spark.jars.packages``, so no ivy, unlike ``delta.configure_spark_with_delta_pip``). Tables
+``make setup`` into ``.cache/jars`` (or the folder ``$DCP_CDC_JARS_DIR`` or ``[spark] jars_dir``
+names); nothing is downloaded at run time (no ``spark.jars.packages``, so no ivy, unlike
+``delta.configure_spark_with_delta_pip``). Every session of a job gets the code its executors
+run from ``[spark] py_files`` (:mod:`pipelines.shipping`), whoever started it. Tables
 registered in the catalog persist across sessions: the catalog is Spark's built-in Hive metastore
 on an embedded Derby database kept in ``<warehouse>/metastore_db``, with ``derby.log`` beside it,
 so a session writes nothing to the working directory.
@@ -40,21 +42,33 @@ if TYPE_CHECKING:
 JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 """Environment variable naming a folder of Delta jars to use instead of ``.cache/jars``."""
 
-DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
+CHECKOUT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
+"""Where ``make setup`` puts the jars, when this package runs from a checkout."""
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 METASTORE_DIR_NAME = "metastore_db"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+_SHIPPED: dict[str, set[str]] = {}  # zips added to each application's context (by name)
 
 
-def delta_jars_dir() -> Path:
-    """The folder the Delta jars are taken from: ``$DCP_CDC_JARS_DIR`` or ``.cache/jars``."""
-    override = os.environ.get(JARS_DIR_ENV)
-    return Path(override).expanduser().resolve() if override else DEFAULT_JARS_DIR
+def delta_jars_dir(setting: str | None = None) -> Path:
+    """The folder the Delta jars are taken from: ``$DCP_CDC_JARS_DIR``, else ``setting``
+    (``[spark] jars_dir``), else the checkout's ``.cache/jars`` when running from one."""
+    chosen = os.environ.get(JARS_DIR_ENV) or setting
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    if CHECKOUT_JARS_DIR.is_dir():
+        return CHECKOUT_JARS_DIR
+    raise SparkSetupError(
+        f"Delta Lake jars not found: expected [spark] jars_dir in the configuration or "
+        f"{JARS_DIR_ENV} to name a folder with delta-spark_2.13-*.jar (a checkout gets them in "
+        f"{CHECKOUT_JARS_DIR} from `make setup`)"
+    )
 
 
 def find_delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
-    """Every jar in ``jars_dir`` (default :func:`delta_jars_dir`), which must hold delta-spark."""
-    folder = Path(jars_dir).expanduser().resolve() if jars_dir is not None else delta_jars_dir()
+    """Every jar in :func:`delta_jars_dir` of ``jars_dir`` (``[spark] jars_dir``), which must
+    hold delta-spark."""
+    folder = delta_jars_dir(str(jars_dir) if jars_dir is not None else None)
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any(jar.name.startswith("delta-spark_") for jar in jars):
         raise SparkSetupError(
@@ -170,6 +184,7 @@ def build_spark_session(
     shuffle_partitions: int = 4,
     extra_conf: Mapping[str, str] | None = None,
     metastore: str | None = None,
+    jars_dir: str | None = None,
 ) -> SparkSession:
     """A Delta-enabled session whose catalog and tables live under ``warehouse``.
 
@@ -183,7 +198,7 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     location = _warehouse_location(warehouse)
-    jars = find_delta_jars()
+    jars = find_delta_jars(jars_dir)
     active = SparkSession.getActiveSession()
     if active is not None:
         current = _warehouse_location(active.conf.get("spark.sql.warehouse.dir") or "")
@@ -216,15 +231,39 @@ def build_spark_session(
 
 
 def session_for(config: AppConfig, app_name: str) -> SparkSession:
-    """The session a job of ``config`` runs in (built once per process)."""
-    return build_spark_session(
+    """The session a job of ``config`` runs in (built once per process), with the code its
+    executors need (:func:`ship_code`): every entry point (``dcp-cdc``, ``python -m``,
+    ``spark-submit``, the DAGs) comes through here."""
+    spark = build_spark_session(
         app_name,
         config.warehouse,
         master=config.spark.master,
         shuffle_partitions=config.spark.shuffle_partitions,
         extra_conf=config.spark.conf,
         metastore=config.spark.metastore,
+        jars_dir=config.spark.jars_dir,
     )
+    ship_code(spark, config.spark.py_files)
+    return spark
+
+
+def ship_code(spark: SparkSession, py_files: str | None) -> str | None:
+    """Give the executors of ``spark`` the code ``[spark] py_files`` names (see
+    :mod:`pipelines.shipping`), unless a launcher shipped that zip already
+    (``spark-submit --py-files``). Returns what the session ships, if anything."""
+    from pipelines.shipping import py_files_for
+
+    context = spark.sparkContext
+    location = py_files_for(py_files, context.master or "")
+    if location is None:
+        return None
+    name = Path(urlparse(location).path).name
+    submitted = context.getConf().get("spark.submit.pyFiles", "") or ""
+    added = _SHIPPED.setdefault(context.applicationId, set())
+    if name not in added | {Path(urlparse(p).path).name for p in submitted.split(",") if p}:
+        context.addPyFile(location)
+        added.add(name)
+    return location
 
 
 def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict[str, str]:
@@ -232,7 +271,7 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     be given for a session on ``config``'s catalog: the settings :func:`session_for` uses,
     including those that only work at JVM start (the Delta jars on the driver's class path,
     driver JVM options and memory). ``master=None``: the launcher's ``--master`` decides."""
-    jars = find_delta_jars()
+    jars = find_delta_jars(config.spark.jars_dir)
     conf = spark_conf(
         app_name,
         _warehouse_location(config.warehouse),

@@ -17,19 +17,18 @@ No Spark import here: it is plain pyarrow and numpy, and unit-testable.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 
 from dcp_cdc.columnar import decode_batch, decode_frames, frame_starts
-from dcp_cdc.config import is_uri
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.protocol import Opcode
+from pipelines.landing import open_input
 
 MAX_ROWS_PER_BATCH = 65536
 SUMMARY_OP = "file_summary"
@@ -44,29 +43,24 @@ _STATE_OPCODES = [int(Opcode.DCP_SNAPSHOT_MARKER), int(Opcode.DCP_OSO_SNAPSHOT),
                   int(Opcode.DCP_STREAM_REQ)]  # fmt: skip
 
 
-def open_input(location: str) -> BinaryIO:
-    """A binary reader for a local path or a filesystem URI (``s3a://`` is read as ``s3://``)."""
-    if not is_uri(location) or location.startswith("file:"):
-        return open(location.removeprefix("file://").removeprefix("file:"), "rb")
-    uri = "s3://" + location[len("s3a://") :] if location.startswith("s3a://") else location
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs.open_input_stream(path)  # type: ignore[no-any-return]
-
-
 class _Chunks:
     """A capture file's frames in chunks of ``chunk_bytes``: ``(buffer, file offset of its
     first byte, final)``. The caller sets ``consumed`` to the bytes of each buffer it framed;
-    the rest (a frame cut by the chunk boundary) starts the next buffer."""
+    the rest (a frame cut by the chunk boundary) starts the next buffer. ``storage``: the
+    Spark settings the landing filesystem is built from (:func:`pipelines.landing.filesystem`)."""
 
-    def __init__(self, file: dict[str, Any], chunk_bytes: int) -> None:
+    def __init__(
+        self, file: dict[str, Any], chunk_bytes: int, storage: Mapping[str, str] | None = None
+    ) -> None:
         self.file = file
         self.chunk_bytes = chunk_bytes
+        self.storage = storage
         self.consumed = 0
 
     def __iter__(self) -> Iterator[tuple[bytes, int, bool]]:
         position = self.file["header_length"]
         tail = b""
-        with open_input(self.file["path"]) as fh:
+        with open_input(self.file["path"], self.storage) as fh:
             fh.read(position)
             while True:
                 chunk = fh.read(self.chunk_bytes)
@@ -280,10 +274,12 @@ class FileScan:
         return after
 
 
-def scan_file(file: dict[str, Any], *, chunk_bytes: int) -> FileScan:
+def scan_file(
+    file: dict[str, Any], *, chunk_bytes: int, storage: Mapping[str, str] | None = None
+) -> FileScan:
     """Frame one capture file and decode only its state-setting frames (:class:`FileScan`)."""
     scan = FileScan()
-    chunks = _Chunks(file, chunk_bytes)
+    chunks = _Chunks(file, chunk_bytes, storage)
     for buf, position, final in chunks:
         starts, chunks.consumed, fatal = frame_starts(buf, final=final, base_offset=position)
         if len(starts):
@@ -333,6 +329,7 @@ FileDone = Callable[[str, int, int], None]
 def decode_file(
     file: dict[str, Any], schema: pa.Schema, *, chunk_bytes: int, raw_limit: int,
     frames: bool = True, errors: bool = True, done: FileDone | None = None,
+    storage: Mapping[str, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """Every frame of one capture file, in order, as batches of ``schema``: its well-formed
     frames (``frames``) and its malformed ones as ``op = 'error'`` rows (``errors``).
@@ -346,7 +343,7 @@ def decode_file(
         carry = json.loads(file.get("carry") or "{}")
         order = SessionOrder({int(k): tuple(v) for k, v in carry.items()})
     frames_before = n_frames = n_errors = 0
-    chunks = _Chunks(file, chunk_bytes)
+    chunks = _Chunks(file, chunk_bytes, storage)
     for buf, position, final in chunks:
         batch = decode_batch(buf, collections=file["collections"], base_offset=position,
                              final=final, file=path)  # fmt: skip
@@ -430,22 +427,28 @@ def _constant(text: str, n: int) -> pa.Array:
 def decode_files(
     batches: Iterator[pa.RecordBatch], schema: pa.Schema, *, chunk_bytes: int, raw_limit: int,
     frames: bool = True, errors: bool = True, done: FileDone | None = None,
+    storage: Mapping[str, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """The ``mapInArrow`` function: rows of file descriptors in, frames out."""
     for batch in batches:
         for file in batch.to_pylist():
             yield from decode_file(file, schema, chunk_bytes=chunk_bytes, raw_limit=raw_limit,
-                                   frames=frames, errors=errors, done=done)  # fmt: skip
+                                   frames=frames, errors=errors, done=done,
+                                   storage=storage)  # fmt: skip
 
 
 def scan_files(
-    batches: Iterator[pa.RecordBatch], schema: pa.Schema, *, chunk_bytes: int
+    batches: Iterator[pa.RecordBatch],
+    schema: pa.Schema,
+    *,
+    chunk_bytes: int,
+    storage: Mapping[str, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The scan's ``mapInArrow`` function: rows of file descriptors in; out, per file and
     stream it sets the state of, what its last state-setting frames set (``schemas.SCAN``)."""
     for batch in batches:
         for file in batch.to_pylist():
-            scan = scan_file(file, chunk_bytes=chunk_bytes)
+            scan = scan_file(file, chunk_bytes=chunk_bytes, storage=storage)
             rows = []
             for key in sorted(scan.snapshots.keys() | scan.uuids.keys()):
                 snapshot = scan.snapshots.get(key)

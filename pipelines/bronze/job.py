@@ -28,16 +28,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
+from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from dcp_cdc.errors import CaptureFormatError
-from pipelines import delta_io
-from pipelines.bronze.decode import FileScan, StreamState, decode_files, open_input, scan_files
+from pipelines import delta_io, landing
+from pipelines.bronze.decode import FileScan, StreamState, decode_files, scan_files
 from pipelines.tables import BucketTables
 
 if TYPE_CHECKING:
@@ -105,31 +104,19 @@ class IngestSummary:
 # --- landing -----------------------------------------------------------------------------
 
 
-def list_captures(spark: SparkSession, location: str) -> list[CaptureFile]:
-    """Every ``*.dcpcap`` below ``location`` (a local path, or any Hadoop filesystem URI)."""
-    if not is_uri(location):
-        root = Path(location).resolve()
-        return sorted(
-            CaptureFile(str(p), (st := p.stat()).st_size, int(st.st_mtime * 1000))
-            for p in root.rglob(f"*{EXTENSION}")
-        ) if root.exists() else []  # fmt: skip
-    jvm: Any = spark._jvm  # listing goes through Hadoop, so every Hadoop filesystem works
-    path = jvm.org.apache.hadoop.fs.Path(location)
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(path):
-        return []
-    found = []
-    files = fs.listFiles(path, True)
-    while files.hasNext():
-        status = files.next()
-        name = status.getPath().toString()
-        if name.endswith(EXTENSION):
-            found.append(CaptureFile(name, status.getLen(), status.getModificationTime()))
-    return sorted(found)
+def list_captures(
+    location: str, storage: Mapping[str, str] | None = None
+) -> list[CaptureFile]:
+    """Every ``*.dcpcap`` below ``location`` (a local path or a filesystem URI), through the
+    landing filesystem (:mod:`pipelines.landing`) that the decode tasks read them with."""
+    return [
+        CaptureFile(f.path, f.size, f.modified_ms)
+        for f in landing.list_files(location, EXTENSION, storage)
+    ]
 
 
-def read_header(file: CaptureFile) -> CaptureFile:
-    with open_input(file.path) as fh:
+def read_header(file: CaptureFile, storage: Mapping[str, str] | None = None) -> CaptureFile:
+    with landing.open_input(file.path, storage) as fh:
         head = fh.read(PREAMBLE_LEN)
         if len(head) == PREAMBLE_LEN:
             head += fh.read(int.from_bytes(head[8:12], "big"))
@@ -207,7 +194,7 @@ def _log_rows(
 
 def plan_files(
     files: list[CaptureFile], state: LogState, bucket: str, limit: int, max_bytes: int,
-    summary: IngestSummary,
+    summary: IngestSummary, storage: Mapping[str, str] | None = None,
 ) -> tuple[list[CaptureFile], list[dict[str, Any]]]:  # fmt: skip
     """The files to ingest now, in session order, and ``changed`` rows to log."""
     changed_rows = []
@@ -228,7 +215,7 @@ def plan_files(
             summary.unreadable.append(f"{f.path} ({f.size} bytes > max_file_bytes)")
             continue
         try:
-            header = read_header(f)
+            header = read_header(f, storage)
         except CaptureFormatError as exc:
             summary.unreadable.append(f"{f.path}: {exc.reason}")
             continue
@@ -325,10 +312,11 @@ def ingest_bucket(
     summary = IngestSummary(bucket.name)
     names = ensure_tables(spark, config, bucket.name)
     state = read_log(spark, names.ingest_log)
-    files = list_captures(spark, config.landing_for(bucket))
+    storage = config.spark.conf  # what the landing filesystem is built from, here and in tasks
+    files = list_captures(config.landing_for(bucket), storage)
     chosen, changed_rows = plan_files(
         files, state, bucket.name, config.ingest.max_files_per_run, config.ingest.max_file_bytes,
-        summary,
+        summary, storage,
     )  # fmt: skip
     if changed_rows:
         _log_rows(spark, names.ingest_log, changed_rows, state.last_version, "changed")
@@ -336,7 +324,11 @@ def ingest_bucket(
         version = state.open_plan[0]["run_version"]
         run_id = state.open_plan[0]["ingest_run_id"]
         by_path = {f.path: f for f in files}
-        chosen = [read_header(by_path[r["file"]]) for r in state.open_plan if r["file"] in by_path]
+        chosen = [
+            read_header(by_path[r["file"]], storage)
+            for r in state.open_plan
+            if r["file"] in by_path
+        ]
         summary.resumed = True
     elif not chosen:
         log.info(summary.render())
@@ -362,7 +354,7 @@ def ingest_bucket(
          "header_length": f.header_length, "size": f.size, "carry": None}
         for f in chosen
     ]  # fmt: skip
-    carries, end_states = stream_states(state, chosen, _scan(spark, file_rows, chunk))
+    carries, end_states = stream_states(state, chosen, _scan(spark, file_rows, chunk, storage))
     for row in file_rows:
         row["carry"] = carries[row["path"]]
     ingested_at = F.current_timestamp()
@@ -373,6 +365,7 @@ def ingest_bucket(
         lambda batches: decode_files(
             batches, events_schema, chunk_bytes=chunk, raw_limit=raw_limit, errors=False,
             done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
+            storage=storage,
         ),
         schemas.DECODED_EVENTS,
     )  # fmt: skip
@@ -389,7 +382,7 @@ def ingest_bucket(
         found |= _quarantine(
             spark, again, chunk, raw_limit,
             lambda frames: transforms.quarantine(frames, run_id, ingested_at),
-            names.quarantine, version,
+            names.quarantine, version, storage,
         )  # fmt: skip
     hook("quarantine")
     _log_rows(spark, names.ingest_log, [
@@ -415,14 +408,22 @@ def _files(spark: SparkSession, file_rows: list[dict[str, Any]]) -> DataFrame:
     )
 
 
-def _scan(spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int) -> dict[str, FileScan]:
+def _scan(
+    spark: SparkSession,
+    file_rows: list[dict[str, Any]],
+    chunk: int,
+    storage: Mapping[str, str] | None = None,
+) -> dict[str, FileScan]:
     """What each file does to its session's streams (a scan task per file)."""
     from pipelines import schemas
 
     scan_schema = schemas.arrow_schema(schemas.SCAN)
     rows = (
         _files(spark, file_rows)
-        .mapInArrow(lambda b: scan_files(b, scan_schema, chunk_bytes=chunk), schemas.SCAN)
+        .mapInArrow(
+            lambda b: scan_files(b, scan_schema, chunk_bytes=chunk, storage=storage),
+            schemas.SCAN,
+        )
         .collect()
     )
     scans: dict[str, FileScan] = {r["path"]: FileScan() for r in file_rows}
@@ -443,6 +444,7 @@ def _scan(spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int) -> d
 def _quarantine(
     spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int, raw_limit: int,
     to_rows: Callable[[DataFrame], DataFrame], table: str, version: int,
+    storage: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[int, int]]:  # fmt: skip
     """Decode ``file_rows`` again for their malformed frames only; append those to the
     quarantine table and return every file's counts."""
@@ -458,6 +460,7 @@ def _quarantine(
             lambda batches: decode_files(
                 batches, out_schema, chunk_bytes=chunk, raw_limit=raw_limit, frames=False,
                 done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
+                storage=storage,
             ),
             schemas.DECODE_OUTPUT,
         )

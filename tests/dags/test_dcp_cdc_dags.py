@@ -124,12 +124,13 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
     _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n')
     dag = _dagbag().dags["dcp_cdc__orders"]
     apply = dag.get_task("apply_silver")
-    hook = apply.prepare({"params": {"backfill": "inventory.airline"}})
-    command = hook._build_spark_submit_command(apply.application)
+    apply.prepare({"params": {"backfill": "inventory.airline"}})
+    command = apply._get_hook()._build_spark_submit_command(apply.application)
     assert Path(command[0]).name == "spark-submit" and Path(command[0]).exists()
     assert command[command.index("--master") + 1] == "local[2]"
     conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
     assert "spark.master" not in conf  # the connection's, above
+    assert "--py-files" not in command  # a local master's executors are this Python
     assert any(Path(j).name.startswith("delta-spark_") for j in conf["spark.jars"].split(","))
     assert conf["spark.sql.warehouse.dir"] == str(config_file.parent / "w")
     assert conf["spark.driver.memory"] == "6g"
@@ -139,12 +140,11 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
         "--config", str(config_file), "--bucket", "orders",
         "--rebuild", "--collection", "inventory.airline",
     ]  # fmt: skip
-    assert apply._flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
-    assert apply._flags({"params": {"backfill": ""}}) == []
+    assert apply.flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
+    assert apply.flags({"params": {"backfill": ""}}) == []
     ingest = dag.get_task("ingest_bronze")  # a backfill is silver's business only
-    command = ingest.prepare({"params": {"backfill": "bucket"}})._build_spark_submit_command(
-        ingest.application
-    )
+    ingest.prepare({"params": {"backfill": "bucket"}})
+    command = ingest._get_hook()._build_spark_submit_command(ingest.application)
     assert command[-4:] == ["--config", str(config_file), "--bucket", "orders"]
     backfill = dag.params.get_param("backfill")
     assert backfill.resolve("bucket") == "bucket"
@@ -193,3 +193,23 @@ retries = 0
         silver |= {(r["_collection_id"], r["key"], r["_seqno"])
                    for r in rows.to_pylist() if not r["_deleted"]}  # fmt: skip
     assert silver == truth
+
+
+def test_default_configuration_for_a_checkout_and_an_installed_package(
+    airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipelines.airflow as dcp_airflow
+    from dcp_cdc.errors import ConfigError
+
+    monkeypatch.delenv("DCP_CDC_CONFIG", raising=False)
+    assert dcp_airflow.config_path() == dcp_airflow.CHECKOUT_CONFIG  # make-built checkout
+    # an installed package has no checkout beside it: ./conf/local.toml, else an error
+    monkeypatch.setattr(dcp_airflow, "CHECKOUT_CONFIG", tmp_path / "site" / "conf" / "local.toml")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="DCP_CDC_CONFIG"):
+        dcp_airflow.config_path()
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "local.toml").write_text("")
+    assert dcp_airflow.config_path() == tmp_path / "conf" / "local.toml"
+    monkeypatch.setenv("DCP_CDC_CONFIG", "elsewhere.toml")
+    assert dcp_airflow.config_path() == tmp_path / "elsewhere.toml"

@@ -29,6 +29,8 @@ def test_shipped_configurations_load(name: str) -> None:
         ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[ingest]\nchunk_bytes = 10\n',
          "ingest.chunk_bytes"),
         ('landing = "l"\nwarehouse = "w"\n[[buckets]\n', "not valid TOML"),
+        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[airflow]\npy_files = "x.zip"\n',
+         r"airflow: .*py_files moved to \[spark\] py_files"),
     ],
 )  # fmt: skip
 def test_invalid_configuration_names_file_and_field(
@@ -102,3 +104,17 @@ def test_airflow_and_maintenance_settings(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"airflow\.retries"):
         load_config(path)
+
+
+def test_code_and_jars_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "c.toml"
+    path.parent.mkdir()
+    text = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[spark]\n'
+    path.write_text(text + 'py_files = "../dist/code.zip"\njars_dir = "jars"\n')
+    config = load_config(path)
+    assert config.spark.py_files == str(tmp_path / "dist" / "code.zip")
+    assert config.spark.jars_dir == str(tmp_path / "conf" / "jars")
+    path.write_text(text + 'py_files = "s3a://artifacts/code.zip"\n')
+    assert load_config(path).spark.py_files == "s3a://artifacts/code.zip"
+    path.write_text(text)
+    assert load_config(path).spark.py_files == "auto"

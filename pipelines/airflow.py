@@ -1,0 +1,196 @@
+"""What the DAG file (``dags/dcp_cdc_dags.py``) builds its tasks with.
+
+Each task is ``spark-submit`` of the entry point the command line runs
+(``pipelines/bronze/job.py``, ...), through the Spark provider's public API only: operator
+arguments, and the Airflow connection ``[airflow] spark_conn_id`` read with
+``Connection.get``. The connection's master decides where the job runs; the Delta jars,
+catalog settings and the code shipped to executors (``[spark] py_files``) are those of
+:mod:`pipelines.spark_session`, computed when the task runs.
+
+Parsing stays light: this module imports Airflow, the standard library and
+``dcp_cdc.config`` (pydantic) at top level. Spark is imported only by the jobs, in the process
+``spark-submit`` starts; the launch settings (:func:`pipelines.spark_session.launch_conf`)
+are computed without it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+CONFIG_ENV = "DCP_CDC_CONFIG"
+CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
+"""``conf/local.toml`` of the checkout this package runs from (``make setup``), if any."""
+MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
+BACKFILL_PARAM = "backfill"
+BACKFILL_PATTERN = r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$"
+
+
+def config_path() -> Path:
+    """The configuration the DAGs are made from: ``$DCP_CDC_CONFIG``, else the checkout's
+    ``conf/local.toml`` when running from one, else ``conf/local.toml`` of the working
+    directory."""
+    chosen = os.environ.get(CONFIG_ENV)
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    for candidate in (CHECKOUT_CONFIG, Path.cwd() / "conf" / "local.toml"):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ConfigError(
+        f"no configuration: set {CONFIG_ENV} to a TOML file (looked for {CHECKOUT_CONFIG} "
+        f"and {Path.cwd() / 'conf' / 'local.toml'})"
+    )
+
+
+def connection_master(conn_id: str) -> str:
+    """The master the Spark connection ``conn_id`` names, read as the Spark provider reads it:
+    the host holds the master (``local[2]``, ``yarn``, ``spark://h:7077``), else the
+    connection type is its scheme; a port is appended. No connection: ``yarn``, as there."""
+    from airflow.sdk import Connection
+
+    try:
+        conn = Connection.get(conn_id)
+    except Exception:  # the provider falls back to yarn on a missing connection too
+        return "yarn"
+    host = conn.host or ""
+    master = host if conn.conn_type == "spark" and ("://" in host or not conn.port) else None
+    master = master or f"{conn.conn_type}://{host}"
+    return f"{master}:{conn.port}" if conn.port else master
+
+
+class DcpSparkSubmitOperator(SparkSubmitOperator):
+    """``spark-submit`` of a dcp-cdc entry point with the settings of the session module.
+
+    What only a launcher can set (Delta jars on the driver class path, driver JVM options and
+    memory) and the code to ship (``[spark] py_files``) are computed at run time from the
+    configuration and the master the Spark connection names. With ``backfill``, the run's
+    ``backfill`` param becomes the silver job's flags: ``"bucket"`` → ``--rebuild``,
+    ``"SCOPE.NAME"`` → ``--rebuild --collection SCOPE.NAME``.
+    """
+
+    def __init__(
+        self,
+        *,
+        config_path: str,
+        spark_conn_id: str,
+        backfill: bool = False,
+        driver_memory_override: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(conn_id=spark_conn_id, **kwargs)
+        self.config_path = config_path
+        self.spark_conn_id = spark_conn_id
+        self.backfill = backfill
+        self.driver_memory_override = driver_memory_override
+
+    def execute(self, context: Context) -> None:
+        self.prepare(context)
+        super().execute(context)
+
+    def prepare(self, context: Context) -> None:
+        """Settle the command before the provider builds it: launch settings and code for the
+        connection's master, flags from the params."""
+        from pipelines.shipping import py_files_for
+        from pipelines.spark_session import launch_conf
+
+        config = load_config(self.config_path)
+        master = connection_master(self.spark_conn_id)
+        conf = launch_conf(config, self.name, master=master)
+        conf.pop("spark.master", None)  # the connection's --master decides
+        if self.driver_memory_override:
+            conf["spark.driver.memory"] = self.driver_memory_override
+        self.conf = {**conf, **(self.conf or {})}
+        # The same zip session_for would add: spark-submit ships it before the driver starts
+        # (a cluster-mode driver needs it to import the entry point), the session sees it.
+        self.py_files = self.py_files or py_files_for(config.spark.py_files, master)
+        self.application_args = [*(self.application_args or []), *self.flags(context)]
+
+    def flags(self, context: Context) -> list[str]:
+        """The silver job's flags for the run's ``backfill`` param."""
+        target = context["params"].get(BACKFILL_PARAM) if self.backfill else None
+        if not target:
+            return []
+        return ["--rebuild"] if target == "bucket" else ["--rebuild", "--collection", target]
+
+
+def entry_points(config: AppConfig) -> Path | str:
+    """Where spark-submit finds ``bronze/job.py`` and the others."""
+    if config.airflow.application_dir:
+        return config.airflow.application_dir
+    spec = importlib.util.find_spec("pipelines")  # locates the package without importing it
+    if spec is None or spec.origin is None:
+        raise ImportError("the pipelines package of dcp-cdc is not installed for this Python")
+    return Path(spec.origin).parent
+
+
+def spark_submit() -> str:
+    """The ``spark-submit`` of the pyspark installed for this Python, else the PATH's.
+
+    pyspark's own script (in the package, not the venv's ``bin/`` wrapper) knows its Spark
+    home from where it lies; the wrapper would look for a ``python3`` on the PATH that has
+    pyspark, which an Airflow worker need not have.
+    """
+    spec = importlib.util.find_spec("pyspark")  # found, not imported
+    if spec is not None and spec.origin is not None:
+        script = Path(spec.origin).parent / "bin" / "spark-submit"
+        if script.exists():
+            return str(script)
+    return "spark-submit"
+
+
+def default_args(config: AppConfig) -> dict[str, Any]:
+    """Retries, timeouts and pool of every task."""
+    settings = config.airflow
+    return {
+        "owner": "dcp-cdc",
+        "depends_on_past": False,
+        "retries": settings.retries,
+        "retry_delay": dt.timedelta(seconds=settings.retry_delay_seconds),
+        "retry_exponential_backoff": settings.retry_exponential_backoff,
+        "max_retry_delay": dt.timedelta(seconds=settings.max_retry_delay_seconds),
+        "execution_timeout": dt.timedelta(minutes=settings.execution_timeout_minutes),
+        **({"pool": settings.pool} if settings.pool else {}),
+    }
+
+
+def start_date(config: AppConfig) -> dt.datetime:
+    start = config.airflow.start_date
+    return dt.datetime(start.year, start.month, start.day, tzinfo=dt.UTC)
+
+
+def submit(
+    task_id: str,
+    script: str,
+    args: Sequence[str],
+    *,
+    config: AppConfig,
+    config_path: Path,
+    **kwargs: Any,
+) -> DcpSparkSubmitOperator:
+    """The task that runs ``script`` (relative to the ``pipelines`` folder) with
+    ``--config config_path`` and ``args``."""
+    entry = entry_points(config)
+    application = f"{entry}/{script}" if isinstance(entry, str) else str(entry / script)
+    return DcpSparkSubmitOperator(
+        task_id=task_id,
+        config_path=str(config_path),
+        application=application,
+        application_args=["--config", str(config_path), *args],
+        spark_conn_id=config.airflow.spark_conn_id,
+        spark_binary=config.airflow.spark_submit or spark_submit(),
+        driver_memory_override=config.airflow.driver_memory,
+        name=f"dcp-cdc-{task_id}",
+        **kwargs,
+    )
