@@ -271,6 +271,23 @@ def _anchored(location: object, folder: Path) -> object:
     return location if path.is_absolute() else os.path.normpath(folder / path)
 
 
+CONFIG_ENV = "DCP_CDC_CONFIG"
+LOCAL_CONFIG = Path("conf", "local.toml")
+
+
+def find_config(*candidates: Path) -> Path | None:
+    """The configuration file to use when none is named: ``$DCP_CDC_CONFIG``, else the first
+    of ``candidates`` that is a file, else ``conf/local.toml`` of the working directory; None
+    when there is none. The one rule of the command line and the DAGs."""
+    chosen = os.environ.get(CONFIG_ENV)
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    for candidate in (*candidates, Path.cwd() / LOCAL_CONFIG):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
 def load_config(path: str | Path, **overrides: object) -> AppConfig:
     """Read and validate ``path``; ``overrides`` replace top-level keys (e.g. for tests) and
     are taken as given (relative paths in them stay relative to the working directory)."""

@@ -5,9 +5,9 @@ each time), then ingest, apply and check on a local warehouse there. With ``--co
 the same steps on that configuration's landing data.
 
 Without ``--config``, every verb that takes an optional one (``run``, ``sql``, ``tables``,
-``spark-conf``, ``thrift-server``) uses :func:`local_config`: ``./conf/local.toml`` when the
-working directory has one (a checkout), else the same settings built in, so that an installed
-package runs the demo and finds its warehouse from any folder.
+``spark-conf``, ``thrift-server``) uses :func:`local_config`: ``$DCP_CDC_CONFIG``, else
+``./conf/local.toml`` when the working directory has one (a checkout), else the same settings
+built in, so that an installed package runs the demo and finds its warehouse from any folder.
 """
 
 from __future__ import annotations
@@ -20,24 +20,25 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.config import AppConfig, find_config, load_config
 
 if TYPE_CHECKING:
     from pipelines.quality.report import QualityReport
 
 DEFAULT_WORKDIR = "work"
-LOCAL_CONFIG = Path("conf", "local.toml")
 DEMO_BUCKET = "travel-sample"
 
 
 def local_config(**overrides: object) -> AppConfig:
-    """The configuration when none is named: ``./conf/local.toml`` if the working directory
-    has one, else its settings built in (bucket ``travel-sample``, data under ``./work/``).
+    """The configuration when none is named: the file :func:`dcp_cdc.config.find_config`
+    finds (``$DCP_CDC_CONFIG``, else ``./conf/local.toml``), else the settings of
+    ``conf/local.toml`` built in (bucket ``travel-sample``, data under ``./work/``).
 
     The built-in copy keeps an installed package working outside a checkout; a unit test
     keeps it equal to the checkout's ``conf/local.toml``."""
-    if LOCAL_CONFIG.is_file():
-        return load_config(LOCAL_CONFIG, **overrides)
+    found = find_config()
+    if found is not None:
+        return load_config(found, **overrides)
     work = Path(DEFAULT_WORKDIR).resolve()
     raw: dict[str, object] = {
         "landing": str(work / "landing"),

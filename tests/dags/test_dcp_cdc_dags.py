@@ -198,7 +198,7 @@ retries = 0
 def test_default_configuration_for_a_checkout_and_an_installed_package(
     airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.airflow as dcp_airflow
+    import pipelines.airflow_tasks as dcp_airflow
     from dcp_cdc.errors import ConfigError
 
     monkeypatch.delenv("DCP_CDC_CONFIG", raising=False)

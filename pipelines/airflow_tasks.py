@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.config import CONFIG_ENV, LOCAL_CONFIG, AppConfig, find_config, load_config
 from dcp_cdc.errors import ConfigError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-CONFIG_ENV = "DCP_CDC_CONFIG"
 CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
 """``conf/local.toml`` of the checkout this package runs from (``make setup``), if any."""
 MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
@@ -39,19 +37,16 @@ BACKFILL_PATTERN = r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$"
 
 
 def config_path() -> Path:
-    """The configuration the DAGs are made from: ``$DCP_CDC_CONFIG``, else the checkout's
-    ``conf/local.toml`` when running from one, else ``conf/local.toml`` of the working
-    directory."""
-    chosen = os.environ.get(CONFIG_ENV)
-    if chosen:
-        return Path(chosen).expanduser().resolve()
-    for candidate in (CHECKOUT_CONFIG, Path.cwd() / "conf" / "local.toml"):
-        if candidate.is_file():
-            return candidate.resolve()
-    raise ConfigError(
-        f"no configuration: set {CONFIG_ENV} to a TOML file (looked for {CHECKOUT_CONFIG} "
-        f"and {Path.cwd() / 'conf' / 'local.toml'})"
-    )
+    """The configuration the DAGs are made from (:func:`dcp_cdc.config.find_config`):
+    ``$DCP_CDC_CONFIG``, else the checkout's ``conf/local.toml`` when running from one, else
+    ``conf/local.toml`` of the working directory."""
+    found = find_config(CHECKOUT_CONFIG)
+    if found is None:
+        raise ConfigError(
+            f"no configuration: set {CONFIG_ENV} to a TOML file (looked for {CHECKOUT_CONFIG} "
+            f"and {Path.cwd() / LOCAL_CONFIG})"
+        )
+    return found
 
 
 def connection_master(conn_id: str) -> str:
