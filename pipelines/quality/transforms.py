@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dcp_cdc.events import DATA_OPS
-from dcp_cdc.protocol import Opcode
+from dcp_cdc.protocol import Opcode, OsoFlag, SnapshotFlag
 from pipelines.bronze.transforms import vb_key
 
 ITEM_OPS = (*DATA_OPS, "system_event", "seqno_advanced", "prepare", "commit", "abort")
@@ -24,9 +24,9 @@ ITEM_OPS = (*DATA_OPS, "system_event", "seqno_advanced", "prepare", "commit", "a
 STREAM_OPS = (*ITEM_OPS, "snapshot_marker", "oso_snapshot", "stream_end", "stream_request",
               "stream_request_response")  # fmt: skip
 KNOWN_OPCODES = tuple(sorted(int(o) for o in Opcode))
-HISTORY_FLAGS = 0x10 | 0x20  # History | MayContainDuplicates: keys may repeat (spec §6.3)
+HISTORY_FLAGS = int(SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES)  # keys may repeat (spec §6.3)
 NO_END_SEQNO = -1  # 0xFFFFFFFFFFFFFFFF read as BIGINT: "stream forever" (spec §4.4)
-OSO_START, OSO_END = 0x01, 0x02
+OSO_START, OSO_END = int(OsoFlag.START), int(OsoFlag.END)
 CHECKSUM_MODULUS = 9223372036854775783  # the largest prime below 2^63: checksums stay BIGINT
 
 _KEYED = ("vbucket", "by_seqno", "rev_seqno", "cas", "key", "in_vb_uuid")

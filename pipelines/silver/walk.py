@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcp_cdc.events import DATA_OPS, Deletion, Expiration, Mutation
+from dcp_cdc.protocol import OsoFlag
 
 CHANGE_OF = {Mutation.op: "upsert", Deletion.op: "delete", Expiration.op: "expire"}
 
@@ -155,7 +156,7 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
                 state.purge_seqno = max(state.purge_seqno, f["purge_seqno"])
             continue
         if op == "oso_snapshot":
-            if f["oso_flags"] & 0x01:
+            if f["oso_flags"] & OsoFlag.START:
                 complete(None)
                 last_position = _before(f)
                 oso, buffer, snap_end = True, [], None
