@@ -33,11 +33,21 @@ DATA = Path(__file__).resolve().parent / ".data" / "apply"
 GENERATOR = 1  # bump when benchmarks/changes.py changes what it builds
 ROWS_PER_FILE = 250_000
 _METRICS = (
-    "numSourceRows", "numTargetRowsUpdated", "numTargetRowsInserted", "numTargetFilesAdded",
-    "numTargetFilesRemoved", "numTargetDeletionVectorsAdded", "numTargetDeletionVectorsRemoved",
-    "numTargetBytesAdded", "numTargetBytesRemoved", "numTargetRowsCopied", "scanTimeMs",
-    "rewriteTimeMs", "executionTimeMs", "materializeSourceTimeMs",
-)  # fmt: skip
+    "numSourceRows",
+    "numTargetRowsUpdated",
+    "numTargetRowsInserted",
+    "numTargetFilesAdded",
+    "numTargetFilesRemoved",
+    "numTargetDeletionVectorsAdded",
+    "numTargetDeletionVectorsRemoved",
+    "numTargetBytesAdded",
+    "numTargetBytesRemoved",
+    "numTargetRowsCopied",
+    "scanTimeMs",
+    "rewriteTimeMs",
+    "executionTimeMs",
+    "materializeSourceTimeMs",
+)
 
 
 def table_properties() -> dict[str, str]:
@@ -69,9 +79,12 @@ def session(event_log: Path | None = None) -> Any:
         event_log.mkdir(parents=True, exist_ok=True)
         extra |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log.as_uri()}
     return build_spark_session(
-        "dcp-cdc-bench-apply", DATA / "warehouse", master=defaults.master,
-        shuffle_partitions=defaults.shuffle_partitions, extra_conf=extra,
-    )  # fmt: skip
+        "dcp-cdc-bench-apply",
+        DATA / "warehouse",
+        master=defaults.master,
+        shuffle_partitions=defaults.shuffle_partitions,
+        extra_conf=extra,
+    )
 
 
 def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tuple[str, int, Path]:
@@ -160,18 +173,28 @@ def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = Fal
     size = f"{keys // 1_000_000}M" if keys >= 1_000_000 else f"{keys // 1000}k"
     return [
         Case(f"silver_rows -> {size} keys", changes, "changes", rows_seconds),
-        Case(f"merge_changes -> {size} keys", changes, "changes",
-             merge_seconds,
-             extra={"table_keys": keys, "rows_merged": sum(merged.values()),
-                    "jvm_cpu_s": merge_cpu, "jvm_cpu_median_s": statistics.median(merge_cpu),
-                    "live_rows_after": live, "merge_metrics": metrics}),
-    ]  # fmt: skip
+        Case(
+            f"merge_changes -> {size} keys",
+            changes,
+            "changes",
+            merge_seconds,
+            extra={
+                "table_keys": keys,
+                "rows_merged": sum(merged.values()),
+                "jvm_cpu_s": merge_cpu,
+                "jvm_cpu_median_s": statistics.median(merge_cpu),
+                "live_rows_after": live,
+                "merge_metrics": metrics,
+            },
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.apply", description=__doc__)
-    parser.add_argument("--keys", default="1000000,10000000",
-                        help="comma-separated table sizes (live keys)")  # fmt: skip
+    parser.add_argument(
+        "--keys", default="1000000,10000000", help="comma-separated table sizes (live keys)"
+    )
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fresh", action="store_true", help="rebuild the cached tables")
@@ -193,8 +216,17 @@ def main(argv: list[str] | None = None) -> None:
         / merges[0].extra["jvm_cpu_median_s"]
         for m in merges[1:]
     }
-    report("apply", cases, params={"changes": args.changes, "keys": sizes, "runs": args.runs,
-                                   "time_growth": growth, "cpu_growth": cpu_growth})  # fmt: skip
+    report(
+        "apply",
+        cases,
+        params={
+            "changes": args.changes,
+            "keys": sizes,
+            "runs": args.runs,
+            "time_growth": growth,
+            "cpu_growth": cpu_growth,
+        },
+    )
     for m in merges:
         print(f"  {m.name}: JVM CPU {m.extra['jvm_cpu_median_s']:.1f} s (median)")
     for what, ratio in growth.items():

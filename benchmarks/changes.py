@@ -51,10 +51,17 @@ def doc_of(index: Column, version: Column) -> Column:
         '{"id":%d,"type":"order","version":%d,"customer":{"name":"customer-%05d","tier":"%s"},'
         '"items":[{"sku":"sku-%04d","qty":%d},{"sku":"sku-%04d","qty":%d}],'
         '"total":%d.%02d,"note":"héllo wörld"}',
-        index, version, h % 100_000, F.substring(F.lit("abc"), (h % 3 + 1).cast("int"), 1),
-        F.shiftright(h, 8) % 10_000, h % 9 + 1, F.shiftright(h, 24) % 10_000, h % 5 + 1,
-        F.shiftright(h, 40) % 1000, h % 100,
-    )  # fmt: skip
+        index,
+        version,
+        h % 100_000,
+        F.substring(F.lit("abc"), (h % 3 + 1).cast("int"), 1),
+        F.shiftright(h, 8) % 10_000,
+        h % 9 + 1,
+        F.shiftright(h, 24) % 10_000,
+        h % 5 + 1,
+        F.shiftright(h, 40) % 1000,
+        h % 100,
+    )
 
 
 def table_rows(spark: SparkSession, keys: int) -> DataFrame:

@@ -76,23 +76,37 @@ def report(name: str, cases: Sequence[Case], *, params: dict[str, Any] | None = 
     base = next((c for c in cases if c.baseline), None)
     rows = []
     print(f"\n{name}" + (f"  {params}" if params else ""))
-    print(f"  {'case':<34}{'items':>12}{'median s':>10}{'min s':>9}{'max s':>9}"
-          f"{'rate/s':>14}{'MB/s':>9}{'× base':>8}")  # fmt: skip
+    print(
+        f"  {'case':<34}{'items':>12}{'median s':>10}{'min s':>9}{'max s':>9}"
+        f"{'rate/s':>14}{'MB/s':>9}{'× base':>8}"
+    )
     for c in cases:
         ratio = (base.median / c.median) if base and c.median else None
         mbps = c.nbytes / 1e6 / c.median if c.nbytes and c.median else None
-        print(f"  {c.name:<34}{c.items:>12,}{c.median:>10.3f}{min(c.seconds):>9.3f}"
-              f"{max(c.seconds):>9.3f}{c.rate:>14,.0f}"
-              f"{'' if mbps is None else f'{mbps:.1f}':>9}"
-              f"{'' if ratio is None else f'{ratio:.2f}':>8}")  # fmt: skip
-        row = asdict(c) | {"median_s": c.median, "min_s": min(c.seconds),
-                           "max_s": max(c.seconds), "rate_per_s": c.rate,
-                           "mb_per_s": mbps, "ratio_to_baseline": ratio}  # fmt: skip
+        print(
+            f"  {c.name:<34}{c.items:>12,}{c.median:>10.3f}{min(c.seconds):>9.3f}"
+            f"{max(c.seconds):>9.3f}{c.rate:>14,.0f}"
+            f"{'' if mbps is None else f'{mbps:.1f}':>9}"
+            f"{'' if ratio is None else f'{ratio:.2f}':>8}"
+        )
+        row = asdict(c) | {
+            "median_s": c.median,
+            "min_s": min(c.seconds),
+            "max_s": max(c.seconds),
+            "rate_per_s": c.rate,
+            "mb_per_s": mbps,
+            "ratio_to_baseline": ratio,
+        }
         rows.append(row)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{name}.json"
-    doc = {"benchmark": name, "params": params or {}, "cases": rows, "machine": machine(),
-           "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+    doc = {
+        "benchmark": name,
+        "params": params or {},
+        "cases": rows,
+        "machine": machine(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"  -> {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
     return out

@@ -58,11 +58,12 @@ def _body(rng: random.Random, i: int) -> bytes:
         "id": i,
         "type": "order",
         "customer": {"name": f"customer-{rng.randrange(10_000)}", "tier": rng.choice("abc")},
-        "items": [{"sku": f"sku-{rng.randrange(1000)}", "qty": rng.randrange(1, 9)}
-                  for _ in range(3)],
+        "items": [
+            {"sku": f"sku-{rng.randrange(1000)}", "qty": rng.randrange(1, 9)} for _ in range(3)
+        ],
         "total": round(rng.random() * 1000, 2),
         "note": "héllo wörld",
-    }  # fmt: skip
+    }
     return json.dumps(doc, ensure_ascii=False).encode()
 
 
@@ -185,9 +186,13 @@ def captures(n_frames: int, *, seed: int = 7) -> Corpus:
             old.unlink()
         stream = Stream(n_frames - VBUCKETS, seed=seed)
         with CaptureWriter(
-            landing, bucket="bench", session_id=f"bench-{n_frames}-{seed}", collections=True,
-            started_at="2026-01-01T00:00:00Z", max_file_bytes=MAX_FILE_BYTES,
-        ) as writer:  # fmt: skip
+            landing,
+            bucket="bench",
+            session_id=f"bench-{n_frames}-{seed}",
+            collections=True,
+            started_at="2026-01-01T00:00:00Z",
+            max_file_bytes=MAX_FILE_BYTES,
+        ) as writer:
             writer.write(_stream_responses())
             for first in range(0, stream.n_frames, _BLOCK):
                 frames, snapshots = stream.frames(first, _BLOCK)

@@ -49,14 +49,20 @@ def columnar_face(buffers: list[bytes]) -> int:
 
 _HDR = struct.Struct(">BBHBBHIIQ")
 _EXTRAS = {  # opcode -> {extras length: (struct, field names)}
-    0x57: {31: (struct.Struct(">QQIIIHB"),
-                ("by_seqno", "rev_seqno", "flags", "expiration", "lock_time", "nmeta", "nru"))},
-    0x58: {18: (struct.Struct(">QQH"), ("by_seqno", "rev_seqno", "nmeta")),
-           21: (struct.Struct(">QQIx"), ("by_seqno", "rev_seqno", "delete_time"))},
+    0x57: {
+        31: (
+            struct.Struct(">QQIIIHB"),
+            ("by_seqno", "rev_seqno", "flags", "expiration", "lock_time", "nmeta", "nru"),
+        )
+    },
+    0x58: {
+        18: (struct.Struct(">QQH"), ("by_seqno", "rev_seqno", "nmeta")),
+        21: (struct.Struct(">QQIx"), ("by_seqno", "rev_seqno", "delete_time")),
+    },
     0x59: {20: (struct.Struct(">QQI"), ("by_seqno", "rev_seqno", "delete_time"))},
     0x56: {20: (struct.Struct(">QQI"), ("start_seqno", "end_seqno", "snapshot_flags"))},
     0x64: {8: (struct.Struct(">Q"), ("by_seqno",))},
-}  # fmt: skip
+}
 _DOC_OPS = {0x57, 0x58, 0x59}
 
 
@@ -70,8 +76,15 @@ def struct_loop(buffers: list[bytes]) -> int:
         rows = []
         while pos + 24 <= n:
             magic, op, keylen, extlen, dt, vb, bodylen, opaque, cas = _HDR.unpack_from(data, pos)
-            row = {"offset": pos, "magic": magic, "opcode": op, "datatype": dt, "vbucket": vb,
-                   "opaque": opaque, "cas": cas}  # fmt: skip
+            row = {
+                "offset": pos,
+                "magic": magic,
+                "opcode": op,
+                "datatype": dt,
+                "vbucket": vb,
+                "opaque": opaque,
+                "cas": cas,
+            }
             spec = _EXTRAS.get(op, {}).get(extlen)
             if spec is not None:
                 row.update(zip(spec[1], spec[0].unpack_from(data, pos + 24), strict=True))
@@ -120,26 +133,42 @@ def run_size(n_frames: int, runs: int) -> None:
     cases = []
     base_cpu = min(cpu[FACES[0][0]])
     for name, _ in FACES:
-        cases.append(Case(
-            name, corpus.frames, "frames", wall[name], nbytes=corpus.frame_bytes,
-            baseline=name == FACES[0][0],
-            extra={"cpu_s": cpu[name], "cpu_ratio_to_baseline": base_cpu / min(cpu[name])},
-        ))  # fmt: skip
+        cases.append(
+            Case(
+                name,
+                corpus.frames,
+                "frames",
+                wall[name],
+                nbytes=corpus.frame_bytes,
+                baseline=name == FACES[0][0],
+                extra={"cpu_s": cpu[name], "cpu_ratio_to_baseline": base_cpu / min(cpu[name])},
+            )
+        )
     label = f"{n_frames // 1_000_000}m" if n_frames % 1_000_000 == 0 else str(n_frames)
     params = {
-        "frames": corpus.frames, "frame_bytes": corpus.frame_bytes, "files": len(corpus.files),
-        "runs": runs, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-    }  # fmt: skip
+        "frames": corpus.frames,
+        "frame_bytes": corpus.frame_bytes,
+        "files": len(corpus.files),
+        "runs": runs,
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+    }
     report(f"decode_{label}", cases, params=params)
     for case in cases:
-        print(f"  {case.name:<34}cpu min {min(case.extra['cpu_s']):.3f} s, "
-              f"{case.extra['cpu_ratio_to_baseline']:.2f}× baseline by CPU time")  # fmt: skip
+        print(
+            f"  {case.name:<34}cpu min {min(case.extra['cpu_s']):.3f} s, "
+            f"{case.extra['cpu_ratio_to_baseline']:.2f}× baseline by CPU time"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__)
-    parser.add_argument("--frames", type=int, action="append",
-                        help="capture size in frames (repeatable; default 1M and 10M)")  # fmt: skip
+    parser.add_argument(
+        "--frames",
+        type=int,
+        action="append",
+        help="capture size in frames (repeatable; default 1M and 10M)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     for n_frames in args.frames or [1_000_000, 10_000_000]:

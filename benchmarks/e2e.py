@@ -35,11 +35,21 @@ def run_once(events: int, vbuckets: int, work: Path) -> dict[str, Any]:
         return now
 
     t = time.perf_counter()
-    sim = simulate(work / "sim", bucket="bench", scenario="mixed", seed=1, vbuckets=vbuckets,
-                   docs=max(1000, events // 10), ops=events)  # fmt: skip
+    sim = simulate(
+        work / "sim",
+        bucket="bench",
+        scenario="mixed",
+        seed=1,
+        vbuckets=vbuckets,
+        docs=max(1000, events // 10),
+        ops=events,
+    )
     t = stage("simulate", t)
-    config = AppConfig(landing=str(work / "sim" / "landing"), warehouse=str(work / "warehouse"),
-                       buckets=[BucketConfig(name="bench")])  # fmt: skip
+    config = AppConfig(
+        landing=str(work / "sim" / "landing"),
+        warehouse=str(work / "warehouse"),
+        buckets=[BucketConfig(name="bench")],
+    )
     spark = build_spark_session("dcp-cdc-bench-e2e", config.warehouse)
     try:
         t = stage("spark start", t)
@@ -51,8 +61,13 @@ def run_once(events: int, vbuckets: int, work: Path) -> dict[str, Any]:
         stage("check", t)
     finally:
         spark.stop()
-    return {"frames": sim.frames, "bytes": sim.bytes, "stages": stages,
-            "changes": applied.changes, "quality_passed": quality.passed}  # fmt: skip
+    return {
+        "frames": sim.frames,
+        "bytes": sim.bytes,
+        "stages": stages,
+        "changes": applied.changes,
+        "quality_passed": quality.passed,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,17 +80,30 @@ def main(argv: list[str] | None = None) -> None:
     frames = results[-1]["frames"]
     names = list(results[-1]["stages"])
     totals = [sum(r["stages"].values()) for r in results]
-    cases = [Case("total: simulate → check", frames, "frames", totals, results[-1]["bytes"],
-                  baseline=True)]  # fmt: skip
+    cases = [
+        Case(
+            "total: simulate → check", frames, "frames", totals, results[-1]["bytes"], baseline=True
+        )
+    ]
     cases += [
-        Case(name, frames, "frames", [r["stages"][name] for r in results],
-             extra={"share": sum(r["stages"][name] for r in results) / sum(totals)})
+        Case(
+            name,
+            frames,
+            "frames",
+            [r["stages"][name] for r in results],
+            extra={"share": sum(r["stages"][name] for r in results) / sum(totals)},
+        )
         for name in names
-    ]  # fmt: skip
-    report("e2e", cases, params=vars(args) | {"changes": results[-1]["changes"],
-                                             "quality_passed": results[-1]["quality_passed"]})  # fmt: skip
-    print("  share of the total: " + ", ".join(
-        f"{c.name} {c.extra['share']:.0%}" for c in cases[1:]))  # fmt: skip
+    ]
+    report(
+        "e2e",
+        cases,
+        params=vars(args)
+        | {"changes": results[-1]["changes"], "quality_passed": results[-1]["quality_passed"]},
+    )
+    print(
+        "  share of the total: " + ", ".join(f"{c.name} {c.extra['share']:.0%}" for c in cases[1:])
+    )
 
 
 if __name__ == "__main__":

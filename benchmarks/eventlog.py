@@ -56,13 +56,19 @@ def main(argv: list[str] | None = None) -> None:
             sql[e["executionId"]] = [e["description"], e["time"], None]
         elif kind.endswith("SparkListenerSQLExecutionEnd") and e["executionId"] in sql:
             sql[e["executionId"]][2] = e["time"]
-    print(f"{'stage':>5}  {'name':<48}{'tasks':>6}{'wall s':>8}"
-          + "".join(f"{label:>10}" for label, _, _ in _METRICS))  # fmt: skip
+    print(
+        f"{'stage':>5}  {'name':<48}{'tasks':>6}{'wall s':>8}"
+        + "".join(f"{label:>10}" for label, _, _ in _METRICS)
+    )
     for stage_id, name, tasks, wall, values in sorted(stages):
-        print(f"{stage_id:>5}  {name[:47]:<48}{tasks:>6}{wall:>8.1f}"
-              + "".join(f"{values[label]:>10.1f}" for label, _, _ in _METRICS))  # fmt: skip
-    print(f"{'':>5}  {'all stages':<48}{'':>6}{sum(s[3] for s in stages):>8.1f}"
-          + "".join(f"{sum(s[4][label] for s in stages):>10.1f}" for label, _, _ in _METRICS))  # fmt: skip
+        print(
+            f"{stage_id:>5}  {name[:47]:<48}{tasks:>6}{wall:>8.1f}"
+            + "".join(f"{values[label]:>10.1f}" for label, _, _ in _METRICS)
+        )
+    print(
+        f"{'':>5}  {'all stages':<48}{'':>6}{sum(s[3] for s in stages):>8.1f}"
+        + "".join(f"{sum(s[4][label] for s in stages):>10.1f}" for label, _, _ in _METRICS)
+    )
     print("\nSQL executions over 1 s:")
     for execution, (description, start, end) in sorted(sql.items()):
         if end is not None and end - start > 1000:

@@ -71,8 +71,13 @@ class Sampler:
         sizes = dict.fromkeys(self.KINDS, 0)
         for proc in (me, *me.children(recursive=True)):
             try:
-                kind = ("driver_python" if proc.pid == me.pid
-                        else "jvm" if "java" in proc.name() else "python_workers")  # fmt: skip
+                kind = (
+                    "driver_python"
+                    if proc.pid == me.pid
+                    else "jvm"
+                    if "java" in proc.name()
+                    else "python_workers"
+                )
                 sizes[kind] += proc.memory_info().rss
                 times = proc.cpu_times()
             except psutil.NoSuchProcess:
@@ -120,10 +125,16 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
     shutil.rmtree(warehouse, ignore_errors=True)
     event_log.mkdir(parents=True, exist_ok=True)
     spark = build_spark_session(
-        "dcp-cdc-bench-ingest", warehouse, master="local[2]",
-        extra_conf={"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(event_log),
-                    "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"},
-    )  # fmt: skip
+        "dcp-cdc-bench-ingest",
+        warehouse,
+        master="local[2]",
+        extra_conf={
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": str(event_log),
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        },
+    )
     config = AppConfig(
         landing=str(corpus.landing), warehouse=str(warehouse), buckets=[BucketConfig(name=BUCKET)]
     )
@@ -143,29 +154,45 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
             cpu.append(dict(sampler.cpu))
             stored = spark.table(BucketTables(BUCKET).events).count()
             assert summary.frames == stored == n_events, (summary.frames, stored, n_events)
-            print(f"  {n_events:,} events: {seconds[-1]:.1f} s, CPU s "
-                  + ", ".join(f"{k} {v:,.1f}" for k, v in sampler.cpu.items()) + "; peak RSS "
-                  + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sampler.peak.items()),
-                  flush=True)  # fmt: skip
+            print(
+                f"  {n_events:,} events: {seconds[-1]:.1f} s, CPU s "
+                + ", ".join(f"{k} {v:,.1f}" for k, v in sampler.cpu.items())
+                + "; peak RSS "
+                + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sampler.peak.items()),
+                flush=True,
+            )
         app_id = spark.sparkContext.applicationId
     finally:
         spark.stop()
     shutil.rmtree(warehouse, ignore_errors=True)
     return {
-        "events": n_events, "seconds": seconds, "peak_rss_bytes": peaks, "cpu_s": cpu,
+        "events": n_events,
+        "seconds": seconds,
+        "peak_rss_bytes": peaks,
+        "cpu_s": cpu,
         "create_tables_s": setup,
-        "jvm_heap_peak_bytes": heap_peak(event_log, app_id), "event_log": str(event_log / app_id),
-        "files": len(corpus.files), "frame_bytes": corpus.frame_bytes,
-    }  # fmt: skip
+        "jvm_heap_peak_bytes": heap_peak(event_log, app_id),
+        "event_log": str(event_log / app_id),
+        "files": len(corpus.files),
+        "frame_bytes": corpus.frame_bytes,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__)
-    parser.add_argument("--events", type=int, action="append",
-                        help="capture size in events (repeatable; default 1M and 10M)")  # fmt: skip
+    parser.add_argument(
+        "--events",
+        type=int,
+        action="append",
+        help="capture size in events (repeatable; default 1M and 10M)",
+    )
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--event-log", type=Path, default=DATA / "spark-events",
-                        help="where Spark writes its event log (for the Spark UI history)")  # fmt: skip
+    parser.add_argument(
+        "--event-log",
+        type=Path,
+        default=DATA / "spark-events",
+        help="where Spark writes its event log (for the Spark UI history)",
+    )
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: write results here
     args = parser.parse_args(argv)
     sizes = args.events or [1_000_000, 10_000_000]
@@ -177,19 +204,48 @@ def main(argv: list[str] | None = None) -> None:
     for n_events in sizes:  # each size in its own process: its own JVM, its own memory peak
         out = DATA / f"ingest-{n_events}.json"
         subprocess.run(
-            [sys.executable, "-m", "benchmarks.ingest", "--events", str(n_events), "--runs",
-             str(args.runs), "--event-log", str(args.event_log), "--one", str(out)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.ingest",
+                "--events",
+                str(n_events),
+                "--runs",
+                str(args.runs),
+                "--event-log",
+                str(args.event_log),
+                "--one",
+                str(out),
+            ],
             check=True,
-        )  # fmt: skip
+        )
         result = json.loads(out.read_text())
-        cases.append(Case(
-            f"capture → bronze, {n_events // 1_000_000}M events", n_events, "events",
-            result["seconds"], nbytes=result["frame_bytes"],
-            extra={k: result[k] for k in ("cpu_s", "peak_rss_bytes", "jvm_heap_peak_bytes",
-                                          "event_log", "files", "create_tables_s")},
-        ))  # fmt: skip
-    params = {"runs": args.runs, "master": "local[2]", "load_avg_before": load_before,
-              "load_avg_after": os.getloadavg()}  # fmt: skip
+        cases.append(
+            Case(
+                f"capture → bronze, {n_events // 1_000_000}M events",
+                n_events,
+                "events",
+                result["seconds"],
+                nbytes=result["frame_bytes"],
+                extra={
+                    k: result[k]
+                    for k in (
+                        "cpu_s",
+                        "peak_rss_bytes",
+                        "jvm_heap_peak_bytes",
+                        "event_log",
+                        "files",
+                        "create_tables_s",
+                    )
+                },
+            )
+        )
+    params = {
+        "runs": args.runs,
+        "master": "local[2]",
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+    }
     report("ingest", cases, params=params)
     for case in cases:
         peak = max(case.extra["peak_rss_bytes"], key=lambda p: p["total"])
@@ -200,9 +256,11 @@ def main(argv: list[str] | None = None) -> None:
             f"  {case.name}: CPU {total_cpu:,.1f} s ({case.items / total_cpu:,.0f} events per "
             "CPU-second; " + ", ".join(f"{k} {v:,.1f} s" for k, v in cpu.items()) + ")"
         )
-        print(f"  {case.name}: peak RSS " + ", ".join(
-            f"{k} {v / 2**20:,.0f} MiB" for k, v in peak.items())
-            + (f"; JVM heap peak {heap / 2**20:,.0f} MiB" if heap else ""))  # fmt: skip
+        print(
+            f"  {case.name}: peak RSS "
+            + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in peak.items())
+            + (f"; JVM heap peak {heap / 2**20:,.0f} MiB" if heap else "")
+        )
 
 
 if __name__ == "__main__":

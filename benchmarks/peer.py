@@ -130,9 +130,11 @@ dp.create_auto_cdc_flow(
 
 # Settings a running server accepts per flow; everything else must be there at start-up.
 _STATIC_SQL = {
-    "spark.sql.catalogImplementation", "spark.sql.extensions", "spark.sql.warehouse.dir",
+    "spark.sql.catalogImplementation",
+    "spark.sql.extensions",
+    "spark.sql.warehouse.dir",
     "spark.sql.catalog.spark_catalog",
-}  # fmt: skip
+}
 
 
 def _runtime(key: str) -> bool:
@@ -197,9 +199,12 @@ def write_project(layout: Layout, keys: int) -> Path:
 
     defaults = SparkConfig()
     conf = spark_conf(
-        "dcp-cdc-bench-autocdc", layout.warehouse, master=defaults.master,
-        shuffle_partitions=defaults.shuffle_partitions, jars=[*find_delta_jars(), shim_jar()],
-    )  # fmt: skip
+        "dcp-cdc-bench-autocdc",
+        layout.warehouse,
+        master=defaults.master,
+        shuffle_partitions=defaults.shuffle_partitions,
+        jars=[*find_delta_jars(), shim_jar()],
+    )
     conf.pop("spark.master")  # the server's master comes from --remote
     conf |= dict(defaults.conf) | {
         "spark.sql.catalog.spark_catalog": "dcpcdc.bench.RowLevelDeltaCatalog",
@@ -236,16 +241,25 @@ def source_rows(rows: Any, *, walked: bool) -> Any:
 
     if walked:
         return rows.select(
-            F.col("collection_id"), F.col("key").cast("string").alias("key"),
-            F.col("vbucket"), F.col("by_seqno").alias("seqno"), F.col("rev_seqno"),
-            F.col("cas"), F.col("op"),
+            F.col("collection_id"),
+            F.col("key").cast("string").alias("key"),
+            F.col("vbucket"),
+            F.col("by_seqno").alias("seqno"),
+            F.col("rev_seqno"),
+            F.col("cas"),
+            F.col("op"),
             F.when(F.col("op") == "mutation", F.col("value").cast("string")).alias("doc"),
-        )  # fmt: skip
+        )
     return rows.select(
-        F.col("_collection_id").alias("collection_id"), "key", F.col("_vbucket").alias("vbucket"),
-        F.col("_seqno").alias("seqno"), F.col("_rev_seqno").alias("rev_seqno"),
-        F.col("_cas").alias("cas"), F.lit("mutation").alias("op"), "doc",
-    )  # fmt: skip
+        F.col("_collection_id").alias("collection_id"),
+        "key",
+        F.col("_vbucket").alias("vbucket"),
+        F.col("_seqno").alias("seqno"),
+        F.col("_rev_seqno").alias("rev_seqno"),
+        F.col("_cas").alias("cas"),
+        F.lit("mutation").alias("op"),
+        "doc",
+    )
 
 
 def run_pipeline(layout: Layout, spec: Path, properties: dict[str, str]) -> dict[str, float]:
@@ -255,16 +269,20 @@ def run_pipeline(layout: Layout, spec: Path, properties: dict[str, str]) -> dict
 
     cli = Path(sys.executable).with_name("spark-pipelines")
     env = dict(os.environ) | {
-        "PYSPARK_PYTHON": sys.executable, "SPARK_CONF_DIR": str(layout.conf),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_CONF_DIR": str(layout.conf),
         "DCP_CDC_PEER_SOURCE": str(layout.source),
         "DCP_CDC_PEER_PROPERTIES": json.dumps(properties),
-    }  # fmt: skip
+    }
     before = set(layout.event_logs.iterdir())
     started = time.perf_counter()
     done = subprocess.run(
         [str(cli), "run", "--spec", str(spec), "--remote", SparkConfig().master],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - started
     log = done.stdout + done.stderr
     (layout.root / "last-run.log").write_text(log)
@@ -272,8 +290,11 @@ def run_pipeline(layout: Layout, spec: Path, properties: dict[str, str]) -> dict
         tail = "\n".join(line for line in log.splitlines() if not line.startswith("\tat "))[-3000:]
         raise RuntimeError(f"spark-pipelines run failed ({done.returncode}):\n{tail}")
     new_logs = sorted(set(layout.event_logs.iterdir()) - before)
-    return {"wall_s": wall, "flow_s": _flow_seconds(log),
-            "micro_batch_s": _micro_batch_seconds(new_logs)}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "flow_s": _flow_seconds(log),
+        "micro_batch_s": _micro_batch_seconds(new_logs),
+    }
 
 
 _EVENT = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d): Flow \S+ (is RUNNING|has COMPLETED)")
@@ -308,8 +329,11 @@ def prepare(spark: Any, keys: int, changes: int, *, fresh: bool) -> tuple[Layout
 
     layout = Layout(keys, changes)
     spec = write_project(layout, keys)
-    wanted = {"generator": GENERATOR, "apply_generator": apply.GENERATOR,
-              "properties": apply.table_properties()}  # fmt: skip
+    wanted = {
+        "generator": GENERATOR,
+        "apply_generator": apply.GENERATOR,
+        "properties": apply.table_properties(),
+    }
     marker = json.loads(layout.marker.read_text()) if layout.marker.exists() else {}
     if not fresh and marker == wanted and layout.pristine.exists():
         return layout, spec
@@ -349,9 +373,11 @@ def compare(spark: Any, table: str, layout: Layout) -> dict[str, int]:
         .select("collection_id", "key", "seqno", "doc")
     )
     return {
-        "ours_live": ours.count(), "autocdc_live": theirs.count(),
-        "only_ours": ours.exceptAll(theirs).count(), "only_autocdc": theirs.exceptAll(ours).count(),
-    }  # fmt: skip
+        "ours_live": ours.count(),
+        "autocdc_live": theirs.count(),
+        "only_ours": ours.exceptAll(theirs).count(),
+        "only_autocdc": theirs.exceptAll(ours).count(),
+    }
 
 
 def ours_once(keys: int, changes: int) -> dict[str, float]:
@@ -397,10 +423,22 @@ def _child(name: str, keys: int, changes: int, *, fresh: bool = False) -> Any:
     out = DATA / f"step-{name}.json"
     out.unlink(missing_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "benchmarks.peer", "--keys", str(keys), "--changes", str(changes),
-         "--step", name, "--out", str(out), *(["--fresh"] if fresh else [])],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peer",
+            "--keys",
+            str(keys),
+            "--changes",
+            str(changes),
+            "--step",
+            name,
+            "--out",
+            str(out),
+            *(["--fresh"] if fresh else []),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return json.loads(out.read_text())
 
 
@@ -429,19 +467,35 @@ def main(argv: list[str] | None = None) -> None:
         peer.append(run_pipeline(layout, spec, apply.table_properties()))
     equal = _child("compare", keys, changes)
     cases = [
-        Case("silver merge_changes, fresh JVM", changes, "changes", [o["cold_s"] for o in ours],
-             baseline=True),
+        Case(
+            "silver merge_changes, fresh JVM",
+            changes,
+            "changes",
+            [o["cold_s"] for o in ours],
+            baseline=True,
+        ),
         Case("silver merge_changes, warm JVM", changes, "changes", [o["warm_s"] for o in ours]),
         Case("AutoCDC micro-batch", changes, "changes", [p["micro_batch_s"] for p in peer]),
         Case("AutoCDC flow (RUNNING→COMPLETED)", changes, "changes", [p["flow_s"] for p in peer]),
         Case("AutoCDC spark-pipelines run", changes, "changes", [p["wall_s"] for p in peer]),
-    ]  # fmt: skip
+    ]
     same = equal["only_ours"] == 0 and equal["only_autocdc"] == 0
-    report("peer", cases, params={"keys": keys, "changes": changes, "runs": args.runs,
-                                  "live_rows": equal, "equal": same})  # fmt: skip
+    report(
+        "peer",
+        cases,
+        params={
+            "keys": keys,
+            "changes": changes,
+            "runs": args.runs,
+            "live_rows": equal,
+            "equal": same,
+        },
+    )
     speedup = cases[2].median / cases[0].median
-    print(f"  silver (fresh JVM) vs AutoCDC micro-batch: {speedup:.2f}x faster (goal >= 1.5x); "
-          f"warm JVM: {cases[2].median / cases[1].median:.2f}x")  # fmt: skip
+    print(
+        f"  silver (fresh JVM) vs AutoCDC micro-batch: {speedup:.2f}x faster (goal >= 1.5x); "
+        f"warm JVM: {cases[2].median / cases[1].median:.2f}x"
+    )
     print(f"  live rows: {equal} -> {'equal' if same else 'DIFFERENT'}")
     if not same:
         raise AssertionError(f"silver and AutoCDC disagree on the live rows: {equal}")

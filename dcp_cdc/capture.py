@@ -156,10 +156,14 @@ class CaptureWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._fields: dict[str, Any] = {
-            "bucket": bucket, "session_id": session_id, "collections": collections,
-            "features": tuple(features), "source": source, "started_at": started_at,
+            "bucket": bucket,
+            "session_id": session_id,
+            "collections": collections,
+            "features": tuple(features),
+            "source": source,
+            "started_at": started_at,
             **(extra or {}),
-        }  # fmt: skip
+        }
         self.max_file_bytes = max_file_bytes
         self.sequence = -1
         self.paths: list[Path] = []

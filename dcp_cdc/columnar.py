@@ -68,34 +68,75 @@ XATTRS_TYPE = pa.map_(pa.string(), pa.string())
 
 # The decoded-frame columns, in order. Bronze adds lineage and session-order columns.
 COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
-    ("offset", I64), ("frame_len", I32), ("op", pa.string()),
-    ("magic", I16), ("opcode", I16), ("vbucket", I32), ("status", I32), ("opaque", I64),
-    ("cas", I64), ("datatype", I16), ("stream_id", I32),
-    ("by_seqno", I64), ("rev_seqno", I64), ("flags", I64), ("expiration", I64),
-    ("lock_time", I64), ("nru", I16), ("delete_time", I64),
-    ("collection_id", I64), ("key", pa.binary()), ("value", pa.binary()),
-    ("xattrs", XATTRS_TYPE), ("is_json", pa.bool_()),
-    ("marker_version", pa.string()), ("start_seqno", I64), ("end_seqno", I64),
-    ("snapshot_flags", I64), ("max_visible_seqno", I64), ("high_completed_seqno", I64),
-    ("purge_seqno", I64), ("high_prepared_seqno", I64),
-    ("event", pa.string()), ("event_id", I64), ("version", I16), ("manifest_uid", I64),
-    ("scope_id", I64), ("name", pa.string()), ("max_ttl", I64), ("flush_uid", I64),
+    ("offset", I64),
+    ("frame_len", I32),
+    ("op", pa.string()),
+    ("magic", I16),
+    ("opcode", I16),
+    ("vbucket", I32),
+    ("status", I32),
+    ("opaque", I64),
+    ("cas", I64),
+    ("datatype", I16),
+    ("stream_id", I32),
+    ("by_seqno", I64),
+    ("rev_seqno", I64),
+    ("flags", I64),
+    ("expiration", I64),
+    ("lock_time", I64),
+    ("nru", I16),
+    ("delete_time", I64),
+    ("collection_id", I64),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("xattrs", XATTRS_TYPE),
+    ("is_json", pa.bool_()),
+    ("marker_version", pa.string()),
+    ("start_seqno", I64),
+    ("end_seqno", I64),
+    ("snapshot_flags", I64),
+    ("max_visible_seqno", I64),
+    ("high_completed_seqno", I64),
+    ("purge_seqno", I64),
+    ("high_prepared_seqno", I64),
+    ("event", pa.string()),
+    ("event_id", I64),
+    ("version", I16),
+    ("manifest_uid", I64),
+    ("scope_id", I64),
+    ("name", pa.string()),
+    ("max_ttl", I64),
+    ("flush_uid", I64),
     ("history", pa.bool_()),
-    ("oso_flags", I64), ("reason_code", I64), ("reason", pa.string()),
-    ("prepared_seqno", I64), ("commit_seqno", I64), ("abort_seqno", I64),
-    ("deleted", I16), ("durability_level", I16), ("vbucket_state", I16),
-    ("vb_uuid", I64), ("snap_start_seqno", I64), ("snap_end_seqno", I64),
-    ("status_name", pa.string()), ("failover_log", pa.list_(FAILOVER_ENTRY_TYPE)),
-    ("rollback_seqno", I64), ("buffer_bytes", I64), ("raw", pa.binary()),
-)  # fmt: skip
+    ("oso_flags", I64),
+    ("reason_code", I64),
+    ("reason", pa.string()),
+    ("prepared_seqno", I64),
+    ("commit_seqno", I64),
+    ("abort_seqno", I64),
+    ("deleted", I16),
+    ("durability_level", I16),
+    ("vbucket_state", I16),
+    ("vb_uuid", I64),
+    ("snap_start_seqno", I64),
+    ("snap_end_seqno", I64),
+    ("status_name", pa.string()),
+    ("failover_log", pa.list_(FAILOVER_ENTRY_TYPE)),
+    ("rollback_seqno", I64),
+    ("buffer_bytes", I64),
+    ("raw", pa.binary()),
+)
 ARROW_SCHEMA = pa.schema([pa.field(n, t) for n, t in COLUMNS])
 
 _NUMERIC = {n: t for n, t in COLUMNS if pa.types.is_integer(t) or pa.types.is_boolean(t)}
 _STRINGS = [n for n, t in COLUMNS if pa.types.is_string(t) and n != "op"]
 _BINARIES = [n for n, t in COLUMNS if pa.types.is_binary(t)]
 _NP_TYPES: dict[pa.DataType, Any] = {
-    I64: np.int64, I32: np.int32, I16: np.int16, pa.bool_(): np.bool_,
-}  # fmt: skip
+    I64: np.int64,
+    I32: np.int32,
+    I16: np.int16,
+    pa.bool_(): np.bool_,
+}
 
 _OP_INDEX = {op: i for i, op in enumerate(OPS)}
 _U64_SIGN = 1 << 63
@@ -113,10 +154,16 @@ def raw_row(event: Event) -> dict[str, Any]:
     """The column values of one event, unsigned as on the wire (see :func:`event_to_row`)."""
     h = event.header
     row: dict[str, Any] = {
-        "offset": h.offset, "frame_len": HEADER_LEN + h.body_len, "op": event.op,
-        "magic": h.magic, "opcode": h.opcode, "opaque": h.opaque, "cas": h.cas,
-        "datatype": h.datatype, "stream_id": h.stream_id,
-    }  # fmt: skip
+        "offset": h.offset,
+        "frame_len": HEADER_LEN + h.body_len,
+        "op": event.op,
+        "magic": h.magic,
+        "opcode": h.opcode,
+        "opaque": h.opaque,
+        "cas": h.cas,
+        "datatype": h.datatype,
+        "stream_id": h.stream_id,
+    }
     row["status" if h.is_response else "vbucket"] = h.vbucket_or_status
     if isinstance(event, UnknownFrame):
         row["raw"] = event.raw
@@ -538,9 +585,12 @@ class _Columns:
         else:
             keys = items = pa.array([], type=pa.string())
         return pa.MapArray.from_arrays(
-            _numeric(pa.int32(), offsets), keys, items, type=XATTRS_TYPE,
+            _numeric(pa.int32(), offsets),
+            keys,
+            items,
+            type=XATTRS_TYPE,
             mask=_numeric(pa.bool_(), ~self.xattr_rows),
-        )  # fmt: skip
+        )
 
 
 def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
@@ -619,9 +669,13 @@ def _decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Value
         at = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(sizes, out=at[1:])
         out, written = snappy.decompress_many(
-            buf, start[rows].tolist(), length[rows].tolist(), at[:-1].tolist(), sizes.tolist(),
+            buf,
+            start[rows].tolist(),
+            length[rows].tolist(),
+            at[:-1].tolist(),
+            sizes.tolist(),
             int(at[-1]),
-        )  # fmt: skip
+        )
         ok[rows[np.array(written, dtype=np.int64) != sizes]] = False
         sources.append(out)
         src[rows], start[rows], length[rows] = 1, at[:-1], sizes
@@ -738,12 +792,16 @@ def _pair_texts(source: Any, rows: Any, start: Any, length: Any) -> tuple[Any, A
         return key_views.cast(pa.string()), value_views.cast(pa.string()), good
     except pa.ArrowInvalid:  # some pair is not UTF-8: find which, per pair (rare)
         utf8 = np.array(
-            [_is_utf8(k) and _is_utf8(v) for k, v in zip(
-                key_views.cast(pa.binary()).to_pylist(), value_views.cast(pa.binary()).to_pylist(),
-                strict=True,
-            )],
+            [
+                _is_utf8(k) and _is_utf8(v)
+                for k, v in zip(
+                    key_views.cast(pa.binary()).to_pylist(),
+                    value_views.cast(pa.binary()).to_pylist(),
+                    strict=True,
+                )
+            ],
             dtype=np.bool_,
-        )  # fmt: skip
+        )
         good &= utf8
         sep = np.where(good, sep, 0)
         value_len = np.where(good, value_len, 0)

@@ -337,8 +337,12 @@ def _type_name(annotation: object) -> str:
         names = [_type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
         return " \\| ".join(names)
     plain: dict[object, str] = {
-        str: "string", int: "integer", float: "number", bool: "boolean", dt.date: "date"
-    }  # fmt: skip
+        str: "string",
+        int: "integer",
+        float: "number",
+        bool: "boolean",
+        dt.date: "date",
+    }
     return plain.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 

@@ -111,9 +111,19 @@ def read_header(buf: Buffer, pos: int = 0, *, base_offset: int = 0) -> FrameHead
             got=f"{body_len} bytes",
         )
     return FrameHeader(
-        base_offset + pos, magic, opcode, fe_len, key_len, ext_len, datatype, vb_or_status,
-        body_len, opaque, cas, None,
-    )  # fmt: skip
+        base_offset + pos,
+        magic,
+        opcode,
+        fe_len,
+        key_len,
+        ext_len,
+        datatype,
+        vb_or_status,
+        body_len,
+        opaque,
+        cas,
+        None,
+    )
 
 
 def check_body(h: FrameHeader, buf: Buffer, pos: int) -> FrameHeader:
@@ -263,9 +273,19 @@ def read_mutation(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bo
     cid, doc_key = split_key(key, coll)
     body, xattrs = decode_value(h.datatype, value[: len(value) - nmeta])
     return Mutation(
-        h, by_seqno, rev_seqno, flags, expiration, lock_time, nmeta, nru, cid, doc_key, body,
+        h,
+        by_seqno,
+        rev_seqno,
+        flags,
+        expiration,
+        lock_time,
+        nmeta,
+        nru,
+        cid,
+        doc_key,
+        body,
         xattrs,
-    )  # fmt: skip
+    )
 
 
 def read_deletion(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
@@ -296,9 +316,20 @@ def read_prepare(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: boo
     cid, doc_key = split_key(key, coll)
     body, xattrs = decode_value(h.datatype, value)
     return Prepare(
-        h, by_seqno, rev_seqno, flags, expiration, lock_time, nru, deleted, level, cid, doc_key,
-        body, xattrs,
-    )  # fmt: skip
+        h,
+        by_seqno,
+        rev_seqno,
+        flags,
+        expiration,
+        lock_time,
+        nru,
+        deleted,
+        level,
+        cid,
+        doc_key,
+        body,
+        xattrs,
+    )
 
 
 def read_commit(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
@@ -387,11 +418,20 @@ def read_system_event(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll
             name = str(fields["name"])
         max_ttl = fields.get("max_ttl") if fields.get("ttl_valid") else None
         return SystemEvent(
-            h, by_seqno, event_id, version, event, _int(fields.get("uid")),
-            _int(fields.get("scope_id")), _int(fields.get("collection_id")), name,
-            _int(max_ttl), value, _int(fields.get("flush_uid")),
+            h,
+            by_seqno,
+            event_id,
+            version,
+            event,
+            _int(fields.get("uid")),
+            _int(fields.get("scope_id")),
+            _int(fields.get("collection_id")),
+            name,
+            _int(max_ttl),
+            value,
+            _int(fields.get("flush_uid")),
             bool(fields["history"]) if "history" in fields else None,
-        )  # fmt: skip
+        )
     layout = _FIXED_VALUES.get((event_id, version))
     if layout is None:
         raise FieldError(
@@ -407,9 +447,18 @@ def read_system_event(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll
         )
     f = layout.unpack_dict(value)
     return SystemEvent(
-        h, by_seqno, event_id, version, event, f["manifest_uid"], f["scope_id"],
-        f.get("collection_id"), name, f.get("max_ttl"), value,
-    )  # fmt: skip
+        h,
+        by_seqno,
+        event_id,
+        version,
+        event,
+        f["manifest_uid"],
+        f["scope_id"],
+        f.get("collection_id"),
+        name,
+        f.get("max_ttl"),
+        value,
+    )
 
 
 def _int(value: int | bool | str | None) -> int | None:

@@ -84,10 +84,16 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     else:
         length_word = len(key)
     head = layouts.HEADER.pack(
-        magic=magic, opcode=h.opcode, key_len=length_word, ext_len=len(extras),
-        datatype=h.datatype, vbucket_or_status=h.vbucket_or_status, body_len=body_len,
-        opaque=h.opaque, cas=h.cas,
-    )  # fmt: skip
+        magic=magic,
+        opcode=h.opcode,
+        key_len=length_word,
+        ext_len=len(extras),
+        datatype=h.datatype,
+        vbucket_or_status=h.vbucket_or_status,
+        body_len=body_len,
+        opaque=h.opaque,
+        cas=h.cas,
+    )
     return head + framing + extras + key + value
 
 
@@ -108,9 +114,14 @@ def failover_log_bytes(log: FailoverLog) -> bytes:
 
 def _mutation(e: Mutation) -> Sections:
     ext = layouts.MUTATION.pack(
-        by_seqno=e.by_seqno, rev_seqno=e.rev_seqno, flags=e.flags, expiration=e.expiration,
-        lock_time=e.lock_time, nmeta=0, nru=e.nru,
-    )  # fmt: skip
+        by_seqno=e.by_seqno,
+        rev_seqno=e.rev_seqno,
+        flags=e.flags,
+        expiration=e.expiration,
+        lock_time=e.lock_time,
+        nmeta=0,
+        nru=e.nru,
+    )
     return ext, doc_key(e.collection_id, e.key), doc_value(e.header.datatype, e.value, e.xattrs)
 
 
@@ -133,9 +144,15 @@ def _expiration(e: Expiration) -> Sections:
 
 def _prepare(e: Prepare) -> Sections:
     ext = layouts.PREPARE.pack(
-        by_seqno=e.by_seqno, rev_seqno=e.rev_seqno, flags=e.flags, expiration=e.expiration,
-        lock_time=e.lock_time, nru=e.nru, deleted=e.deleted, durability_level=e.durability_level,
-    )  # fmt: skip
+        by_seqno=e.by_seqno,
+        rev_seqno=e.rev_seqno,
+        flags=e.flags,
+        expiration=e.expiration,
+        lock_time=e.lock_time,
+        nru=e.nru,
+        deleted=e.deleted,
+        durability_level=e.durability_level,
+    )
     return ext, doc_key(e.collection_id, e.key), doc_value(e.header.datatype, e.value, e.xattrs)
 
 
@@ -151,9 +168,10 @@ def _abort(e: Abort) -> Sections:
 
 def _snapshot_marker(e: SnapshotMarker) -> Sections:
     common = {
-        "start_seqno": e.start_seqno, "end_seqno": e.end_seqno,
+        "start_seqno": e.start_seqno,
+        "end_seqno": e.end_seqno,
         "snapshot_flags": e.snapshot_flags,
-    }  # fmt: skip
+    }
     if e.marker_version == "1":
         return layouts.SNAPSHOT_MARKER_V1.pack(**common), b"", b""
     v2 = {
@@ -180,11 +198,16 @@ def system_event_value(e: SystemEvent) -> bytes:
             return flatbuf.build_table(
                 flatbuf.COLLECTION,
                 {
-                    "uid": uid, "scope_id": sid, "collection_id": cid,
-                    "ttl_valid": e.max_ttl is not None, "max_ttl": e.max_ttl, "name": e.name,
-                    "history": e.history, "flush_uid": e.flush_uid,
+                    "uid": uid,
+                    "scope_id": sid,
+                    "collection_id": cid,
+                    "ttl_valid": e.max_ttl is not None,
+                    "max_ttl": e.max_ttl,
+                    "name": e.name,
+                    "history": e.history,
+                    "flush_uid": e.flush_uid,
                 },
-            )  # fmt: skip
+            )
         if eid == SystemEventId.END_COLLECTION:
             return flatbuf.build_table(
                 flatbuf.DROPPED_COLLECTION, {"uid": uid, "scope_id": sid, "collection_id": cid}
@@ -208,18 +231,23 @@ def system_event_value(e: SystemEvent) -> bytes:
 def _system_event(e: SystemEvent) -> Sections:
     ext = layouts.SYSTEM_EVENT.pack(by_seqno=e.by_seqno, event_id=e.event_id, version=e.version)
     named = e.event_id in (
-        SystemEventId.BEGIN_COLLECTION, SystemEventId.CREATE_SCOPE,
+        SystemEventId.BEGIN_COLLECTION,
+        SystemEventId.CREATE_SCOPE,
         SystemEventId.MODIFY_COLLECTION,
-    )  # fmt: skip
+    )
     key = (e.name or "").encode() if named else b""
     return ext, key, system_event_value(e)
 
 
 def _stream_request(e: StreamRequest) -> Sections:
     ext = layouts.STREAM_REQUEST.pack(
-        flags=e.flags, start_seqno=e.start_seqno, end_seqno=e.end_seqno, vb_uuid=e.vb_uuid,
-        snap_start_seqno=e.snap_start_seqno, snap_end_seqno=e.snap_end_seqno,
-    )  # fmt: skip
+        flags=e.flags,
+        start_seqno=e.start_seqno,
+        end_seqno=e.end_seqno,
+        vb_uuid=e.vb_uuid,
+        snap_start_seqno=e.snap_start_seqno,
+        snap_end_seqno=e.snap_end_seqno,
+    )
     return ext, b"", e.value.encode()
 
 

@@ -315,10 +315,26 @@ class UnknownFrame:
 
 
 Event = (
-    Mutation | Deletion | Expiration | Prepare | Commit | Abort | SnapshotMarker | SystemEvent
-    | SeqnoAdvanced | OsoSnapshot | StreamEnd | Noop | SetVbucketState | StreamRequest
-    | StreamRequestResponse | FailoverLogRequest | FailoverLogResponse | BufferAck | UnknownFrame
-)  # fmt: skip
+    Mutation
+    | Deletion
+    | Expiration
+    | Prepare
+    | Commit
+    | Abort
+    | SnapshotMarker
+    | SystemEvent
+    | SeqnoAdvanced
+    | OsoSnapshot
+    | StreamEnd
+    | Noop
+    | SetVbucketState
+    | StreamRequest
+    | StreamRequestResponse
+    | FailoverLogRequest
+    | FailoverLogResponse
+    | BufferAck
+    | UnknownFrame
+)
 
 OPS: tuple[str, ...] = tuple(cls.op for cls in get_args(Event))
 """Every ``op`` of decode output and bronze rows, one per event class."""

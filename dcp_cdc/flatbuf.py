@@ -17,13 +17,23 @@ Schema = tuple[tuple[str, Kind], ...]
 
 # Field order is the schema's declaration order (= FlatBuffers field index).
 COLLECTION: Schema = (
-    ("uid", "u64"), ("scope_id", "u32"), ("collection_id", "u32"), ("ttl_valid", "bool"),
-    ("max_ttl", "u32"), ("name", "str"), ("history", "bool"),
-    ("default_collection_mvs", "u64"), ("metered", "bool"), ("flush_uid", "u64"),
-)  # fmt: skip
+    ("uid", "u64"),
+    ("scope_id", "u32"),
+    ("collection_id", "u32"),
+    ("ttl_valid", "bool"),
+    ("max_ttl", "u32"),
+    ("name", "str"),
+    ("history", "bool"),
+    ("default_collection_mvs", "u64"),
+    ("metered", "bool"),
+    ("flush_uid", "u64"),
+)
 DROPPED_COLLECTION: Schema = (
-    ("uid", "u64"), ("scope_id", "u32"), ("collection_id", "u32"), ("system_collection", "bool"),
-)  # fmt: skip
+    ("uid", "u64"),
+    ("scope_id", "u32"),
+    ("collection_id", "u32"),
+    ("system_collection", "bool"),
+)
 SCOPE: Schema = (("uid", "u64"), ("scope_id", "u32"), ("name", "str"))
 DROPPED_SCOPE: Schema = (("uid", "u64"), ("scope_id", "u32"), ("system_scope", "bool"))
 

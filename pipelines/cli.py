@@ -87,10 +87,16 @@ def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     from dcp_cdc.simulator import SimConfig, simulate
 
     config = SimConfig(
-        scenario=args.scenario, seed=args.seed, bucket=args.bucket, vbuckets=args.vbuckets,
-        collections=args.collections, docs=args.docs, ops=args.ops,
-        max_file_bytes=args.max_file_bytes, inject_malformed=args.inject_malformed,
-    )  # fmt: skip
+        scenario=args.scenario,
+        seed=args.seed,
+        bucket=args.bucket,
+        vbuckets=args.vbuckets,
+        collections=args.collections,
+        docs=args.docs,
+        ops=args.ops,
+        max_file_bytes=args.max_file_bytes,
+        inject_malformed=args.inject_malformed,
+    )
     started = time.perf_counter()
     result = simulate(args.out, config)
     seconds = time.perf_counter() - started
@@ -151,8 +157,10 @@ def cmd_tables(args: argparse.Namespace, out: TextIO) -> int:
         ["layer", "table", "kind", "rows"],
         [[t.layer, t.name, t.kind, f"{t.rows:,}"] for t in tables],
     )
-    out.write(f"({len(tables)} tables and views in the catalog of {config.warehouse}; a view "
-              "holds a collection's live documents, its _all table tombstones too)\n")  # fmt: skip
+    out.write(
+        f"({len(tables)} tables and views in the catalog of {config.warehouse}; a view "
+        "holds a collection's live documents, its _all table tombstones too)\n"
+    )
     return 0
 
 
@@ -171,8 +179,10 @@ def cmd_spark_conf(args: argparse.Namespace, out: TextIO) -> int:
     text = properties_text(_launch_conf(args, "dcp-cdc-shell"))
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
-        out.write(f"wrote {args.out}: use it with spark-sql, pyspark or spark-submit "
-                  f"--properties-file {args.out}\n")  # fmt: skip
+        out.write(
+            f"wrote {args.out}: use it with spark-sql, pyspark or spark-submit "
+            f"--properties-file {args.out}\n"
+        )
     else:
         out.write(text)
     return 0
@@ -190,13 +200,21 @@ def cmd_thrift_server(args: argparse.Namespace, out: TextIO) -> int:
         props.write(properties_text(conf))
         props.flush()
         command = [
-            _spark_script("spark-submit"), "--properties-file", props.name,
-            "--class", THRIFT_SERVER_CLASS, "spark-internal",
-            "--hiveconf", f"hive.server2.thrift.port={args.port}",
-            "--hiveconf", f"hive.server2.thrift.bind.host={args.host}",
-        ]  # fmt: skip
-        out.write(f"serving {conf['spark.sql.warehouse.dir']} on jdbc:hive2://{args.host}:"
-                  f"{args.port}/ (Ctrl-C stops)\n")  # fmt: skip
+            _spark_script("spark-submit"),
+            "--properties-file",
+            props.name,
+            "--class",
+            THRIFT_SERVER_CLASS,
+            "spark-internal",
+            "--hiveconf",
+            f"hive.server2.thrift.port={args.port}",
+            "--hiveconf",
+            f"hive.server2.thrift.bind.host={args.host}",
+        ]
+        out.write(
+            f"serving {conf['spark.sql.warehouse.dir']} on jdbc:hive2://{args.host}:"
+            f"{args.port}/ (Ctrl-C stops)\n"
+        )
         out.flush()
         return subprocess.call(command)
 
@@ -236,8 +254,13 @@ def _module_verb(
         sub.add_parser(verb, help=summary, parents=parents)
         return
     module = importlib.import_module(MODULES[verb])
-    parser = sub.add_parser(verb, help=summary, parents=parents, description=module.__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = sub.add_parser(
+        verb,
+        help=summary,
+        parents=parents,
+        description=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     module.add_arguments(parser)
     command: Command = module.command
     parser.set_defaults(func=command)
@@ -255,14 +278,14 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         return verb is None or verb == name
 
     bucket = _options(lambda p: p.add_argument("--bucket", help="only this bucket"))
-    job = _options(
-        lambda p: p.add_argument("--config", required=True, help="a TOML file in conf/")
-    )
+    job = _options(lambda p: p.add_argument("--config", required=True, help="a TOML file in conf/"))
     catalog = _options(
         lambda p: p.add_argument(
             "--config", help="a TOML file (default: conf/local.toml if there is one, else ./work/)"
         ),
-        lambda p: p.add_argument("--warehouse", help="this warehouse instead of the configuration's"),
+        lambda p: p.add_argument(
+            "--warehouse", help="this warehouse instead of the configuration's"
+        ),
     )
 
     decode = sub.add_parser("decode", help="print every frame of captures as JSON Lines")
@@ -270,9 +293,12 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     decode.add_argument("--raw", action="store_true", help="headerless stream of frames")
     group = decode.add_mutually_exclusive_group()
     group.add_argument(
-        "--collections", dest="collections", action="store_true", default=None,
+        "--collections",
+        dest="collections",
+        action="store_true",
+        default=None,
         help="keys carry a LEB128 collection id (default: from the capture header)",
-    )  # fmt: skip
+    )
     group.add_argument("--no-collections", dest="collections", action="store_false")
     decode.set_defaults(func=cmd_decode)
 
@@ -289,38 +315,73 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--docs", type=int, default=defaults.docs, help="documents loaded first")
     sim.add_argument("--ops", type=int, default=defaults.ops, help="changes after the load")
     sim.add_argument("--max-file-bytes", type=int, default=defaults.max_file_bytes)
-    sim.add_argument("--inject-malformed", type=int, default=0, metavar="N",
-                     help="write N corrupted frames (reported in the truth)")  # fmt: skip
+    sim.add_argument(
+        "--inject-malformed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="write N corrupted frames (reported in the truth)",
+    )
     sim.set_defaults(func=cmd_simulate)
 
-    _module_verb(sub, "run", "the main job (embedded sample data unless --config)", [bucket],
-                 populate=populate("run"))  # fmt: skip
-    _module_verb(sub, "ingest", "new capture files into bronze Delta tables", [job, bucket],
-                 populate=populate("ingest"))  # fmt: skip
-    _module_verb(sub, "apply", "bronze events into silver tables (MERGE)", [job, bucket],
-                 populate=populate("apply"))  # fmt: skip
-    _module_verb(sub, "check", "data-quality suites; exit 1 if an error expectation fails",
-                 [job, bucket], populate=populate("check"))  # fmt: skip
+    _module_verb(
+        sub,
+        "run",
+        "the main job (embedded sample data unless --config)",
+        [bucket],
+        populate=populate("run"),
+    )
+    _module_verb(
+        sub,
+        "ingest",
+        "new capture files into bronze Delta tables",
+        [job, bucket],
+        populate=populate("ingest"),
+    )
+    _module_verb(
+        sub,
+        "apply",
+        "bronze events into silver tables (MERGE)",
+        [job, bucket],
+        populate=populate("apply"),
+    )
+    _module_verb(
+        sub,
+        "check",
+        "data-quality suites; exit 1 if an error expectation fails",
+        [job, bucket],
+        populate=populate("check"),
+    )
 
     sql = sub.add_parser("sql", parents=[catalog], help="run a SQL query against the catalog")
     sql.add_argument("query")
     sql.add_argument("--limit", type=int, default=50, help="rows to print")
     sql.set_defaults(func=cmd_sql)
 
-    tables = sub.add_parser("tables", parents=[catalog],
-                            help="bronze, silver and quality tables with row counts")  # fmt: skip
+    tables = sub.add_parser(
+        "tables", parents=[catalog], help="bronze, silver and quality tables with row counts"
+    )
     tables.set_defaults(func=cmd_tables)
 
-    _module_verb(sub, "maintain", "OPTIMIZE, VACUUM, tombstone purge, retention", [job, bucket],
-                 populate=populate("maintain"))  # fmt: skip
+    _module_verb(
+        sub,
+        "maintain",
+        "OPTIMIZE, VACUUM, tombstone purge, retention",
+        [job, bucket],
+        populate=populate("maintain"),
+    )
 
-    conf = sub.add_parser("spark-conf", parents=[catalog],
-                          help="the catalog's Spark settings for spark-sql, pyspark, spark-submit")  # fmt: skip
+    conf = sub.add_parser(
+        "spark-conf",
+        parents=[catalog],
+        help="the catalog's Spark settings for spark-sql, pyspark, spark-submit",
+    )
     conf.add_argument("--out", help="write them to this properties file (default: print)")
     conf.set_defaults(func=cmd_spark_conf)
 
-    thrift = sub.add_parser("thrift-server", parents=[catalog],
-                            help="serve the catalog over JDBC (Spark Thrift server)")  # fmt: skip
+    thrift = sub.add_parser(
+        "thrift-server", parents=[catalog], help="serve the catalog over JDBC (Spark Thrift server)"
+    )
     thrift.add_argument("--port", type=int, default=10000)
     thrift.add_argument("--host", default="127.0.0.1", help="address to listen on")
     thrift.set_defaults(func=cmd_thrift_server)
@@ -348,8 +409,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 def job_main(verb: str, argv: Sequence[str] | None = None) -> int:
     """A job's ``python -m`` and ``spark-submit`` entry point: ``dcp-cdc <verb> ARGS`` with
     the jobs' log lines (level ``$DCP_CDC_LOG_LEVEL``, default INFO) on stderr."""
-    logging.basicConfig(level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     return main([verb, *(sys.argv[1:] if argv is None else argv)])
 
 

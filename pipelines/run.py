@@ -124,16 +124,27 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         target = Path(args.workdir).resolve()
         for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
             shutil.rmtree(target / folder, ignore_errors=True)
-        config = local_config(
-            landing=str(target / "landing"), warehouse=str(target / "warehouse")
+        config = local_config(landing=str(target / "landing"), warehouse=str(target / "warehouse"))
+        sim = SimConfig(
+            scenario="mixed",
+            seed=1,
+            bucket=config.buckets[0].name,
+            vbuckets=16,
+            docs=400,
+            ops=2000,
+            inject_malformed=1,
         )
-        sim = SimConfig(scenario="mixed", seed=1, bucket=config.buckets[0].name, vbuckets=16,
-                        docs=400, ops=2000, inject_malformed=1)  # fmt: skip
-        with _Step(out, next(number), total, f"simulating bucket {sim.bucket!r} "
-                   f"({sim.scenario} scenario, seed {sim.seed})"):  # fmt: skip
+        with _Step(
+            out,
+            next(number),
+            total,
+            f"simulating bucket {sim.bucket!r} ({sim.scenario} scenario, seed {sim.seed})",
+        ):
             result = simulate(target, sim)
-        out.write(f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
-                  f"under {target / 'landing'}\n")  # fmt: skip
+        out.write(
+            f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
+            f"under {target / 'landing'}\n"
+        )
         # the sample carries malformed frames on purpose, to show the quarantine: the
         # quality threshold allows those, and only those
         quality = config.quality.model_copy(update={"quarantine_threshold": sim.inject_malformed})
@@ -146,8 +157,9 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     from pipelines.silver.job import run as apply
     from pipelines.spark_session import session_for
 
-    with _Step(out, next(number), total, f"starting Spark ({config.spark.master}) on "
-               f"{config.warehouse}"):  # fmt: skip
+    with _Step(
+        out, next(number), total, f"starting Spark ({config.spark.master}) on {config.warehouse}"
+    ):
         spark = session_for(config, "dcp-cdc-run")
     with _Step(out, next(number), total, "ingesting capture files into bronze"):
         ingested = ingest(config, args.bucket, spark=spark)
@@ -168,14 +180,18 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         for report in (r for r in reports if r.bucket == bucket):
             out.write(_verdict(report) + "\n")
         sample = next((c.table for c in overview.collections if c.live), None)
-        out.write("\nTry (the tables are in the catalog under "
-                  f"{config.warehouse}):\n"
-                  f"  {cli} tables{where}\n"
-                  f'  {cli} sql{where} "SELECT op, count(*) AS n FROM {overview.events_table} '
-                  f'GROUP BY op ORDER BY n DESC"\n')  # fmt: skip
+        out.write(
+            "\nTry (the tables are in the catalog under "
+            f"{config.warehouse}):\n"
+            f"  {cli} tables{where}\n"
+            f'  {cli} sql{where} "SELECT op, count(*) AS n FROM {overview.events_table} '
+            f'GROUP BY op ORDER BY n DESC"\n'
+        )
         if sample:
-            out.write(f'  {cli} sql{where} "SELECT key, _seqno, _change, doc FROM {sample} '
-                      f'ORDER BY _seqno DESC LIMIT 5"\n')  # fmt: skip
+            out.write(
+                f'  {cli} sql{where} "SELECT key, _seqno, _change, doc FROM {sample} '
+                f'ORDER BY _seqno DESC LIMIT 5"\n'
+            )
     return 0 if all(r.passed for r in reports) else 1
 
 
@@ -183,9 +199,14 @@ def _verdict(report: QualityReport) -> str:
     """A quality report in the run summary: the verdict, what failed, where to read more."""
     met = sum(1 for o in report.outcomes if o.success)
     verdict = "PASSED" if report.passed else f"FAILED ({len(report.failed_errors)} errors)"
-    lines = [f"Quality: {verdict}, {met} of {len(report.outcomes)} expectations met"
-             + (f", warnings: {', '.join(report.failed_warnings)}" if report.failed_warnings else "")]  # fmt: skip
+    lines = [
+        f"Quality: {verdict}, {met} of {len(report.outcomes)} expectations met"
+        + (f", warnings: {', '.join(report.failed_warnings)}" if report.failed_warnings else "")
+    ]
     lines += [f"  error: {key}" for key in report.failed_errors]
-    lines += [f"  report:    {report.report_path}", f"  data docs: {report.data_docs_path}",
-              f"  results:   {report.results_table}"]  # fmt: skip
+    lines += [
+        f"  report:    {report.report_path}",
+        f"  data docs: {report.data_docs_path}",
+        f"  results:   {report.results_table}",
+    ]
     return "\n".join(lines)

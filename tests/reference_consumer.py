@@ -126,11 +126,20 @@ class ReferenceConsumer:
                 s.log.append(e)
             else:
                 assert isinstance(e, (Mutation, Deletion, Expiration))
-                s.log.append(Version(
-                    e.by_seqno, e.collection_id or 0, e.key, not isinstance(e, Mutation),
-                    e.rev_seqno, e.header.cas, getattr(e, "flags", 0),
-                    getattr(e, "expiration", 0), e.value, e.xattrs,
-                ))  # fmt: skip
+                s.log.append(
+                    Version(
+                        e.by_seqno,
+                        e.collection_id or 0,
+                        e.key,
+                        not isinstance(e, Mutation),
+                        e.rev_seqno,
+                        e.header.cas,
+                        getattr(e, "flags", 0),
+                        getattr(e, "expiration", 0),
+                        e.value,
+                        e.xattrs,
+                    )
+                )
         if s.buffer or s.snap_end is not None:
             s.consistent = max(top, s.snap_end or 0) if not oso else top
         s.buffer = []

@@ -17,9 +17,13 @@ from typing import Literal
 
 Change = Literal["upsert", "delete", "expire"]
 SysKind = Literal[
-    "create_collection", "drop_collection", "create_scope", "drop_scope", "modify_collection",
+    "create_collection",
+    "drop_collection",
+    "create_scope",
+    "drop_scope",
+    "modify_collection",
     "flush_collection",
-]  # fmt: skip
+]
 
 NS = 1_000_000_000
 
@@ -169,8 +173,9 @@ class Bucket:
     def get(self, collection_id: int, key: bytes) -> Doc | None:
         return self.vb_for(key).docs.get((collection_id, key))
 
-    def _record(self, vb: VBucket, seqno: int, ident: tuple[int, bytes] | None,
-                before: Doc | None) -> None:  # fmt: skip
+    def _record(
+        self, vb: VBucket, seqno: int, ident: tuple[int, bytes] | None, before: Doc | None
+    ) -> None:
         vb.undo.append(Undo(seqno, ident, before))  # docs are replaced, never mutated: no copy
 
     def upsert(
@@ -193,9 +198,18 @@ class Bucket:
             ttl = coll.max_ttl
         expiry = self.now + ttl if ttl else 0
         doc = Doc(
-            collection_id, key, vb.vbid, vb.high_seqno, (before.rev_seqno + 1) if before else 1,
-            self._cas(), flags, expiry, body, is_json, xattrs,
-        )  # fmt: skip
+            collection_id,
+            key,
+            vb.vbid,
+            vb.high_seqno,
+            (before.rev_seqno + 1) if before else 1,
+            self._cas(),
+            flags,
+            expiry,
+            body,
+            is_json,
+            xattrs,
+        )
         self._record(vb, doc.seqno, (collection_id, key), before)
         vb.docs[(collection_id, key)] = doc
         self._track_expiry(doc)
@@ -216,9 +230,21 @@ class Bucket:
         vb.high_seqno += 1
         system_xattrs = {k: v for k, v in (before.xattrs or {}).items() if k.startswith("_")}
         doc = Doc(
-            collection_id, key, vb.vbid, vb.high_seqno, before.rev_seqno + 1, self._cas(), 0, 0,
-            b"", False, system_xattrs or None, deleted=True, change=change, delete_time=self.now,
-        )  # fmt: skip
+            collection_id,
+            key,
+            vb.vbid,
+            vb.high_seqno,
+            before.rev_seqno + 1,
+            self._cas(),
+            0,
+            0,
+            b"",
+            False,
+            system_xattrs or None,
+            deleted=True,
+            change=change,
+            delete_time=self.now,
+        )
         self._record(vb, doc.seqno, (collection_id, key), before)
         vb.docs[(collection_id, key)] = doc
         return doc
@@ -263,12 +289,20 @@ class Bucket:
                 uid = self.manifest_uid if i == len(kinds) - 1 else previous
                 if isinstance(obj, Collection):
                     ev = SysEvent(
-                        kind, vb.high_seqno, uid, obj.scope_id, obj.collection_id, obj.name,
-                        obj.max_ttl, obj.history, obj.flush_uid,
-                    )  # fmt: skip
+                        kind,
+                        vb.high_seqno,
+                        uid,
+                        obj.scope_id,
+                        obj.collection_id,
+                        obj.name,
+                        obj.max_ttl,
+                        obj.history,
+                        obj.flush_uid,
+                    )
                 else:
-                    ev = SysEvent(kind, vb.high_seqno, uid, obj.scope_id, None, obj.name, None,
-                                  False, 0)  # fmt: skip
+                    ev = SysEvent(
+                        kind, vb.high_seqno, uid, obj.scope_id, None, obj.name, None, False, 0
+                    )
                 vb.sys_events.append(ev)
                 self._record(vb, ev.seqno, None, None)
             vb.manifest_uid = self.manifest_uid
@@ -308,8 +342,9 @@ class Bucket:
     def drop_scope(self, scope_id: int) -> Scope:
         """Each of its collections gets an EndCollection, then the DropScope (spec §6.7)."""
         scope = self.scopes[scope_id]
-        colls = [c for c in self.collections.values()
-                 if c.scope_id == scope_id and c.dropped_uid is None]  # fmt: skip
+        colls = [
+            c for c in self.collections.values() if c.scope_id == scope_id and c.dropped_uid is None
+        ]
         scope.dropped_uid = self.manifest_uid + 1
         for c in colls:
             c.dropped_uid = scope.dropped_uid

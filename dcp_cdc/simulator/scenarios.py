@@ -50,8 +50,9 @@ def basic(sim: Simulation, landing: Path) -> None:
     catch_up(sim, landing, checkpoints)
 
 
-def catch_up(sim: Simulation, landing: Path, checkpoints: dict[int, Checkpoint],
-             **options: object) -> None:  # fmt: skip
+def catch_up(
+    sim: Simulation, landing: Path, checkpoints: dict[int, Checkpoint], **options: object
+) -> None:
     """A session that resumes from ``checkpoints`` and stops at each vbucket's high seqno."""
     s = sim.open_session(landing, **options)
     for vb in sim.bucket.vbuckets:
@@ -232,9 +233,14 @@ def run(sim: Simulation, out: Path) -> SimulationResult:
     files = sorted(p for s in sim.sessions for p in s.writer.paths)
     truth = write_truth(sim, out)
     return SimulationResult(
-        out, files, truth, sum(s.frames for s in sim.sessions),
-        sum(p.stat().st_size for p in files), dict(sim.counts), sim.expected_errors,
-    )  # fmt: skip
+        out,
+        files,
+        truth,
+        sum(s.frames for s in sim.sessions),
+        sum(p.stat().st_size for p in files),
+        dict(sim.counts),
+        sim.expected_errors,
+    )
 
 
 def simulate(

@@ -22,9 +22,15 @@ from dcp_cdc.simulator.model import NS, Bucket, Collection, Doc, Item, VBucket
 from dcp_cdc.simulator.stream import Session, SessionOptions
 
 SCENARIOS = (
-    "basic", "ttl", "collection-lifecycle", "rollback", "oso-backfill", "history",
-    "interrupted", "mixed",
-)  # fmt: skip
+    "basic",
+    "ttl",
+    "collection-lifecycle",
+    "rollback",
+    "oso-backfill",
+    "history",
+    "interrupted",
+    "mixed",
+)
 """The scenario names a :class:`SimConfig` accepts; ``scenarios.SCENARIO_FUNCS`` scripts each."""
 
 COLLECTION_NAMES = ("airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport")
@@ -72,9 +78,11 @@ class Simulation:
         self.config = config
         self.rng = random.Random(config.seed)
         self.bucket = Bucket(
-            name=config.bucket, vbuckets=config.vbuckets, rng=self.rng,
+            name=config.bucket,
+            vbuckets=config.vbuckets,
+            rng=self.rng,
             start_ns=int(START.timestamp()) * NS,
-        )  # fmt: skip
+        )
         self.counts: Counter[str] = Counter()
         self.sessions: list[Session] = []
         self.session: Session | None = None
@@ -96,11 +104,13 @@ class Simulation:
         scope = self.bucket.create_scope("inventory")
         colls = [
             self.bucket.create_collection(
-                scope.scope_id, name,
-                max_ttl=max_ttl if i == 1 else None, history=history and i == 0,
+                scope.scope_id,
+                name,
+                max_ttl=max_ttl if i == 1 else None,
+                history=history and i == 0,
             )
             for i, name in enumerate(COLLECTION_NAMES[: self.config.collections])
-        ]  # fmt: skip
+        ]
         targets = [0, *(c.collection_id for c in colls)]
         for i in range(self.config.docs):
             self.create(targets[i % len(targets)])
@@ -196,8 +206,15 @@ class Simulation:
                 "audit": json.dumps({"by": rng.choice(["app", "etl", "admin"]), "v": 1}),
             }
         ttl = rng.randint(1, 900) if rng.random() < self.ttl_share else 0
-        doc = self.bucket.upsert(cid, key, body, is_json=is_json, xattrs=xattrs, ttl=ttl,
-                                 flags=rng.choice([0, 0x02000006, 0x01]))  # fmt: skip
+        doc = self.bucket.upsert(
+            cid,
+            key,
+            body,
+            is_json=is_json,
+            xattrs=xattrs,
+            ttl=ttl,
+            flags=rng.choice([0, 0x02000006, 0x01]),
+        )
         self._notify(doc)
         return doc
 
@@ -220,8 +237,9 @@ class Simulation:
                 self._notify(doc)
         self.bucket.tick()
 
-    def live(self, n_ops: int, *, cids: list[int] | None = None, pager_every: int = 0,
-             hot: int = 0) -> None:  # fmt: skip
+    def live(
+        self, n_ops: int, *, cids: list[int] | None = None, pager_every: int = 0, hot: int = 0
+    ) -> None:
         cids = cids or [c.collection_id for c in self.bucket.live_collections()]
         faults: set[int] = set()
         if self.faults_left and self.session is not None:  # spread over the first live phase
@@ -265,8 +283,9 @@ class Simulation:
         frame[4] = 30
         path, offset = session.writer.write(bytes(frame))
         session.counts["malformed"] += 1
-        self.expected_errors.append({"file": path.name, "offset": offset,
-                                     "reason": "extras length does not fit the opcode"})  # fmt: skip
+        self.expected_errors.append(
+            {"file": path.name, "offset": offset, "reason": "extras length does not fit the opcode"}
+        )
 
     def cut_session(self, session: Session) -> None:
         """The connection dies inside a snapshot; the rest of the queued changes never leave."""
@@ -281,11 +300,17 @@ class Simulation:
             vb, whole_items=1, tail_bytes=self.rng.randint(1, 40)
         )
         self.counts["truncated"] += 1
-        self.expected_errors.append({"file": path.name, "offset": offset,
-                                     "reason": "truncated tail: the stream ends inside a frame"})  # fmt: skip
+        self.expected_errors.append(
+            {
+                "file": path.name,
+                "offset": offset,
+                "reason": "truncated tail: the stream ends inside a frame",
+            }
+        )
         state = session.streams[vb.vbid]
-        self.open_snapshots.append({"vbucket": vb.vbid, "start": start, "end": end,
-                                    "last_seqno": state.sent_upto})  # fmt: skip
+        self.open_snapshots.append(
+            {"vbucket": vb.vbid, "start": start, "end": end, "last_seqno": state.sent_upto}
+        )
         session.close()
         self.session = None
         self.cut = True
@@ -307,15 +332,21 @@ def body_templates(rng: random.Random, count: int = 64) -> list[str]:
             "price": "@PRICE@",
             "active": rng.random() < 0.8,
             "tags": rng.sample(["wifi", "pool", "spa", "bar", "gym", "pets"], rng.randint(0, 4)),
-            "address": {"city": rng.choice(_CITIES),
-                        "geo": {"lat": round(rng.uniform(-90, 90), 5),
-                                "lon": round(rng.uniform(-180, 180), 5)}},
+            "address": {
+                "city": rng.choice(_CITIES),
+                "geo": {
+                    "lat": round(rng.uniform(-90, 90), 5),
+                    "lon": round(rng.uniform(-180, 180), 5),
+                },
+            },
             "updated": "@UPDATED@",
             "ref": "@REF@",
-        }  # fmt: skip
+        }
         if rng.random() < 0.3:
-            doc["reviews"] = [{"stars": rng.randint(1, 5), "text": "ok " * rng.randint(1, 12)}
-                              for _ in range(rng.randint(1, 3))]  # fmt: skip
+            doc["reviews"] = [
+                {"stars": rng.randint(1, 5), "text": "ok " * rng.randint(1, 12)}
+                for _ in range(rng.randint(1, 3))
+            ]
         text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         for name in ("ID", "PRICE", "UPDATED", "REF"):
             text = text.replace(f'"@{name}@"', f"@{name}@")

@@ -73,13 +73,16 @@ class SessionOptions:
     def features(self) -> tuple[str, ...]:
         names = ["json"]
         for flag, name in (
-            (self.xattrs, "xattr"), (self.snappy, "snappy"),
+            (self.xattrs, "xattr"),
+            (self.snappy, "snappy"),
             (self.delete_times, "include_delete_times"),
             (self.expiry_opcode and self.delete_times, "expiry_opcode"),
-            (self.flatbuffers, "flatbuffers_system_events"), (self.oso, "oso"),
-            (self.change_streams, "change_streams"), (self.marker_v2_2, "max_marker_version_2.2"),
+            (self.flatbuffers, "flatbuffers_system_events"),
+            (self.oso, "oso"),
+            (self.change_streams, "change_streams"),
+            (self.marker_v2_2, "max_marker_version_2.2"),
             (self.stream_ids, "stream_id"),
-        ):  # fmt: skip
+        ):
             if flag:
                 names.append(name)
         return tuple(names)
@@ -196,22 +199,40 @@ class Session:
             value["collections"] = [format(c, "x") for c in self.options.collection_filter]
         if not self.options.collections:
             value = {}
-        self._write_plain(StreamRequest(
-            make_header(Opcode.DCP_STREAM_REQ, vbucket=wire, opaque=wire), 0, start, end,
-            vb_uuid, snap_start, snap_end, json.dumps(value, sort_keys=True) if value else "",
-        ))  # fmt: skip
+        self._write_plain(
+            StreamRequest(
+                make_header(Opcode.DCP_STREAM_REQ, vbucket=wire, opaque=wire),
+                0,
+                start,
+                end,
+                vb_uuid,
+                snap_start,
+                snap_end,
+                json.dumps(value, sort_keys=True) if value else "",
+            )
+        )
         rollback = self._rollback_point(vb, start, vb_uuid, snap_start)
         if rollback is not None:
-            self._write_plain(StreamRequestResponse(
-                make_header(Opcode.DCP_STREAM_REQ, status=Status.ROLLBACK, opaque=wire),
-                "rollback", None, rollback, b"",
-            ))  # fmt: skip
+            self._write_plain(
+                StreamRequestResponse(
+                    make_header(Opcode.DCP_STREAM_REQ, status=Status.ROLLBACK, opaque=wire),
+                    "rollback",
+                    None,
+                    rollback,
+                    b"",
+                )
+            )
             return rollback
         log = tuple(vb.failover_log)
-        self._write_plain(StreamRequestResponse(
-            make_header(Opcode.DCP_STREAM_REQ, status=Status.SUCCESS, opaque=wire),
-            "success", log, None, b"",
-        ))  # fmt: skip
+        self._write_plain(
+            StreamRequestResponse(
+                make_header(Opcode.DCP_STREAM_REQ, status=Status.SUCCESS, opaque=wire),
+                "success",
+                log,
+                None,
+                b"",
+            )
+        )
         state = self.streams[vb.vbid]
         state.open = True
         state.sent_upto = state.consistent = start
@@ -237,8 +258,9 @@ class Session:
             return None
         return 0  # the consumer's history is unknown here
 
-    def open_all(self, checkpoints: dict[int, Checkpoint] | None = None, *,
-                 end: int = NO_END_SEQNO) -> None:  # fmt: skip
+    def open_all(
+        self, checkpoints: dict[int, Checkpoint] | None = None, *, end: int = NO_END_SEQNO
+    ) -> None:
         """Open a stream per vbucket, following rollbacks until each succeeds."""
         for vb in self.bucket.vbuckets:
             self.resume(vb, (checkpoints or {}).get(vb.vbid), end=end)
@@ -285,18 +307,29 @@ class Session:
         end = vb.high_seqno
         flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
         if self.options.marker_v2_2 and vb.purge_seqno:
-            marker = SnapshotMarker(self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "2.2", start,
-                                    end, flags, end, 0, vb.purge_seqno, 0)  # fmt: skip
+            marker = SnapshotMarker(
+                self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid),
+                "2.2",
+                start,
+                end,
+                flags,
+                end,
+                0,
+                vb.purge_seqno,
+                0,
+            )
         else:
-            marker = SnapshotMarker(self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "2.0", start,
-                                    end, flags, end, 0)  # fmt: skip
+            marker = SnapshotMarker(
+                self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "2.0", start, end, flags, end, 0
+            )
         self._snapshot(vb, marker, items, disk=True)
 
     def oso_backfill(self, vb: VBucket) -> None:
         """An OSO backfill: the filtered collection in key order, then seqno-advanced (§6.9)."""
         state = self.streams[vb.vbid]
-        items = [Item(d.seqno, doc=d) for d in vb.docs.values()
-                 if self._visible(Item(d.seqno, doc=d))]  # fmt: skip
+        items = [
+            Item(d.seqno, doc=d) for d in vb.docs.values() if self._visible(Item(d.seqno, doc=d))
+        ]
         items.sort(key=lambda i: i.doc.key if i.doc else b"")
         self.write(OsoSnapshot(self._hdr(Opcode.DCP_OSO_SNAPSHOT, vb.vbid), OsoFlag.START))
         for ev in vb.sys_events:  # the filtered collections' own events come with them
@@ -377,8 +410,9 @@ class Session:
         if len(items) <= whole_items:
             raise ValueError(f"vbucket {vb.vbid}: too few queued changes to cut a snapshot")
         start, end = items[0].seqno, items[-1].seqno
-        marker = SnapshotMarker(self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "1", start, end,
-                                SnapshotFlag.MEMORY)  # fmt: skip
+        marker = SnapshotMarker(
+            self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "1", start, end, SnapshotFlag.MEMORY
+        )
         self.write(marker)
         for item in items[:whole_items]:
             self.write(self._item_event(vb.vbid, item, disk=False))
@@ -388,8 +422,11 @@ class Session:
         return start, end, path, offset
 
     def end_stream(self, vbid: int, reason: int) -> None:
-        self.write(StreamEnd(self._hdr(Opcode.DCP_STREAM_END, vbid), reason,
-                             stream_end_reason_name(reason)))  # fmt: skip
+        self.write(
+            StreamEnd(
+                self._hdr(Opcode.DCP_STREAM_END, vbid), reason, stream_end_reason_name(reason)
+            )
+        )
         self.streams[vbid].open = False
 
     def checkpoints(self) -> dict[int, Checkpoint]:
@@ -419,16 +456,36 @@ class Session:
             if opts.snappy and len(doc.body) >= SNAPPY_MIN_BYTES:
                 datatype |= Datatype.SNAPPY
             h = self._hdr(Opcode.DCP_MUTATION, vbid, cas=doc.cas, datatype=datatype)
-            return Mutation(h, doc.seqno, doc.rev_seqno, doc.flags, doc.expiry, 0, 0,
-                            self.rng.randrange(3), cid, doc.key, doc.body, xattrs)  # fmt: skip
+            return Mutation(
+                h,
+                doc.seqno,
+                doc.rev_seqno,
+                doc.flags,
+                doc.expiry,
+                0,
+                0,
+                self.rng.randrange(3),
+                cid,
+                doc.key,
+                doc.body,
+                xattrs,
+            )
         datatype = Datatype.XATTR if xattrs else 0  # a tombstone keeps system xattrs only
         delete_time = doc.delete_time if disk else 0
         if doc.change == "expire" and opts.expiry_opcode and opts.delete_times:
             h = self._hdr(Opcode.DCP_EXPIRATION, vbid, cas=doc.cas, datatype=datatype)
             return Expiration(h, doc.seqno, doc.rev_seqno, delete_time, cid, doc.key, b"", xattrs)
         h = self._hdr(Opcode.DCP_DELETION, vbid, cas=doc.cas, datatype=datatype)
-        return Deletion(h, doc.seqno, doc.rev_seqno, delete_time if opts.delete_times else None,
-                        cid, doc.key, b"", xattrs)  # fmt: skip
+        return Deletion(
+            h,
+            doc.seqno,
+            doc.rev_seqno,
+            delete_time if opts.delete_times else None,
+            cid,
+            doc.key,
+            b"",
+            xattrs,
+        )
 
     def _sys_event(self, vbid: int, ev: SysEvent) -> Event:
         h = self._hdr(Opcode.DCP_SYSTEM_EVENT, vbid)
@@ -448,13 +505,27 @@ class Session:
             version = 1
         else:
             version = 0
-        named = ev.kind in ("create_collection", "flush_collection", "create_scope",
-                            "modify_collection")  # fmt: skip
+        named = ev.kind in (
+            "create_collection",
+            "flush_collection",
+            "create_scope",
+            "modify_collection",
+        )
         return SystemEvent(
-            h, ev.seqno, event_id, version, name, ev.manifest_uid, ev.scope_id, ev.collection_id,
-            ev.name if named else None, ev.max_ttl if version else None, b"",
-            ev.flush_uid if version == 2 else None, ev.history if version == 2 else None,
-        )  # fmt: skip
+            h,
+            ev.seqno,
+            event_id,
+            version,
+            name,
+            ev.manifest_uid,
+            ev.scope_id,
+            ev.collection_id,
+            ev.name if named else None,
+            ev.max_ttl if version else None,
+            b"",
+            ev.flush_uid if version == 2 else None,
+            ev.history if version == 2 else None,
+        )
 
 
 def _dedup(items: list[Item]) -> list[Item]:
@@ -463,8 +534,11 @@ def _dedup(items: list[Item]) -> list[Item]:
     for i, item in enumerate(items):
         if item.doc is not None:
             last[(item.doc.collection_id, item.doc.key)] = i
-    return [item for i, item in enumerate(items)
-            if item.doc is None or last[(item.doc.collection_id, item.doc.key)] == i]  # fmt: skip
+    return [
+        item
+        for i, item in enumerate(items)
+        if item.doc is None or last[(item.doc.collection_id, item.doc.key)] == i
+    ]
 
 
 def _rfc3339(ns: int) -> str:

@@ -22,15 +22,22 @@ def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
     coll = sim.bucket.collections[doc.collection_id]
     scope = sim.bucket.scopes[coll.scope_id]
     rec: dict[str, Any] = {
-        "scope": scope.name, "scope_id": scope.scope_id, "collection": coll.name,
+        "scope": scope.name,
+        "scope_id": scope.scope_id,
+        "collection": coll.name,
         "collection_id": coll.collection_id,
-    }  # fmt: skip
+    }
     bytes_field(rec, "key", doc.key)
     rec.update(
-        vbucket=doc.vbucket + sim.config.vbucket_offset, seqno=doc.seqno, rev_seqno=doc.rev_seqno, cas=doc.cas,
-        flags=doc.flags, expiry=doc.expiry,
-        expired=0 < doc.expiry <= sim.bucket.now, is_json=doc.is_json,
-    )  # fmt: skip
+        vbucket=doc.vbucket + sim.config.vbucket_offset,
+        seqno=doc.seqno,
+        rev_seqno=doc.rev_seqno,
+        cas=doc.cas,
+        flags=doc.flags,
+        expiry=doc.expiry,
+        expired=0 < doc.expiry <= sim.bucket.now,
+        is_json=doc.is_json,
+    )
     bytes_field(rec, "value", doc.body, text_ok=doc.is_json)
     rec["xattrs"] = doc.xattrs
     return rec
@@ -62,14 +69,21 @@ def write_truth(sim: Simulation, out: Path) -> Path:
         if streamed is not None and coll.collection_id not in streamed:
             continue
         scope = bucket.scopes[coll.scope_id]
-        collections.append({
-            "scope": scope.name, "scope_id": scope.scope_id, "name": coll.name,
-            "collection_id": coll.collection_id, "max_ttl": coll.max_ttl,
-            "history": coll.history, "created_uid": coll.created_uid,
-            "dropped_uid": coll.dropped_uid, "flush_uid": coll.flush_uid,
-            "dropped": coll.dropped_uid is not None,
-            "live_documents": live_counts.get(coll.collection_id, 0),
-        })  # fmt: skip
+        collections.append(
+            {
+                "scope": scope.name,
+                "scope_id": scope.scope_id,
+                "name": coll.name,
+                "collection_id": coll.collection_id,
+                "max_ttl": coll.max_ttl,
+                "history": coll.history,
+                "created_uid": coll.created_uid,
+                "dropped_uid": coll.dropped_uid,
+                "flush_uid": coll.flush_uid,
+                "dropped": coll.dropped_uid is not None,
+                "live_documents": live_counts.get(coll.collection_id, 0),
+            }
+        )
     as_of = dt.datetime.fromtimestamp(bucket.now, tz=dt.UTC)
     summary = {
         "bucket": bucket.name,

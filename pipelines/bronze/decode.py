@@ -39,8 +39,11 @@ StreamState = tuple[int | None, int | None, int | None, bool, int | None]
 """(in_snapshot_start, in_snapshot_end, in_snapshot_flags, in_oso, in_vb_uuid) of a stream."""
 NO_STATE: StreamState = (None, None, None, False, None)
 # Frames that change a stream's state (see SessionOrder); the scan decodes only these.
-_STATE_OPCODES = [int(Opcode.DCP_SNAPSHOT_MARKER), int(Opcode.DCP_OSO_SNAPSHOT),
-                  int(Opcode.DCP_STREAM_REQ)]  # fmt: skip
+_STATE_OPCODES = [
+    int(Opcode.DCP_SNAPSHOT_MARKER),
+    int(Opcode.DCP_OSO_SNAPSHOT),
+    int(Opcode.DCP_STREAM_REQ),
+]
 
 
 class _Chunks:
@@ -132,10 +135,18 @@ def state_events(decoded: pa.Table) -> StateEvents:
         entry = pc.list_element(failover.take(pa.array(rows)), 0)
         vb_uuid[rows] = pc.struct_field(entry, "vb_uuid").to_numpy(zero_copy_only=False)
     return StateEvents(
-        vb_key, marker | oso_marker | (response & (status == 0)), start, end, flags,
-        marker & start_valid, marker & end_valid, marker & flags_valid,
-        oso_marker & ((oso_flags & 1) != 0), has_log, vb_uuid,
-    )  # fmt: skip
+        vb_key,
+        marker | oso_marker | (response & (status == 0)),
+        start,
+        end,
+        flags,
+        marker & start_valid,
+        marker & end_valid,
+        marker & flags_valid,
+        oso_marker & ((oso_flags & 1) != 0),
+        has_log,
+        vb_uuid,
+    )
 
 
 def _last_of_key(keys: Any, order: Any, event: Any) -> Any:
@@ -158,8 +169,13 @@ def _last_of_key(keys: Any, order: Any, event: Any) -> Any:
     return last
 
 
-STATE_COLUMNS = ("in_snapshot_start", "in_snapshot_end", "in_snapshot_flags", "in_oso",
-                 "in_vb_uuid")  # fmt: skip
+STATE_COLUMNS = (
+    "in_snapshot_start",
+    "in_snapshot_end",
+    "in_snapshot_flags",
+    "in_oso",
+    "in_vb_uuid",
+)
 
 
 @dataclass
@@ -183,10 +199,12 @@ class StreamStates:
 
     def as_dict(self) -> dict[int, StreamState]:
         columns = [
-            [v if ok else None for v, ok in zip(
-                self.values[n].tolist(), self.valid[n].tolist(), strict=True)]
+            [
+                v if ok else None
+                for v, ok in zip(self.values[n].tolist(), self.valid[n].tolist(), strict=True)
+            ]
             for n in STATE_COLUMNS
-        ]  # fmt: skip
+        ]
         columns[3] = [bool(v) for v in columns[3]]
         return {k: tuple(s) for k, *s in zip(self.keys.tolist(), *columns, strict=True)}
 
@@ -194,10 +212,13 @@ class StreamStates:
         """The state of each of ``keys``; ``NO_STATE`` for keys without one."""
         at = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
         known = self.keys[at] == keys if len(self.keys) else np.zeros(len(keys), np.bool_)
-        values = {n: np.where(known, self.values[n][at], 0) if len(self.keys)
-                  else np.zeros(len(keys), np.int64) for n in STATE_COLUMNS}  # fmt: skip
-        valid = {n: known & self.valid[n][at] if len(self.keys) else known
-                 for n in STATE_COLUMNS}  # fmt: skip
+        values = {
+            n: np.where(known, self.values[n][at], 0)
+            if len(self.keys)
+            else np.zeros(len(keys), np.int64)
+            for n in STATE_COLUMNS
+        }
+        valid = {n: known & self.valid[n][at] if len(self.keys) else known for n in STATE_COLUMNS}
         return values, valid
 
 
@@ -234,10 +255,13 @@ class SessionOrder:
         values["in_oso"] = values["in_oso"].astype(np.bool_) & valid["in_oso"]  # null: False
         self._keep_last(ev.vb_key, order, values, valid)
         return {
-            n: pa.array(values[n], mask=None if n == "in_oso" else ~valid[n],
-                        type=pa.bool_() if n == "in_oso" else pa.int64())
+            n: pa.array(
+                values[n],
+                mask=None if n == "in_oso" else ~valid[n],
+                type=pa.bool_() if n == "in_oso" else pa.int64(),
+            )
             for n in STATE_COLUMNS
-        }  # fmt: skip
+        }
 
     def _keep_last(
         self, keys: Any, order: Any, values: dict[str, Any], valid: dict[str, Any]
@@ -248,8 +272,11 @@ class SessionOrder:
         sorted_keys = keys[order]
         last = order[np.flatnonzero(np.r_[sorted_keys[1:] != sorted_keys[:-1], True])]
         merged = self.states.as_dict()
-        latest = StreamStates(keys[last], {n: values[n][last] for n in STATE_COLUMNS},
-                              {n: valid[n][last] for n in STATE_COLUMNS})  # fmt: skip
+        latest = StreamStates(
+            keys[last],
+            {n: values[n][last] for n in STATE_COLUMNS},
+            {n: valid[n][last] for n in STATE_COLUMNS},
+        )
         merged.update(latest.as_dict())
         self.states = StreamStates.of(merged)
 
@@ -285,8 +312,9 @@ def scan_file(
         if len(starts):
             opcodes = np.frombuffer(buf, dtype=np.uint8)[starts + 1]
             chosen = starts[np.isin(opcodes, _STATE_OPCODES)]
-            decoded, _ = decode_frames(buf, chosen, collections=file["collections"],
-                                       base_offset=position)  # fmt: skip
+            decoded, _ = decode_frames(
+                buf, chosen, collections=file["collections"], base_offset=position
+            )
             _fold_scan(scan, state_events(decoded))
         if fatal is not None and not isinstance(fatal, TruncatedFrameError):
             break  # nothing after an unframeable frame is decoded
@@ -312,14 +340,21 @@ def _error_row(
     error: MalformedFrameError, file: dict[str, Any], raw: bytes, raw_length: int
 ) -> dict[str, Any]:
     return {
-        "op": "error", "offset": error.offset, "opcode": error.opcode,
-        "bucket": file["bucket"], "session_id": file["session_id"], "file": file["path"],
-        "file_sequence": file["file_sequence"], "error_reason": error.reason,
-        "error_expected": error.expected, "error_got": error.got,
+        "op": "error",
+        "offset": error.offset,
+        "opcode": error.opcode,
+        "bucket": file["bucket"],
+        "session_id": file["session_id"],
+        "file": file["path"],
+        "file_sequence": file["file_sequence"],
+        "error_reason": error.reason,
+        "error_expected": error.expected,
+        "error_got": error.got,
         "error_frame_length": error.frame_length,
-        "error_truncated": isinstance(error, TruncatedFrameError), "raw": raw,
+        "error_truncated": isinstance(error, TruncatedFrameError),
+        "raw": raw,
         "error_raw_length": raw_length,
-    }  # fmt: skip
+    }
 
 
 FileDone = Callable[[str, int, int], None]
@@ -327,10 +362,16 @@ FileDone = Callable[[str, int, int], None]
 
 
 def decode_file(
-    file: dict[str, Any], schema: pa.Schema, *, chunk_bytes: int, raw_limit: int,
-    frames: bool = True, errors: bool = True, done: FileDone | None = None,
+    file: dict[str, Any],
+    schema: pa.Schema,
+    *,
+    chunk_bytes: int,
+    raw_limit: int,
+    frames: bool = True,
+    errors: bool = True,
+    done: FileDone | None = None,
     storage: Mapping[str, str] | None = None,
-) -> Iterator[pa.RecordBatch]:  # fmt: skip
+) -> Iterator[pa.RecordBatch]:
     """Every frame of one capture file, in order, as batches of ``schema``: its well-formed
     frames (``frames``) and its malformed ones as ``op = 'error'`` rows (``errors``).
 
@@ -345,13 +386,20 @@ def decode_file(
     frames_before = n_frames = n_errors = 0
     chunks = _Chunks(file, chunk_bytes, storage)
     for buf, position, final in chunks:
-        batch = decode_batch(buf, collections=file["collections"], base_offset=position,
-                             final=final, file=path)  # fmt: skip
+        batch = decode_batch(
+            buf, collections=file["collections"], base_offset=position, final=final, file=path
+        )
         error_rows = [
-            _error_row(e, file, buf[e.offset - position : e.offset - position + min(
-                e.frame_length or 0, raw_limit)], e.frame_length or 0)
+            _error_row(
+                e,
+                file,
+                buf[
+                    e.offset - position : e.offset - position + min(e.frame_length or 0, raw_limit)
+                ],
+                e.frame_length or 0,
+            )
             for e in batch.errors
-        ]  # fmt: skip
+        ]
         stop = batch.fatal is not None and (
             final or not isinstance(batch.fatal, TruncatedFrameError)
         )
@@ -385,8 +433,9 @@ def _frame_indices(decoded: pa.Table, errors: list[dict[str, Any]], frames_befor
     """The frame index of each decoded row; malformed frames with a known boundary are frames
     of the session too, so they take an index (set in their rows) and shift the rest."""
     offsets = decoded.column("offset").to_numpy()
-    error_offsets = np.array(sorted(e["offset"] for e in errors if e["error_frame_length"]),
-                             dtype=np.int64)  # fmt: skip
+    error_offsets = np.array(
+        sorted(e["offset"] for e in errors if e["error_frame_length"]), dtype=np.int64
+    )
     index = frames_before + np.arange(len(offsets), dtype=np.int64)
     index += np.searchsorted(error_offsets, offsets)
     for e in errors:
@@ -425,16 +474,29 @@ def _constant(text: str, n: int) -> pa.Array:
 
 
 def decode_files(
-    batches: Iterator[pa.RecordBatch], schema: pa.Schema, *, chunk_bytes: int, raw_limit: int,
-    frames: bool = True, errors: bool = True, done: FileDone | None = None,
+    batches: Iterator[pa.RecordBatch],
+    schema: pa.Schema,
+    *,
+    chunk_bytes: int,
+    raw_limit: int,
+    frames: bool = True,
+    errors: bool = True,
+    done: FileDone | None = None,
     storage: Mapping[str, str] | None = None,
-) -> Iterator[pa.RecordBatch]:  # fmt: skip
+) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: rows of file descriptors in, frames out."""
     for batch in batches:
         for file in batch.to_pylist():
-            yield from decode_file(file, schema, chunk_bytes=chunk_bytes, raw_limit=raw_limit,
-                                   frames=frames, errors=errors, done=done,
-                                   storage=storage)  # fmt: skip
+            yield from decode_file(
+                file,
+                schema,
+                chunk_bytes=chunk_bytes,
+                raw_limit=raw_limit,
+                frames=frames,
+                errors=errors,
+                done=done,
+                storage=storage,
+            )
 
 
 def scan_files(
@@ -452,12 +514,16 @@ def scan_files(
             rows = []
             for key in sorted(scan.snapshots.keys() | scan.uuids.keys()):
                 snapshot = scan.snapshots.get(key)
-                rows.append({
-                    "file": file["path"], "vb_key": key, "has_snapshot": snapshot is not None,
-                    "snapshot_start": snapshot[0] if snapshot else None,
-                    "snapshot_end": snapshot[1] if snapshot else None,
-                    "snapshot_flags": snapshot[2] if snapshot else None,
-                    "snapshot_oso": snapshot[3] if snapshot else None,
-                    "vb_uuid": scan.uuids.get(key),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "file": file["path"],
+                        "vb_key": key,
+                        "has_snapshot": snapshot is not None,
+                        "snapshot_start": snapshot[0] if snapshot else None,
+                        "snapshot_end": snapshot[1] if snapshot else None,
+                        "snapshot_flags": snapshot[2] if snapshot else None,
+                        "snapshot_oso": snapshot[3] if snapshot else None,
+                        "vb_uuid": scan.uuids.get(key),
+                    }
+                )
             yield pa.RecordBatch.from_pylist(rows, schema=schema)

@@ -104,9 +104,7 @@ class IngestSummary:
 # --- landing -----------------------------------------------------------------------------
 
 
-def list_captures(
-    location: str, storage: Mapping[str, str] | None = None
-) -> list[CaptureFile]:
+def list_captures(location: str, storage: Mapping[str, str] | None = None) -> list[CaptureFile]:
     """Every ``*.dcpcap`` below ``location`` (a local path or a filesystem URI), through the
     landing filesystem (:mod:`pipelines.landing`) that the decode tasks read them with."""
     return [
@@ -122,9 +120,16 @@ def read_header(file: CaptureFile, storage: Mapping[str, str] | None = None) -> 
             head += fh.read(int.from_bytes(head[8:12], "big"))
     header, length = parse_header(head, file=file.path)
     return CaptureFile(
-        file.path, file.size, file.modified_ms, header.bucket, header.session_id,
-        header.sequence, header.collections, length, header.started_at or "",
-    )  # fmt: skip
+        file.path,
+        file.size,
+        file.modified_ms,
+        header.bucket,
+        header.session_id,
+        header.sequence,
+        header.collections,
+        length,
+        header.started_at or "",
+    )
 
 
 # --- tables ------------------------------------------------------------------------------
@@ -143,9 +148,7 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
         (names.ingest_log, schemas.INGEST_LOG),
     ):
         clustering = EVENTS_CLUSTERING if table == names.events else ()
-        delta_io.create_table(
-            spark, table, schema, config.tables.properties, cluster_by=clustering
-        )
+        delta_io.create_table(spark, table, schema, config.tables.properties, cluster_by=clustering)
     return names
 
 
@@ -179,10 +182,15 @@ def _log_rows(
     from pipelines import schemas
 
     full = [
-        {**{f.name: None for f in schemas.INGEST_LOG.fields}, **r, "status": status,
-         "run_version": version, "logged_at": None}
+        {
+            **{f.name: None for f in schemas.INGEST_LOG.fields},
+            **r,
+            "status": status,
+            "run_version": version,
+            "logged_at": None,
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
         "logged_at", F.current_timestamp()
     )
@@ -193,9 +201,14 @@ def _log_rows(
 
 
 def plan_files(
-    files: list[CaptureFile], state: LogState, bucket: str, limit: int, max_bytes: int,
-    summary: IngestSummary, storage: Mapping[str, str] | None = None,
-) -> tuple[list[CaptureFile], list[dict[str, Any]]]:  # fmt: skip
+    files: list[CaptureFile],
+    state: LogState,
+    bucket: str,
+    limit: int,
+    max_bytes: int,
+    summary: IngestSummary,
+    storage: Mapping[str, str] | None = None,
+) -> tuple[list[CaptureFile], list[dict[str, Any]]]:
     """The files to ingest now, in session order, and ``changed`` rows to log."""
     changed_rows = []
     candidates = []
@@ -205,11 +218,15 @@ def plan_files(
             if (done["size"], done["modified_ms"]) != (f.size, f.modified_ms):
                 summary.changed.append(f.path)
                 if (f.path, f.size, f.modified_ms) not in state.changed_seen:
-                    changed_rows.append({
-                        "file": f.path, "size": f.size, "modified_ms": f.modified_ms,
-                        "message": f"was {done['size']} bytes at {done['modified_ms']} ms when "
-                                   f"ingested in run {done['run_version']}",
-                    })  # fmt: skip
+                    changed_rows.append(
+                        {
+                            "file": f.path,
+                            "size": f.size,
+                            "modified_ms": f.modified_ms,
+                            "message": f"was {done['size']} bytes at {done['modified_ms']} ms when "
+                            f"ingested in run {done['run_version']}",
+                        }
+                    )
             continue
         if f.size > max_bytes:
             summary.unreadable.append(f"{f.path} ({f.size} bytes > max_file_bytes)")
@@ -268,8 +285,9 @@ def stream_states(
 
 
 def _states_json(states: dict[int, StreamState]) -> str:
-    return json.dumps({str(k): list(v) for k, v in states.items()}, separators=(",", ":"),
-                      sort_keys=True)  # fmt: skip
+    return json.dumps(
+        {str(k): list(v) for k, v in states.items()}, separators=(",", ":"), sort_keys=True
+    )
 
 
 class FileCounts:
@@ -315,9 +333,14 @@ def ingest_bucket(
     storage = config.spark.conf  # what the landing filesystem is built from, here and in tasks
     files = list_captures(config.landing_for(bucket), storage)
     chosen, changed_rows = plan_files(
-        files, state, bucket.name, config.ingest.max_files_per_run, config.ingest.max_file_bytes,
-        summary, storage,
-    )  # fmt: skip
+        files,
+        state,
+        bucket.name,
+        config.ingest.max_files_per_run,
+        config.ingest.max_file_bytes,
+        summary,
+        storage,
+    )
     if changed_rows:
         _log_rows(spark, names.ingest_log, changed_rows, state.last_version, "changed")
     if state.open_plan:  # a run that did not finish: repeat exactly its plan
@@ -336,24 +359,42 @@ def ingest_bucket(
     else:
         version = state.last_version + 1
         run_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        _log_rows(spark, names.ingest_log, [
-            {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
-             "session_id": f.session_id, "file_sequence": f.file_sequence,
-             "ingest_run_id": run_id}
-            for f in chosen
-        ], version, "planned")  # fmt: skip
+        _log_rows(
+            spark,
+            names.ingest_log,
+            [
+                {
+                    "file": f.path,
+                    "size": f.size,
+                    "modified_ms": f.modified_ms,
+                    "session_id": f.session_id,
+                    "file_sequence": f.file_sequence,
+                    "ingest_run_id": run_id,
+                }
+                for f in chosen
+            ],
+            version,
+            "planned",
+        )
     hook("planned")
     summary.run_version, summary.run_id, summary.files = version, run_id, len(chosen)
     log.info("run %s: ingesting %d files of bucket %s", version, len(chosen), bucket.name)
 
     chunk, raw_limit = config.ingest.chunk_bytes, config.ingest.quarantine_raw_bytes
     file_rows: list[dict[str, Any]] = [
-        {"path": f.path, "bucket": f.bucket, "session_started_at": f.started_at,
-         "session_id": f.session_id,
-         "file_sequence": f.file_sequence, "collections": f.collections,
-         "header_length": f.header_length, "size": f.size, "carry": None}
+        {
+            "path": f.path,
+            "bucket": f.bucket,
+            "session_started_at": f.started_at,
+            "session_id": f.session_id,
+            "file_sequence": f.file_sequence,
+            "collections": f.collections,
+            "header_length": f.header_length,
+            "size": f.size,
+            "carry": None,
+        }
         for f in chosen
-    ]  # fmt: skip
+    ]
     carries, end_states = stream_states(state, chosen, _scan(spark, file_rows, chunk, storage))
     for row in file_rows:
         row["carry"] = carries[row["path"]]
@@ -363,16 +404,22 @@ def ingest_bucket(
     events_schema = schemas.arrow_schema(schemas.DECODED_EVENTS)
     events = _files(spark, file_rows).mapInArrow(
         lambda batches: decode_files(
-            batches, events_schema, chunk_bytes=chunk, raw_limit=raw_limit, errors=False,
+            batches,
+            events_schema,
+            chunk_bytes=chunk,
+            raw_limit=raw_limit,
+            errors=False,
             done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
             storage=storage,
         ),
         schemas.DECODED_EVENTS,
-    )  # fmt: skip
+    )
     delta_io.append_once(
-        transforms.events(events, run_id, ingested_at), names.events, app_id=TXN_APP_ID,
+        transforms.events(events, run_id, ingested_at),
+        names.events,
+        app_id=TXN_APP_ID,
         version=version,
-    )  # fmt: skip
+    )
     hook("events")
     found: dict[str, tuple[int, int]] = dict(counts.value)
     # Files with malformed frames, or all when the events were written by an earlier attempt
@@ -380,18 +427,36 @@ def ingest_bucket(
     again = [r for r in file_rows if r["path"] not in found or found[r["path"]][1]]
     if again:
         found |= _quarantine(
-            spark, again, chunk, raw_limit,
+            spark,
+            again,
+            chunk,
+            raw_limit,
             lambda frames: transforms.quarantine(frames, run_id, ingested_at),
-            names.quarantine, version, storage,
-        )  # fmt: skip
+            names.quarantine,
+            version,
+            storage,
+        )
     hook("quarantine")
-    _log_rows(spark, names.ingest_log, [
-        {"file": f.path, "size": f.size, "modified_ms": f.modified_ms,
-         "session_id": f.session_id, "file_sequence": f.file_sequence,
-         "ingest_run_id": run_id, "frames": found[f.path][0], "errors": found[f.path][1],
-         "end_state": end_states[f.path]}
-        for f in chosen
-    ], version, "ingested")  # fmt: skip
+    _log_rows(
+        spark,
+        names.ingest_log,
+        [
+            {
+                "file": f.path,
+                "size": f.size,
+                "modified_ms": f.modified_ms,
+                "session_id": f.session_id,
+                "file_sequence": f.file_sequence,
+                "ingest_run_id": run_id,
+                "frames": found[f.path][0],
+                "errors": found[f.path][1],
+                "end_state": end_states[f.path],
+            }
+            for f in chosen
+        ],
+        version,
+        "ingested",
+    )
     summary.frames = sum(found[f.path][0] for f in chosen)
     summary.errors = sum(found[f.path][1] for f in chosen)
     summary.seconds = time.perf_counter() - started
@@ -442,10 +507,15 @@ def _scan(
 
 
 def _quarantine(
-    spark: SparkSession, file_rows: list[dict[str, Any]], chunk: int, raw_limit: int,
-    to_rows: Callable[[DataFrame], DataFrame], table: str, version: int,
+    spark: SparkSession,
+    file_rows: list[dict[str, Any]],
+    chunk: int,
+    raw_limit: int,
+    to_rows: Callable[[DataFrame], DataFrame],
+    table: str,
+    version: int,
     storage: Mapping[str, str] | None = None,
-) -> dict[str, tuple[int, int]]:  # fmt: skip
+) -> dict[str, tuple[int, int]]:
     """Decode ``file_rows`` again for their malformed frames only; append those to the
     quarantine table and return every file's counts."""
     from pyspark import StorageLevel
@@ -458,14 +528,18 @@ def _quarantine(
         _files(spark, file_rows)
         .mapInArrow(
             lambda batches: decode_files(
-                batches, out_schema, chunk_bytes=chunk, raw_limit=raw_limit, frames=False,
+                batches,
+                out_schema,
+                chunk_bytes=chunk,
+                raw_limit=raw_limit,
+                frames=False,
                 done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
                 storage=storage,
             ),
             schemas.DECODE_OUTPUT,
         )
         .persist(StorageLevel.MEMORY_AND_DISK)  # only malformed frames: small
-    )  # fmt: skip
+    )
     try:
         if errors.count():  # every file decoded once, so every file counted
             delta_io.append_once(to_rows(errors), table, app_id=TXN_APP_ID, version=version)

@@ -32,10 +32,19 @@ def events(frames: DataFrame, run_id: str, ingested_at: Column) -> DataFrame:
 def quarantine(frames: DataFrame, run_id: str, ingested_at: Column) -> DataFrame:
     """The rows of ``bronze.<bucket>_quarantine`` from decoded ``op = 'error'`` rows."""
     return frames.where(F.col("op") == "error").select(
-        "bucket", "session_id", "file", "file_sequence", "offset", "opcode",
-        F.col("error_reason").alias("reason"), F.col("error_expected").alias("expected"),
-        F.col("error_got").alias("got"), F.col("error_frame_length").alias("frame_length"),
-        F.col("error_truncated").alias("truncated"), "raw",
-        F.col("error_raw_length").alias("raw_length"), F.lit(run_id).alias("ingest_run_id"),
+        "bucket",
+        "session_id",
+        "file",
+        "file_sequence",
+        "offset",
+        "opcode",
+        F.col("error_reason").alias("reason"),
+        F.col("error_expected").alias("expected"),
+        F.col("error_got").alias("got"),
+        F.col("error_frame_length").alias("frame_length"),
+        F.col("error_truncated").alias("truncated"),
+        "raw",
+        F.col("error_raw_length").alias("raw_length"),
+        F.lit(run_id).alias("ingest_run_id"),
         ingested_at.alias("ingested_at"),
-    )  # fmt: skip
+    )

@@ -144,18 +144,35 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         cuts = tr.collection_cuts(committed)
         silver = silver_frames(spark, bucket)
         silver_rows = keep(silver.rows)
-        coverage = _collect(spark, tr.coverage_metrics(
-            streams.df, silver.states, silver_rows, branches, tr.dead_changes(alive, dead)))  # fmt: skip
-        reconciliation = _collect(spark, tr.reconciliation_metrics(
-            tr.bronze_live_documents(committed, cuts), silver.live, silver_rows, cuts,
-            silver.names))  # fmt: skip
-        files = _collect(spark, tr.file_metrics(
-            base, spark.table(names.quarantine), spark.table(names.ingest_log)))  # fmt: skip
+        coverage = _collect(
+            spark,
+            tr.coverage_metrics(
+                streams.df, silver.states, silver_rows, branches, tr.dead_changes(alive, dead)
+            ),
+        )
+        reconciliation = _collect(
+            spark,
+            tr.reconciliation_metrics(
+                tr.bronze_live_documents(committed, cuts),
+                silver.live,
+                silver_rows,
+                cuts,
+                silver.names,
+            ),
+        )
+        files = _collect(
+            spark,
+            tr.file_metrics(base, spark.table(names.quarantine), spark.table(names.ingest_log)),
+        )
     finally:
         for df in kept:
             df.unpersist()
-    metrics = {"snapshot_completeness": streams, "stream_coverage": coverage,
-               "silver_reconciliation": reconciliation, "bronze_integrity": files}  # fmt: skip
+    metrics = {
+        "snapshot_completeness": streams,
+        "stream_coverage": coverage,
+        "silver_reconciliation": reconciliation,
+        "bronze_integrity": files,
+    }
     assert set(metrics) == {s.name for s in SUITES}
     return metrics
 
@@ -163,13 +180,21 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
 def open_snapshots(stream_rows: list[dict[str, Any]]) -> list[OpenSnapshot]:
     return [
         OpenSnapshot(
-            vbucket=r["vbucket"], session_id=r["session_id"], stream_no=r["stream_no"],
-            start=r["open_start"], end=r["open_end"], last_seqno=r["open_last_seqno"],
-            missing_from=r["open_missing_from"], resumed=not r["latest"],
+            vbucket=r["vbucket"],
+            session_id=r["session_id"],
+            stream_no=r["stream_no"],
+            start=r["open_start"],
+            end=r["open_end"],
+            last_seqno=r["open_last_seqno"],
+            missing_from=r["open_missing_from"],
+            resumed=not r["latest"],
         )
-        for r in sorted(stream_rows, key=lambda r: (r["vbucket"], r["session_started_at"], r["session_id"], r["stream_no"]))
+        for r in sorted(
+            stream_rows,
+            key=lambda r: (r["vbucket"], r["session_started_at"], r["session_id"], r["stream_no"]),
+        )
         if r["open_detail"] is not None
-    ]  # fmt: skip
+    ]
 
 
 def counts(metrics: dict[str, Metrics]) -> dict[str, int]:
@@ -205,7 +230,9 @@ def check_bucket(
     names = BucketTables(name)
     events = names.events
     if not spark.catalog.tableExists(events):
-        raise DataQualityError(f"bucket {name!r}: {events} does not exist; ingest it before checking it")  # fmt: skip
+        raise DataQualityError(
+            f"bucket {name!r}: {events} does not exist; ingest it before checking it"
+        )
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     metrics = metric_frames(spark, name)
@@ -214,18 +241,25 @@ def check_bucket(
     shutil.rmtree(local / DOCS_NAME, ignore_errors=True)  # the site shows this run only
     local.mkdir(parents=True, exist_ok=True)
     results = validate(
-        {s: m.df for s, m in metrics.items()}, all_checks, docs_dir=local / DOCS_NAME,
-        run_name=run_id, run_time=now, max_examples=config.quality.max_examples,
-    )  # fmt: skip
+        {s: m.df for s, m in metrics.items()},
+        all_checks,
+        docs_dir=local / DOCS_NAME,
+        run_name=run_id,
+        run_time=now,
+        max_examples=config.quality.max_examples,
+    )
     entity = {s.name: s.entity for s in SUITES}
     report = QualityReport(name, run_id, now.isoformat(), results_table=names.results)
     report.outcomes = [
         reporting.outcome_from_result(
-            c, results[c.key], entity=entity[c.suite], max_examples=config.quality.max_examples,
+            c,
+            results[c.key],
+            entity=entity[c.suite],
+            max_examples=config.quality.max_examples,
             rows=metrics[c.suite].rows,
         )
         for c in all_checks
-    ]  # fmt: skip
+    ]
     unfinished = open_snapshots(metrics["snapshot_completeness"].rows)
     report.open_snapshots = [s for s in unfinished if not s.resumed]
     report.resumed_snapshots = [s for s in unfinished if s.resumed]

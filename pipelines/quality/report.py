@@ -164,9 +164,17 @@ def outcome_from_result(
         for row in res.get("partial_unexpected_index_list") or []:
             examples.append({k: row.get(k) for k in keep if row.get(k) is not None})
         return ExpectationOutcome(
-            check.suite, check.name, check.severity, check.description, _type_name(check),
-            success, observed, unexpected, total, tuple(examples[:max_examples]),
-        )  # fmt: skip
+            check.suite,
+            check.name,
+            check.severity,
+            check.description,
+            _type_name(check),
+            success,
+            observed,
+            unexpected,
+            total,
+            tuple(examples[:max_examples]),
+        )
     value = res.get("observed_value")
     bound = check.kwargs.get("max_value")
     observed = _number(value) + ("" if bound is None else f" (at most {bound})")
@@ -177,9 +185,17 @@ def outcome_from_result(
                 keep = ("where", *(c for c in (check.detail,) if c), column)
                 examples.append({k: row[k] for k in keep if row.get(k) is not None})
     return ExpectationOutcome(
-        check.suite, check.name, check.severity, check.description, _type_name(check), success,
-        observed, None, None, tuple(examples[:max_examples]),
-    )  # fmt: skip
+        check.suite,
+        check.name,
+        check.severity,
+        check.description,
+        _type_name(check),
+        success,
+        observed,
+        None,
+        None,
+        tuple(examples[:max_examples]),
+    )
 
 
 def _type_name(check: Check) -> str:
@@ -210,15 +226,21 @@ def result_rows(report: QualityReport) -> list[dict[str, Any]]:
     """The rows one run appends to ``quality.<bucket>_results`` (``checked_at`` as text)."""
     return [
         {
-            "run_id": report.run_id, "bucket": report.bucket, "suite": o.suite,
-            "expectation": o.name, "expectation_type": o.expectation_type,
-            "severity": o.severity, "success": o.success, "observed_value": o.observed,
-            "unexpected_count": o.unexpected_count, "element_count": o.element_count,
+            "run_id": report.run_id,
+            "bucket": report.bucket,
+            "suite": o.suite,
+            "expectation": o.name,
+            "expectation_type": o.expectation_type,
+            "severity": o.severity,
+            "success": o.success,
+            "observed_value": o.observed,
+            "unexpected_count": o.unexpected_count,
+            "element_count": o.element_count,
             "examples": json.dumps(list(o.examples), default=str, ensure_ascii=False),
             "checked_at": report.checked_at,
         }
         for o in report.outcomes
-    ]  # fmt: skip
+    ]
 
 
 # --- the one-page summary -----------------------------------------------------------------
@@ -254,13 +276,14 @@ def render_summary(report: QualityReport, *, data_docs_href: str = "data_docs/in
     else:
         badge = '<span class="badge passed" id="status">PASSED</span>'
     out: list[str] = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         f"<title>Data quality: {e(report.bucket)}</title><style>{_CSS}</style></head><body>",
         f"<h1>Data quality of bucket <code>{e(report.bucket)}</code> {badge}</h1>",
         f'<div class="meta">run <code>{e(report.run_id)}</code> at {e(report.checked_at)} · '
         f"results in <code>{e(report.results_table)}</code> · "
         f'<a href="{e(data_docs_href)}">Great Expectations Data Docs</a></div>',
-    ]  # fmt: skip
+    ]
     failing = [o for o in report.outcomes if not o.success]
     out.append("<h2>Failing expectations</h2>")
     if failing:
@@ -290,7 +313,7 @@ def render_summary(report: QualityReport, *, data_docs_href: str = "data_docs/in
             f'<div class="meta">{e(suite.description)}</div>'
             "<table><tr><th>expectation</th><th>severity</th><th>status</th>"
             "<th>observed</th><th>what it checks</th></tr>"
-        )  # fmt: skip
+        )
         for o in mine:
             css = "pass" if o.success else f"fail-{'error' if o.severity == 'error' else 'warn'}"
             status = "pass" if o.success else "FAIL"
@@ -298,7 +321,7 @@ def render_summary(report: QualityReport, *, data_docs_href: str = "data_docs/in
                 f'<tr class="{css}" data-expectation="{e(o.key)}"><td><code>{e(o.name)}</code></td>'
                 f'<td>{e(o.severity)}</td><td class="status">{status}</td>'
                 f"<td>{e(o.observed)}{_examples_html(o)}</td><td>{e(o.description)}</td></tr>"
-            )  # fmt: skip
+            )
         out.append("</table></section>")
     out.append("<h2>Open snapshots per vbucket</h2>")
     snapshots = [*report.open_snapshots, *report.resumed_snapshots]
@@ -314,7 +337,7 @@ def render_summary(report: QualityReport, *, data_docs_href: str = "data_docs/in
                 f"<td>{'nothing' if s.last_seqno is None else s.last_seqno}</td>"
                 f"<td>{e(s.missing)}</td><td>{e(s.session_id)} · {s.stream_no}</td>"
                 f"<td>{state}</td></tr>"
-            )  # fmt: skip
+            )
         out.append("</table>")
     else:
         out.append(
@@ -354,8 +377,16 @@ def _chromium(args: list[str], *, timeout: float) -> subprocess.CompletedProcess
     if binary is None:
         raise BrowserError(f"no Chromium found on PATH (looked for {', '.join(CHROMIUM_NAMES)})")
     # --no-sandbox: CI runs as root, where Chromium refuses its sandbox.
-    command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--no-first-run", "--disable-dev-shm-usage", *args]  # fmt: skip
+    command = [
+        binary,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        *args,
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise BrowserError(f"{binary} exited {done.returncode}: {done.stderr.strip()[-800:]}")
@@ -363,15 +394,25 @@ def _chromium(args: list[str], *, timeout: float) -> subprocess.CompletedProcess
 
 
 def screenshot(
-    page: str | Path, png: str | Path, *, width: int = 1280, height: int = 1600,
+    page: str | Path,
+    png: str | Path,
+    *,
+    width: int = 1280,
+    height: int = 1600,
     timeout: float = 120,
-) -> Path:  # fmt: skip
+) -> Path:
     """Open ``page`` in headless Chromium and save a PNG of it to ``png``."""
     target = Path(png).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
-    _chromium([f"--screenshot={target}", f"--window-size={width},{height}",
-               Path(page).resolve().as_uri()], timeout=timeout)  # fmt: skip
+    _chromium(
+        [
+            f"--screenshot={target}",
+            f"--window-size={width},{height}",
+            Path(page).resolve().as_uri(),
+        ],
+        timeout=timeout,
+    )
     if not target.is_file() or target.stat().st_size == 0:
         raise BrowserError(f"Chromium wrote no screenshot to {target}")
     return target

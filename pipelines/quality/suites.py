@@ -51,18 +51,30 @@ class Check:
 
 
 SUITES = (
-    Suite("snapshot_completeness", "stream",
-          "Per session, vbucket and snapshot, from bronze: every stream delivered whole, "
-          "ordered snapshots (spec §6.3, §7.1)."),
-    Suite("stream_coverage", "vbucket",
-          "Per vbucket: silver reached what its latest stream asked for or was told exists, "
-          "and nothing of a rolled-back branch remains (spec §7.4, §7.5)."),
-    Suite("silver_reconciliation", "collection",
-          "Per collection: the live documents bronze implies, computed without silver, equal "
-          "the silver table; no rows of dropped collections, none past expiry."),
-    Suite("bronze_integrity", "capture file",
-          "Per capture file: required columns filled, opcodes known, quarantine bounded."),
-)  # fmt: skip
+    Suite(
+        "snapshot_completeness",
+        "stream",
+        "Per session, vbucket and snapshot, from bronze: every stream delivered whole, "
+        "ordered snapshots (spec §6.3, §7.1).",
+    ),
+    Suite(
+        "stream_coverage",
+        "vbucket",
+        "Per vbucket: silver reached what its latest stream asked for or was told exists, "
+        "and nothing of a rolled-back branch remains (spec §7.4, §7.5).",
+    ),
+    Suite(
+        "silver_reconciliation",
+        "collection",
+        "Per collection: the live documents bronze implies, computed without silver, equal "
+        "the silver table; no rows of dropped collections, none past expiry.",
+    ),
+    Suite(
+        "bronze_integrity",
+        "capture file",
+        "Per capture file: required columns filled, opcodes known, quarantine bounded.",
+    ),
+)
 
 
 def _zero(column: str) -> dict[str, Any]:
@@ -74,8 +86,12 @@ def _true(column: str) -> dict[str, Any]:
 
 
 def _at_least(a: str, b: str) -> dict[str, Any]:
-    return {"column_A": a, "column_B": b, "or_equal": True,
-            "ignore_row_if": "either_value_is_missing"}  # fmt: skip
+    return {
+        "column_A": a,
+        "column_B": b,
+        "or_equal": True,
+        "ignore_row_if": "either_value_is_missing",
+    }
 
 
 IN_SET = "ExpectColumnValuesToBeInSet"
@@ -88,80 +104,188 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
     """Every expectation with its default severity."""
     sc, cov, rec, bi = (s.name for s in SUITES)
     return (
-        Check(sc, "seqno_in_snapshot_range", "error",
-              "Every item's seqno lies inside its snapshot's [start, end] (the start may be "
-              "below the first item, spec §6.3); no item outside a snapshot.",
-              IN_SET, _zero("out_of_range"), "out_of_range_detail"),
-        Check(sc, "snapshot_complete", "error",
-              "Every snapshot but the last of its stream is complete: an item or a "
-              "seqno-advanced reached its end, or a later marker covers its end; an OSO "
-              "backfill got its end marker.",
-              IN_SET, _zero("incomplete"), "incomplete_detail"),
-        Check(sc, "last_snapshot_complete", "warn",
-              "The last snapshot of each vbucket's latest stream is complete; otherwise it is "
-              "reported open, with its range and missing span (silver waits for the rest).",
-              IN_SET, _true("last_snapshot_complete"), "open_detail"),
-        Check(sc, "seqnos_increase_within_stream", "error",
-              "Seqnos strictly increase on a stream (outside OSO backfills), except after a "
-              "rollback response (spec §7.1).",
-              IN_SET, _zero("regressions"), "regression_detail"),
-        Check(sc, "no_duplicate_seqno", "error",
-              "No (vbucket, seqno) data event twice in a stream, and a re-sent seqno is the "
-              "same change (key, rev seqno, CAS) on the same branch.",
-              IN_SET, _zero("duplicate_seqnos"), "duplicate_seqno_detail"),
-        Check(sc, "no_duplicate_key_in_snapshot", "error",
-              "No key twice inside a snapshot unless its marker has the history / "
-              "may-contain-duplicates flags (0x10, 0x20).",
-              IN_SET, _zero("duplicate_keys"), "duplicate_key_detail"),
-        Check(sc, "bounded_streams_end_ok", "error",
-              "Every stream requested with an end seqno ended with reason Ok (spec §6.10).",
-              IN_SET, _true("bounded_end_ok"), "end_detail"),
-        Check(cov, "applied_complete_snapshots", "error",
-              "Silver's consistent seqno reached the end of the last complete snapshot of the "
-              "vbucket's latest stream: nothing complete in bronze is left unapplied.",
-              A_AT_LEAST_B, _at_least("applied_consistent", "complete_end")),
-        Check(cov, "reached_requested_end", "error",
-              "Where the latest stream was bounded, silver reached the end seqno it asked for.",
-              A_AT_LEAST_B, _at_least("applied_consistent", "requested_end")),
-        Check(cov, "reached_producer_high", "warn",
-              "Silver reached the highest seqno the producer announced on the latest stream "
-              "(markers, items, seqno-advanced); an open snapshot or a cut stream leaves it "
-              "behind.",
-              A_AT_LEAST_B, _at_least("applied_consistent", "producer_high")),
-        Check(cov, "no_rolled_back_rows", "error",
-              "No silver row (tombstones included) comes from a branch the newest failover log "
-              "no longer holds, or from a change a rollback removed (spec §7.4, §7.5).",
-              IN_SET, _zero("rolled_back_rows"), "rolled_back_detail"),
-        Check(rec, "live_count_matches", "error",
-              "The number of live documents bronze implies equals the silver table's.",
-              PAIR_EQUAL, {"column_A": "bronze_live", "column_B": "silver_live"}),
-        Check(rec, "checksum_matches", "error",
-              "A checksum over (key, seqno) of the live documents bronze implies equals the "
-              "silver table's.",
-              PAIR_EQUAL, {"column_A": "bronze_checksum", "column_B": "silver_checksum"}),
-        Check(rec, "no_dropped_collection_rows", "error",
-              "No silver row belongs to a collection dropped in its vbucket.",
-              IN_SET, _zero("dropped_rows"), "dropped_detail"),
-        Check(rec, "no_expired_live_rows", "error",
-              "No row of a user table (the live view) is past its expiry.",
-              IN_SET, _zero("expired_live_rows"), "expired_detail"),
-        Check(bi, "required_columns_not_null", "error",
-              "Lineage, header and the columns each op needs (seqnos, key, vb uuid, snapshot "
-              "range, ...) are never null.",
-              IN_SET, _zero("null_required"), "null_detail"),
-        Check(bi, "opcodes_known", "error",
-              "Every frame has an opcode of the known set (spec §5).",
-              IN_SET, _zero("unknown_opcodes"), "unknown_detail"),
-        Check(bi, "quarantine_within_threshold", "error",
-              f"Malformed frames in quarantine stay within the configured threshold "
-              f"({quarantine_threshold}); a session's cut tail is not counted.",
-              SUM_BETWEEN, {"column": "malformed", "min_value": 0,
-                            "max_value": quarantine_threshold}, "malformed_detail"),
-        Check(bi, "truncated_only_at_session_end", "error",
-              "A cut tail (truncated frame) appears only at the end of its session's last "
-              "file, where a dropped connection leaves it.",
-              IN_SET, _zero("truncated_mid_session"), "truncated_detail"),
-    )  # fmt: skip
+        Check(
+            sc,
+            "seqno_in_snapshot_range",
+            "error",
+            "Every item's seqno lies inside its snapshot's [start, end] (the start may be "
+            "below the first item, spec §6.3); no item outside a snapshot.",
+            IN_SET,
+            _zero("out_of_range"),
+            "out_of_range_detail",
+        ),
+        Check(
+            sc,
+            "snapshot_complete",
+            "error",
+            "Every snapshot but the last of its stream is complete: an item or a "
+            "seqno-advanced reached its end, or a later marker covers its end; an OSO "
+            "backfill got its end marker.",
+            IN_SET,
+            _zero("incomplete"),
+            "incomplete_detail",
+        ),
+        Check(
+            sc,
+            "last_snapshot_complete",
+            "warn",
+            "The last snapshot of each vbucket's latest stream is complete; otherwise it is "
+            "reported open, with its range and missing span (silver waits for the rest).",
+            IN_SET,
+            _true("last_snapshot_complete"),
+            "open_detail",
+        ),
+        Check(
+            sc,
+            "seqnos_increase_within_stream",
+            "error",
+            "Seqnos strictly increase on a stream (outside OSO backfills), except after a "
+            "rollback response (spec §7.1).",
+            IN_SET,
+            _zero("regressions"),
+            "regression_detail",
+        ),
+        Check(
+            sc,
+            "no_duplicate_seqno",
+            "error",
+            "No (vbucket, seqno) data event twice in a stream, and a re-sent seqno is the "
+            "same change (key, rev seqno, CAS) on the same branch.",
+            IN_SET,
+            _zero("duplicate_seqnos"),
+            "duplicate_seqno_detail",
+        ),
+        Check(
+            sc,
+            "no_duplicate_key_in_snapshot",
+            "error",
+            "No key twice inside a snapshot unless its marker has the history / "
+            "may-contain-duplicates flags (0x10, 0x20).",
+            IN_SET,
+            _zero("duplicate_keys"),
+            "duplicate_key_detail",
+        ),
+        Check(
+            sc,
+            "bounded_streams_end_ok",
+            "error",
+            "Every stream requested with an end seqno ended with reason Ok (spec §6.10).",
+            IN_SET,
+            _true("bounded_end_ok"),
+            "end_detail",
+        ),
+        Check(
+            cov,
+            "applied_complete_snapshots",
+            "error",
+            "Silver's consistent seqno reached the end of the last complete snapshot of the "
+            "vbucket's latest stream: nothing complete in bronze is left unapplied.",
+            A_AT_LEAST_B,
+            _at_least("applied_consistent", "complete_end"),
+        ),
+        Check(
+            cov,
+            "reached_requested_end",
+            "error",
+            "Where the latest stream was bounded, silver reached the end seqno it asked for.",
+            A_AT_LEAST_B,
+            _at_least("applied_consistent", "requested_end"),
+        ),
+        Check(
+            cov,
+            "reached_producer_high",
+            "warn",
+            "Silver reached the highest seqno the producer announced on the latest stream "
+            "(markers, items, seqno-advanced); an open snapshot or a cut stream leaves it "
+            "behind.",
+            A_AT_LEAST_B,
+            _at_least("applied_consistent", "producer_high"),
+        ),
+        Check(
+            cov,
+            "no_rolled_back_rows",
+            "error",
+            "No silver row (tombstones included) comes from a branch the newest failover log "
+            "no longer holds, or from a change a rollback removed (spec §7.4, §7.5).",
+            IN_SET,
+            _zero("rolled_back_rows"),
+            "rolled_back_detail",
+        ),
+        Check(
+            rec,
+            "live_count_matches",
+            "error",
+            "The number of live documents bronze implies equals the silver table's.",
+            PAIR_EQUAL,
+            {"column_A": "bronze_live", "column_B": "silver_live"},
+        ),
+        Check(
+            rec,
+            "checksum_matches",
+            "error",
+            "A checksum over (key, seqno) of the live documents bronze implies equals the "
+            "silver table's.",
+            PAIR_EQUAL,
+            {"column_A": "bronze_checksum", "column_B": "silver_checksum"},
+        ),
+        Check(
+            rec,
+            "no_dropped_collection_rows",
+            "error",
+            "No silver row belongs to a collection dropped in its vbucket.",
+            IN_SET,
+            _zero("dropped_rows"),
+            "dropped_detail",
+        ),
+        Check(
+            rec,
+            "no_expired_live_rows",
+            "error",
+            "No row of a user table (the live view) is past its expiry.",
+            IN_SET,
+            _zero("expired_live_rows"),
+            "expired_detail",
+        ),
+        Check(
+            bi,
+            "required_columns_not_null",
+            "error",
+            "Lineage, header and the columns each op needs (seqnos, key, vb uuid, snapshot "
+            "range, ...) are never null.",
+            IN_SET,
+            _zero("null_required"),
+            "null_detail",
+        ),
+        Check(
+            bi,
+            "opcodes_known",
+            "error",
+            "Every frame has an opcode of the known set (spec §5).",
+            IN_SET,
+            _zero("unknown_opcodes"),
+            "unknown_detail",
+        ),
+        Check(
+            bi,
+            "quarantine_within_threshold",
+            "error",
+            f"Malformed frames in quarantine stay within the configured threshold "
+            f"({quarantine_threshold}); a session's cut tail is not counted.",
+            SUM_BETWEEN,
+            {"column": "malformed", "min_value": 0, "max_value": quarantine_threshold},
+            "malformed_detail",
+        ),
+        Check(
+            bi,
+            "truncated_only_at_session_end",
+            "error",
+            "A cut tail (truncated frame) appears only at the end of its session's last "
+            "file, where a dropped connection leaves it.",
+            IN_SET,
+            _zero("truncated_mid_session"),
+            "truncated_detail",
+        ),
+    )
 
 
 def checks(config: QualityConfig) -> tuple[Check, ...]:

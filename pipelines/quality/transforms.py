@@ -21,22 +21,52 @@ from pipelines.bronze.transforms import vb_key
 
 ITEM_OPS = (*DATA_OPS, "system_event", "seqno_advanced", "prepare", "commit", "abort")
 """Frames that carry a seqno of the vbucket's history (spec §7.1)."""
-STREAM_OPS = (*ITEM_OPS, "snapshot_marker", "oso_snapshot", "stream_end", "stream_request",
-              "stream_request_response")  # fmt: skip
+STREAM_OPS = (
+    *ITEM_OPS,
+    "snapshot_marker",
+    "oso_snapshot",
+    "stream_end",
+    "stream_request",
+    "stream_request_response",
+)
 KNOWN_OPCODES = tuple(sorted(int(o) for o in Opcode))
-HISTORY_FLAGS = int(SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES)  # keys may repeat (spec §6.3)
+HISTORY_FLAGS = int(
+    SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
+)  # keys may repeat (spec §6.3)
 NO_END_SEQNO = -1  # 0xFFFFFFFFFFFFFFFF read as BIGINT: "stream forever" (spec §4.4)
 OSO_START, OSO_END = int(OsoFlag.START), int(OsoFlag.END)
 CHECKSUM_MODULUS = 9223372036854775783  # the largest prime below 2^63: checksums stay BIGINT
 
 _KEYED = ("vbucket", "by_seqno", "rev_seqno", "cas", "key", "in_vb_uuid")
 REQUIRED: dict[str, tuple[str, ...] | None] = {
-    **{c: None for c in ("op", "opcode", "magic", "offset", "frame_len", "bucket", "session_id",
-                         "session_started_at", "file", "file_sequence", "frame_index",
-                         "ingest_run_id", "ingested_at")},
+    **{
+        c: None
+        for c in (
+            "op",
+            "opcode",
+            "magic",
+            "offset",
+            "frame_len",
+            "bucket",
+            "session_id",
+            "session_started_at",
+            "file",
+            "file_sequence",
+            "frame_index",
+            "ingest_run_id",
+            "ingested_at",
+        )
+    },
     **{c: DATA_OPS for c in _KEYED},
-    "vbucket": (*DATA_OPS, "snapshot_marker", "system_event", "seqno_advanced", "oso_snapshot",
-                "stream_end", "stream_request"),
+    "vbucket": (
+        *DATA_OPS,
+        "snapshot_marker",
+        "system_event",
+        "seqno_advanced",
+        "oso_snapshot",
+        "stream_end",
+        "stream_request",
+    ),
     "by_seqno": (*DATA_OPS, "system_event", "seqno_advanced"),
     "start_seqno": ("snapshot_marker", "stream_request"),
     "end_seqno": ("snapshot_marker", "stream_request"),
@@ -45,7 +75,7 @@ REQUIRED: dict[str, tuple[str, ...] | None] = {
     "oso_flags": ("oso_snapshot",),
     "reason_code": ("stream_end",),
     "status": ("stream_request_response",),
-}  # fmt: skip
+}
 """Bronze columns that must not be null: for every frame (``None``) or for the ops named."""
 
 POSITION = ("session_started_at", "session_id", "file_sequence", "offset")
@@ -88,14 +118,35 @@ def base_frames(events: DataFrame) -> DataFrame:
     response (bronze's rule); ``seqno`` is a history item's seqno (by, commit or abort seqno).
     """
     return events.select(
-        vb_key().alias("vbucket"), "op", "status", *POSITION, "file",
+        vb_key().alias("vbucket"),
+        "op",
+        "status",
+        *POSITION,
+        "file",
         F.coalesce("by_seqno", "commit_seqno", "abort_seqno").alias("seqno"),
-        "collection_id", "key", "rev_seqno", "cas", "expiration", "event", "start_seqno",
-        "end_seqno", "snapshot_flags", "oso_flags", "reason_code", "reason", "rollback_seqno",
-        "failover_log", "in_snapshot_start", "in_snapshot_end", "in_snapshot_flags", "in_oso",
-        "in_vb_uuid", null_columns().alias("null_columns"),
-        unknown_opcode().alias("unknown_opcode"), "opcode",
-    )  # fmt: skip
+        "collection_id",
+        "key",
+        "rev_seqno",
+        "cas",
+        "expiration",
+        "event",
+        "start_seqno",
+        "end_seqno",
+        "snapshot_flags",
+        "oso_flags",
+        "reason_code",
+        "reason",
+        "rollback_seqno",
+        "failover_log",
+        "in_snapshot_start",
+        "in_snapshot_end",
+        "in_snapshot_flags",
+        "in_oso",
+        "in_vb_uuid",
+        null_columns().alias("null_columns"),
+        unknown_opcode().alias("unknown_opcode"),
+        "opcode",
+    )
 
 
 def stream_frames(base: DataFrame) -> DataFrame:
@@ -136,10 +187,16 @@ def stream_frames(base: DataFrame) -> DataFrame:
         F.sum(request.cast("int")).over(upto).alias("_requests"),
         F.sum(opens_snapshot.cast("int")).over(upto).alias("snapshot_no"),
         F.sum(rollback.cast("int")).over(upto).alias("rollback_no"),
-        F.last(F.when(rollback, F.col("rollback_seqno")), ignorenulls=True).over(upto).alias("rollback_floor"),
-        F.last(F.when(request, F.col("start_seqno")), ignorenulls=True).over(upto).alias("requested_start"),
-        F.last(F.when(request, F.col("end_seqno")), ignorenulls=True).over(upto).alias("requested_end"),
-    )  # fmt: skip
+        F.last(F.when(rollback, F.col("rollback_seqno")), ignorenulls=True)
+        .over(upto)
+        .alias("rollback_floor"),
+        F.last(F.when(request, F.col("start_seqno")), ignorenulls=True)
+        .over(upto)
+        .alias("requested_start"),
+        F.last(F.when(request, F.col("end_seqno")), ignorenulls=True)
+        .over(upto)
+        .alias("requested_end"),
+    )
     # a request not yet answered by a successful response belongs to the stream it opens
     answered = F.last(F.when(F.col("opens_stream"), F.col("_requests")), ignorenulls=True)
     pending = F.col("_requests") > F.coalesce(answered.over(upto), F.lit(0))
@@ -202,25 +259,30 @@ def snapshots(frames: DataFrame) -> DataFrame:
         F.max(F.when(marker, F.col("snapshot_flags"))).alias("flags"),
         F.count(F.when(item, 1)).alias("items"),
         F.max(F.when(item, F.col("seqno"))).alias("last_seqno"),
-        F.coalesce(F.max(in_order & (F.col("seqno") >= F.col("in_snapshot_end"))), F.lit(False))
-        .alias("reached_end"),
+        F.coalesce(
+            F.max(in_order & (F.col("seqno") >= F.col("in_snapshot_end"))), F.lit(False)
+        ).alias("reached_end"),
         F.coalesce(F.max(oso_end), F.lit(False)).alias("oso_ended"),
         F.coalesce(F.max(op == "stream_end"), F.lit(False)).alias("stream_ended"),
         F.count(F.when(F.col("out_of_range"), 1)).alias("out_of_range"),
-        F.min_by(F.col("seqno"), F.when(F.col("out_of_range"), position)).alias("out_of_range_seqno"),
+        F.min_by(F.col("seqno"), F.when(F.col("out_of_range"), position)).alias(
+            "out_of_range_seqno"
+        ),
         F.count(F.when(F.col("regression"), 1)).alias("regressions"),
-        F.min_by(F.struct("seqno", "seqno_floor"), F.when(F.col("regression"), position))
-        .alias("first_regression"),
+        F.min_by(F.struct("seqno", "seqno_floor"), F.when(F.col("regression"), position)).alias(
+            "first_regression"
+        ),
         F.count(F.when(data, 1)).alias("data_events"),
         F.count_distinct(F.when(data, ident)).alias("distinct_keys"),
-    )  # fmt: skip
+    )
     stream = Window.partitionBy("session_id", "vbucket", "stream_no")
     later = stream.orderBy("snapshot_no").rowsBetween(1, Window.unboundedFollowing)
     kind = F.col("kind")
     has_later = F.count(F.lit(1)).over(later) > 0
     complete = F.when(
-        kind == "marker", F.col("reached_end") | F.coalesce(F.min("start").over(later) <= F.col("end"), F.lit(False))
-    ).when(kind == "oso", F.col("oso_ended"))  # fmt: skip
+        kind == "marker",
+        F.col("reached_end") | F.coalesce(F.min("start").over(later) <= F.col("end"), F.lit(False)),
+    ).when(kind == "oso", F.col("oso_ended"))
     committed = F.when(kind == "oso", F.col("oso_ended")).otherwise(
         F.col("reached_end") | has_later | F.col("stream_ended")
     )
@@ -240,9 +302,12 @@ def duplicate_seqnos(frames: DataFrame) -> DataFrame:
     re-send after a resume must be that same change (key, rev seqno, CAS, deleted or not)."""
     data = frames.where(F.col("op").isin(*DATA_OPS))
     version = F.struct(
-        F.coalesce(F.col("collection_id"), F.lit(0)), "key", "rev_seqno", "cas",
+        F.coalesce(F.col("collection_id"), F.lit(0)),
+        "key",
+        "rev_seqno",
+        "cas",
         F.col("op") == "mutation",
-    )  # fmt: skip
+    )
     bad = (
         data.groupBy("vbucket", "in_vb_uuid", "seqno")
         .agg(
@@ -264,10 +329,15 @@ def duplicate_seqnos(frames: DataFrame) -> DataFrame:
         & (F.col("seqno") == F.col("_d_seqno"))
     )
     return data.join(bad, same, how="inner").select(
-        "session_started_at", "session_id", "vbucket", "stream_no", "seqno",
-        F.when(F.col("versions") > 1, F.lit("with different changes")).otherwise(F.lit("repeated"))
+        "session_started_at",
+        "session_id",
+        "vbucket",
+        "stream_no",
+        "seqno",
+        F.when(F.col("versions") > 1, F.lit("with different changes"))
+        .otherwise(F.lit("repeated"))
         .alias("problem"),
-    )  # fmt: skip
+    )
 
 
 def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -> DataFrame:
@@ -289,10 +359,12 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
         F.col("is_item").alias("f_item"),
         F.when(opens, F.col("requested_start")).alias("f_requested_start"),
         F.when(opens, F.col("requested_end")).alias("f_requested_end"),
-        F.when(op == "stream_end", F.struct(position.alias("at"), "reason_code", "reason")).alias("f_end"),
+        F.when(op == "stream_end", F.struct(position.alias("at"), "reason_code", "reason")).alias(
+            "f_end"
+        ),
         F.when(F.col("is_item"), F.col("seqno")).alias("f_item_seqno"),
         F.when(op == "snapshot_marker", F.col("end_seqno")).alias("f_marker_end"),
-    )  # fmt: skip
+    )
     kind = F.col("kind")
     snapshot = kind.isNotNull()
     incomplete = snapshot & ~F.col("is_last") & ~F.col("complete")
@@ -301,7 +373,11 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
         & (F.col("data_events") > F.col("distinct_keys"))
         & (F.coalesce(F.col("flags"), F.lit(0)).bitwiseAND(HISTORY_FLAGS) == 0)
     )
-    missing = F.concat(F.col("missing_from"), F.lit(".."), F.coalesce(F.col("end").cast("string"), F.lit("its end marker")))  # fmt: skip
+    missing = F.concat(
+        F.col("missing_from"),
+        F.lit(".."),
+        F.coalesce(F.col("end").cast("string"), F.lit("its end marker")),
+    )
 
     def first(condition: Column, text: Column) -> Column:
         """The snapshot's number and a text, where ``condition`` holds: min() finds the first."""
@@ -312,30 +388,64 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
         snapshot.alias("s_snapshot"),
         F.col("items").alias("s_items"),
         F.col("out_of_range").alias("s_out_of_range"),
-        first(F.col("out_of_range") > 0, F.concat(
-            F.lit("seqno "), F.col("out_of_range_seqno"), F.lit(" outside "),
-            F.coalesce(_range("start", "end"), F.lit("any snapshot")))).alias("s_out_of_range_first"),
+        first(
+            F.col("out_of_range") > 0,
+            F.concat(
+                F.lit("seqno "),
+                F.col("out_of_range_seqno"),
+                F.lit(" outside "),
+                F.coalesce(_range("start", "end"), F.lit("any snapshot")),
+            ),
+        ).alias("s_out_of_range_first"),
         incomplete.alias("s_incomplete"),
-        first(incomplete, F.concat(_range("start", "end"), F.lit(" missing "), missing))
-        .alias("s_incomplete_first"),
-        F.when(snapshot, F.struct(F.col("snapshot_no").alias("no"), "kind", "start", "end",
-                                  "last_seqno", "complete", "missing_from")).alias("s_last"),
+        first(incomplete, F.concat(_range("start", "end"), F.lit(" missing "), missing)).alias(
+            "s_incomplete_first"
+        ),
+        F.when(
+            snapshot,
+            F.struct(
+                F.col("snapshot_no").alias("no"),
+                "kind",
+                "start",
+                "end",
+                "last_seqno",
+                "complete",
+                "missing_from",
+            ),
+        ).alias("s_last"),
         F.col("regressions").alias("s_regressions"),
-        first(F.col("regressions") > 0, F.concat(
-            F.lit("seqno "), F.col("first_regression.seqno"), F.lit(" after "),
-            F.col("first_regression.seqno_floor"))).alias("s_regression_first"),
+        first(
+            F.col("regressions") > 0,
+            F.concat(
+                F.lit("seqno "),
+                F.col("first_regression.seqno"),
+                F.lit(" after "),
+                F.col("first_regression.seqno_floor"),
+            ),
+        ).alias("s_regression_first"),
         repeats.alias("s_repeats"),
-        first(repeats, F.concat(_range("start", "end"), F.lit(": "), F.col("data_events"),
-                                F.lit(" data events for "), F.col("distinct_keys"),
-                                F.lit(" keys"))).alias("s_repeat_first"),
-        F.when(F.col("complete"), F.coalesce(F.col("end"), F.col("last_seqno"))).alias("s_complete_end"),
-    )  # fmt: skip
+        first(
+            repeats,
+            F.concat(
+                _range("start", "end"),
+                F.lit(": "),
+                F.col("data_events"),
+                F.lit(" data events for "),
+                F.col("distinct_keys"),
+                F.lit(" keys"),
+            ),
+        ).alias("s_repeat_first"),
+        F.when(F.col("complete"), F.coalesce(F.col("end"), F.col("last_seqno"))).alias(
+            "s_complete_end"
+        ),
+    )
     from_duplicates = duplicates.select(
         *key,
-        F.struct(F.col("seqno").alias("no"),
-                 F.concat(F.lit("seqno "), F.col("seqno"), F.lit(" "), F.col("problem")).alias("text"))
-        .alias("d_duplicate"),
-    )  # fmt: skip
+        F.struct(
+            F.col("seqno").alias("no"),
+            F.concat(F.lit("seqno "), F.col("seqno"), F.lit(" "), F.col("problem")).alias("text"),
+        ).alias("d_duplicate"),
+    )
     # one row per stream from three sources: a union and one aggregation, no joins
     parts = from_frames.unionByName(from_snaps, allowMissingColumns=True).unionByName(
         from_duplicates, allowMissingColumns=True
@@ -376,37 +486,76 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
 
     end_ok = F.coalesce(F.col("stream_end.reason_code") == 0, F.lit(False))
     return joined.select(
-        F.concat(F.lit("vb "), F.col("vbucket"), F.lit(" · session "), F.col("session_id"),
-                 F.lit(" · stream "), F.col("stream_no")).alias("where"),
-        "vbucket", "session_started_at", "session_id", "stream_no", "latest",
-        "snapshots", "items", "out_of_range",
+        F.concat(
+            F.lit("vb "),
+            F.col("vbucket"),
+            F.lit(" · session "),
+            F.col("session_id"),
+            F.lit(" · stream "),
+            F.col("stream_no"),
+        ).alias("where"),
+        "vbucket",
+        "session_started_at",
+        "session_id",
+        "stream_no",
+        "latest",
+        "snapshots",
+        "items",
+        "out_of_range",
         F.col("out_of_range_first.text").alias("out_of_range_detail"),
-        "incomplete", F.col("incomplete_first.text").alias("incomplete_detail"),
-        F.when(F.col("latest") & F.col("last").isNotNull(), ~last_open).alias("last_snapshot_complete"),
-        open_col("start").alias("open_start"), open_col("end").alias("open_end"),
+        "incomplete",
+        F.col("incomplete_first.text").alias("incomplete_detail"),
+        F.when(F.col("latest") & F.col("last").isNotNull(), ~last_open).alias(
+            "last_snapshot_complete"
+        ),
+        open_col("start").alias("open_start"),
+        open_col("end").alias("open_end"),
         open_col("last_seqno").alias("open_last_seqno"),
         open_col("missing_from").alias("open_missing_from"),
-        F.when(last_open, F.concat(
-            F.coalesce(_range("last.start", "last.end"), F.lit("OSO backfill")),
-            F.lit(" received up to "), F.coalesce(F.col("last.last_seqno").cast("string"), F.lit("nothing")),
-            F.lit(", missing "), F.col("last.missing_from"), F.lit(".."),
-            F.coalesce(F.col("last.end").cast("string"), F.lit("its end marker")),
-        )).alias("open_detail"),
-        "regressions", F.col("regression_first.text").alias("regression_detail"),
-        "duplicate_seqnos", F.col("duplicate_first.text").alias("duplicate_seqno_detail"),
-        "duplicate_keys", F.col("repeat_first.text").alias("duplicate_key_detail"),
-        bounded.alias("bounded"), "requested_start",
+        F.when(
+            last_open,
+            F.concat(
+                F.coalesce(_range("last.start", "last.end"), F.lit("OSO backfill")),
+                F.lit(" received up to "),
+                F.coalesce(F.col("last.last_seqno").cast("string"), F.lit("nothing")),
+                F.lit(", missing "),
+                F.col("last.missing_from"),
+                F.lit(".."),
+                F.coalesce(F.col("last.end").cast("string"), F.lit("its end marker")),
+            ),
+        ).alias("open_detail"),
+        "regressions",
+        F.col("regression_first.text").alias("regression_detail"),
+        "duplicate_seqnos",
+        F.col("duplicate_first.text").alias("duplicate_seqno_detail"),
+        "duplicate_keys",
+        F.col("repeat_first.text").alias("duplicate_key_detail"),
+        bounded.alias("bounded"),
+        "requested_start",
         F.when(bounded, F.col("requested_end")).alias("requested_end"),
         F.col("stream_end.reason_code").alias("end_reason_code"),
         F.when(bounded, end_ok).alias("bounded_end_ok"),
-        F.when(bounded & ~end_ok, F.concat(
-            F.lit("asked to end at "), F.col("requested_end"), F.lit(", "),
-            F.coalesce(F.concat(F.lit("ended "), F.col("stream_end.reason"), F.lit(" ("),
-                                F.col("stream_end.reason_code"), F.lit(")")), F.lit("no stream end")),
-        )).alias("end_detail"),
+        F.when(
+            bounded & ~end_ok,
+            F.concat(
+                F.lit("asked to end at "),
+                F.col("requested_end"),
+                F.lit(", "),
+                F.coalesce(
+                    F.concat(
+                        F.lit("ended "),
+                        F.col("stream_end.reason"),
+                        F.lit(" ("),
+                        F.col("stream_end.reason_code"),
+                        F.lit(")"),
+                    ),
+                    F.lit("no stream end"),
+                ),
+            ),
+        ).alias("end_detail"),
         F.greatest("max_item_seqno", "max_marker_end", "requested_start").alias("producer_high"),
         F.greatest("complete_end", "requested_start").alias("complete_end"),
-    )  # fmt: skip
+    )
 
 
 # --- branches, rollbacks and the state bronze implies -------------------------------------
@@ -436,9 +585,10 @@ def rollbacks(frames: DataFrame) -> DataFrame:
     """Rollback responses (status 0x23): vbucket, where in its history, and the seqno R
     (``rb_vbucket``, ``rb_position``, ``rb_seqno``)."""
     return frames.where(F.col("is_rollback")).select(
-        F.col("vbucket").alias("rb_vbucket"), _position().alias("rb_position"),
+        F.col("vbucket").alias("rb_vbucket"),
+        _position().alias("rb_position"),
         F.col("rollback_seqno").alias("rb_seqno"),
-    )  # fmt: skip
+    )
 
 
 def with_branch(
@@ -448,16 +598,20 @@ def with_branch(
     holds (its uuid is gone, or it lies above where its branch ended; spec §7.4). A row
     without a uuid is not judged."""
     b = branches.select(
-        F.col("vbucket").alias("_b_vb"), F.col("uuid").alias("_b_uuid"),
-        F.col("branch_end").alias("_b_end"), F.lit(True).alias("_b_found"),
-    )  # fmt: skip
+        F.col("vbucket").alias("_b_vb"),
+        F.col("uuid").alias("_b_uuid"),
+        F.col("branch_end").alias("_b_end"),
+        F.lit(True).alias("_b_found"),
+    )
     joined = rows.join(
-        F.broadcast(b), (F.col(vbucket) == F.col("_b_vb")) & (F.col(uuid) == F.col("_b_uuid")),
+        F.broadcast(b),
+        (F.col(vbucket) == F.col("_b_vb")) & (F.col(uuid) == F.col("_b_uuid")),
         how="left",
-    )  # fmt: skip
+    )
     dead = F.col(uuid).isNotNull() & (
-        F.col("_b_found").isNull() | (F.col("_b_end").isNotNull() & (F.col(seqno) > F.col("_b_end")))
-    )  # fmt: skip
+        F.col("_b_found").isNull()
+        | (F.col("_b_end").isNotNull() & (F.col(seqno) > F.col("_b_end")))
+    )
     return joined.withColumn("dead_branch", dead).drop("_b_vb", "_b_uuid", "_b_end", "_b_found")
 
 
@@ -475,9 +629,12 @@ def split_history(
     rb = F.broadcast(rolled)
     removed = items.join(rb, later_rollback, how="left_semi")
     kept = with_branch(
-        items.join(rb, later_rollback, how="left_anti"), branches,
-        vbucket="vbucket", uuid="in_vb_uuid", seqno="seqno",
-    )  # fmt: skip
+        items.join(rb, later_rollback, how="left_anti"),
+        branches,
+        vbucket="vbucket",
+        uuid="in_vb_uuid",
+        seqno="seqno",
+    )
     alive = kept.where(~F.col("dead_branch")).drop("dead_branch")
     dead = removed.unionByName(kept.where(F.col("dead_branch")).drop("dead_branch"))
     return alive, dead
@@ -519,9 +676,13 @@ def collection_cuts(items: DataFrame) -> DataFrame:
         F.max(creates).alias("last_create"),
     )
     return cuts.select(
-        "cid", "vbucket", F.coalesce(F.col("dropped"), F.lit(False)).alias("dropped"),
-        F.when(F.col("last_create") > F.col("first_create"), F.col("last_create")).alias("flush_seqno"),
-    )  # fmt: skip
+        "cid",
+        "vbucket",
+        F.coalesce(F.col("dropped"), F.lit(False)).alias("dropped"),
+        F.when(F.col("last_create") > F.col("first_create"), F.col("last_create")).alias(
+            "flush_seqno"
+        ),
+    )
 
 
 def checksum(key: Column, seqno: Column, where: Column | None = None) -> Column:
@@ -568,9 +729,12 @@ def bronze_live_documents(alive: DataFrame, cuts: DataFrame) -> DataFrame:
 
 
 def coverage_metrics(
-    streams: DataFrame, states: DataFrame, silver_rows: DataFrame, branches: DataFrame,
+    streams: DataFrame,
+    states: DataFrame,
+    silver_rows: DataFrame,
+    branches: DataFrame,
     dead_changes: DataFrame,
-) -> DataFrame:  # fmt: skip
+) -> DataFrame:
     """The ``stream_coverage`` metric frame: one row per vbucket of bronze.
 
     ``streams`` is :func:`stream_metrics`; ``states`` silver's ``__stream_state``;
@@ -582,9 +746,11 @@ def coverage_metrics(
     """
     rows = with_branch(silver_rows, branches, vbucket="_vbucket", uuid="_vb_uuid", seqno="_seqno")
     dead = dead_changes.select(
-        F.col("vbucket").alias("_d_vb"), F.col("in_vb_uuid").alias("_d_uuid"),
-        F.col("seqno").alias("_d_seqno"), F.lit(True).alias("dead_change"),
-    )  # fmt: skip
+        F.col("vbucket").alias("_d_vb"),
+        F.col("in_vb_uuid").alias("_d_uuid"),
+        F.col("seqno").alias("_d_seqno"),
+        F.lit(True).alias("dead_change"),
+    )
     match = (
         (F.col("_vbucket") == F.col("_d_vb"))
         & (F.col("_vb_uuid") == F.col("_d_uuid"))
@@ -594,11 +760,19 @@ def coverage_metrics(
         rows.join(dead, match, how="left")
         .where(F.col("dead_branch") | F.coalesce(F.col("dead_change"), F.lit(False)))
         .select(
-            F.col("_vbucket").alias("vbucket"), F.col("_seqno").alias("rolled_seqno"),
-            F.concat(F.col("table"), F.lit(" key "), F.col("key"), F.lit(" seqno "),
-                     F.col("_seqno"), F.lit(" of vb uuid "), F.col("_vb_uuid")).alias("rolled"),
+            F.col("_vbucket").alias("vbucket"),
+            F.col("_seqno").alias("rolled_seqno"),
+            F.concat(
+                F.col("table"),
+                F.lit(" key "),
+                F.col("key"),
+                F.lit(" seqno "),
+                F.col("_seqno"),
+                F.lit(" of vb uuid "),
+                F.col("_vb_uuid"),
+            ).alias("rolled"),
         )
-    )  # fmt: skip
+    )
     # one row per vbucket from three sources: a union and one aggregation, no joins
     latest = streams.where(F.col("latest")).select(
         "vbucket", "session_id", "bounded", "requested_end", "producer_high", "complete_end"
@@ -621,18 +795,26 @@ def coverage_metrics(
     zero = F.lit(0)
     return grouped.where(F.col("latest_session").isNotNull()).select(
         F.concat(F.lit("vb "), F.col("vbucket")).alias("where"),
-        "vbucket", "latest_session", "bounded", "requested_end", "producer_high",
+        "vbucket",
+        "latest_session",
+        "bounded",
+        "requested_end",
+        "producer_high",
         F.coalesce(F.col("complete_end"), zero).alias("complete_end"),
         F.coalesce(F.col("consistent_seqno"), zero).alias("applied_consistent"),
         F.coalesce(F.col("last_applied_seqno"), zero).alias("applied_last"),
-        "rolled_back_rows", "rolled_back_detail",
-    )  # fmt: skip
+        "rolled_back_rows",
+        "rolled_back_detail",
+    )
 
 
 def reconciliation_metrics(
-    bronze_live: DataFrame, silver_live: DataFrame, silver_rows: DataFrame, cuts: DataFrame,
+    bronze_live: DataFrame,
+    silver_live: DataFrame,
+    silver_rows: DataFrame,
+    cuts: DataFrame,
     names: DataFrame,
-) -> DataFrame:  # fmt: skip
+) -> DataFrame:
     """The ``silver_reconciliation`` metric frame: one row per collection id (of bronze, of
     silver's rows or of its registry).
 
@@ -653,18 +835,31 @@ def reconciliation_metrics(
     # the three sides, tagged, in one union and one aggregation per collection: no joins
     parts = (
         bronze_live.select("collection_id", "key", "seqno", F.lit("bronze").alias("side"))
-        .unionByName(silver_live.select(
-            F.col("_collection_id").alias("collection_id"), "key",
-            F.col("_seqno").alias("seqno"), F.col("_expiry").alias("expiry"), "table",
-            F.lit("silver").alias("side"),
-        ), allowMissingColumns=True)
-        .unionByName(in_dropped.select(
-            F.col("_collection_id").alias("collection_id"), "key", "table",
-            F.col("_vbucket").alias("vbucket"), F.lit("dropped").alias("side"),
-        ), allowMissingColumns=True)
-        .unionByName(names.select("collection_id", F.lit("known").alias("side")),
-                     allowMissingColumns=True)  # a collection with no live documents too
-    )  # fmt: skip
+        .unionByName(
+            silver_live.select(
+                F.col("_collection_id").alias("collection_id"),
+                "key",
+                F.col("_seqno").alias("seqno"),
+                F.col("_expiry").alias("expiry"),
+                "table",
+                F.lit("silver").alias("side"),
+            ),
+            allowMissingColumns=True,
+        )
+        .unionByName(
+            in_dropped.select(
+                F.col("_collection_id").alias("collection_id"),
+                "key",
+                "table",
+                F.col("_vbucket").alias("vbucket"),
+                F.lit("dropped").alias("side"),
+            ),
+            allowMissingColumns=True,
+        )
+        .unionByName(
+            names.select("collection_id", F.lit("known").alias("side")), allowMissingColumns=True
+        )  # a collection with no live documents too
+    )
     side = F.col("side")
     bronze, silver, dropped = side == "bronze", side == "silver", side == "dropped"
     expired = silver & (F.col("expiry") > 0) & (F.col("expiry") <= F.unix_timestamp())
@@ -678,19 +873,31 @@ def reconciliation_metrics(
         F.min_by(where_key, F.when(expired, F.col("key"))).alias("expired_detail"),
         F.min(F.when(silver | dropped, F.col("table"))).alias("silver_table"),
         F.count(F.when(dropped, 1)).alias("dropped_rows"),
-        F.min_by(F.concat(where_key, F.lit(" in vb "), F.col("vbucket")),
-                 F.when(dropped, F.col("key"))).alias("dropped_detail"),
-    )  # fmt: skip
+        F.min_by(
+            F.concat(where_key, F.lit(" in vb "), F.col("vbucket")), F.when(dropped, F.col("key"))
+        ).alias("dropped_detail"),
+    )
     named = grouped.join(F.broadcast(names), on="collection_id", how="left")
     cid_hex = F.lower(F.hex(F.col("collection_id")))
     return named.select(
-        F.concat(F.lit("collection 0x"), cid_hex, F.lit(" "),
-                 F.coalesce(F.col("name"), F.col("silver_table"), F.lit("(no silver table)")))
-        .alias("where"),
-        "collection_id", F.col("name").alias("collection"), "silver_table",
-        "bronze_live", "silver_live", "bronze_checksum", "silver_checksum",
-        "dropped_rows", "dropped_detail", "expired_live_rows", "expired_detail",
-    )  # fmt: skip
+        F.concat(
+            F.lit("collection 0x"),
+            cid_hex,
+            F.lit(" "),
+            F.coalesce(F.col("name"), F.col("silver_table"), F.lit("(no silver table)")),
+        ).alias("where"),
+        "collection_id",
+        F.col("name").alias("collection"),
+        "silver_table",
+        "bronze_live",
+        "silver_live",
+        "bronze_checksum",
+        "silver_checksum",
+        "dropped_rows",
+        "dropped_detail",
+        "expired_live_rows",
+        "expired_detail",
+    )
 
 
 def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) -> DataFrame:
@@ -702,19 +909,27 @@ def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) 
     """
     session = Window.partitionBy("session_id")
     logged = ingest_log.where(F.col("status") == "ingested").select(
-        "file", "session_id", "file_sequence",
+        "file",
+        "session_id",
+        "file_sequence",
         (F.col("file_sequence") == F.max("file_sequence").over(session)).alias("last_of_session"),
-    )  # fmt: skip
+    )
     unknown = F.col("unknown_opcode")
     frames = base.select(
-        "file", F.lit(1).alias("frame"), F.size("null_columns").alias("nulls"), "null_columns",
-        F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode")))).alias("unknown"),
-    )  # fmt: skip
+        "file",
+        F.lit(1).alias("frame"),
+        F.size("null_columns").alias("nulls"),
+        "null_columns",
+        F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode")))).alias(
+            "unknown"
+        ),
+    )
     quarantined = quarantine.select(
-        "file", F.coalesce(F.col("truncated"), F.lit(False)).alias("truncated"),
+        "file",
+        F.coalesce(F.col("truncated"), F.lit(False)).alias("truncated"),
         F.concat(F.lit("offset "), F.col("offset"), F.lit(": "), F.col("reason")).alias("bad"),
         F.col("offset").alias("q_offset"),
-    )  # fmt: skip
+    )
     parts = logged.unionByName(frames, allowMissingColumns=True).unionByName(
         quarantined, allowMissingColumns=True
     )
@@ -733,18 +948,36 @@ def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) 
         F.count(F.when(cut, 1)).alias("truncated"),
         F.min(F.when(cut, F.col("q_offset"))).alias("truncated_offset"),
     )
-    mid_session = F.when(~F.coalesce(F.col("last_of_session"), F.lit(False)), F.col("truncated")).otherwise(F.lit(0))  # fmt: skip
+    mid_session = F.when(
+        ~F.coalesce(F.col("last_of_session"), F.lit(False)), F.col("truncated")
+    ).otherwise(F.lit(0))
     return grouped.select(
-        F.concat(_basename(F.col("file")), F.lit(" (session "),
-                 F.coalesce(F.col("session_id"), F.lit("?")), F.lit(" #"),
-                 F.coalesce(F.col("file_sequence").cast("string"), F.lit("?")), F.lit(")")).alias("where"),
-        "file", "session_id", "file_sequence", "frames", "null_required",
+        F.concat(
+            _basename(F.col("file")),
+            F.lit(" (session "),
+            F.coalesce(F.col("session_id"), F.lit("?")),
+            F.lit(" #"),
+            F.coalesce(F.col("file_sequence").cast("string"), F.lit("?")),
+            F.lit(")"),
+        ).alias("where"),
+        "file",
+        "session_id",
+        "file_sequence",
+        "frames",
+        "null_required",
         F.when(F.col("null_required") > 0, F.array_join("null_columns", ", ")).alias("null_detail"),
         "unknown_opcodes",
         F.when(F.col("unknown_opcodes") > 0, F.array_join("unknown", ", ")).alias("unknown_detail"),
-        "malformed", "malformed_detail", "truncated",
+        "malformed",
+        "malformed_detail",
+        "truncated",
         mid_session.alias("truncated_mid_session"),
-        F.when(mid_session > 0, F.concat(F.lit("cut tail at offset "), F.col("truncated_offset"),
-                                         F.lit(", but later files of the session exist")))
-        .alias("truncated_detail"),
-    )  # fmt: skip
+        F.when(
+            mid_session > 0,
+            F.concat(
+                F.lit("cut tail at offset "),
+                F.col("truncated_offset"),
+                F.lit(", but later files of the session exist"),
+            ),
+        ).alias("truncated_detail"),
+    )

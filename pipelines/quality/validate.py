@@ -79,9 +79,12 @@ def validate(
             for c in mine
         ]
         gx_suite = context.suites.add(
-            ExpectationSuite(name=suite.name, expectations=expectations,
-                             meta={"description": suite.description, "entity": suite.entity})
-        )  # fmt: skip
+            ExpectationSuite(
+                name=suite.name,
+                expectations=expectations,
+                meta={"description": suite.description, "entity": suite.entity},
+            )
+        )
         batch = source.add_dataframe_asset(name=suite.name).add_batch_definition_whole_dataframe(
             "metrics"
         )

@@ -209,9 +209,7 @@ def run(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``dcp-cdc apply`` besides ``--config`` and ``--bucket``."""
-    parser.add_argument(
-        "--collection", metavar="SCOPE.NAME", help="only this collection's table"
-    )
+    parser.add_argument("--collection", metavar="SCOPE.NAME", help="only this collection's table")
     parser.add_argument(
         "--rebuild",
         action="store_true",

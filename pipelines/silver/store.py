@@ -32,8 +32,11 @@ def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str
     """The registry, stream state and purge marks of ``bucket`` exist."""
     names = BucketTables(bucket)
     delta_io.ensure_database(spark, names.registry)
-    support = ((names.registry, schemas.REGISTRY), (names.stream_state, schemas.STATE),
-               (names.purges, schemas.PURGES))  # fmt: skip
+    support = (
+        (names.registry, schemas.REGISTRY),
+        (names.stream_state, schemas.STATE),
+        (names.purges, schemas.PURGES),
+    )
     for table, schema in support:
         delta_io.create_table(spark, table, schema, properties)
 
@@ -76,15 +79,22 @@ def save_states(
     rows = []
     for vb, s in sorted(merged.items()):
         snap = s.get("open_snapshot")
-        rows.append({
-            "vbucket": vb, "vb_uuid": s["vb_uuid"],
-            "failover_log": [{"vb_uuid": u, "seqno": q} for u, q in s["failover_log"]],
-            "last_applied_seqno": s["last_applied_seqno"],
-            "consistent_seqno": s["consistent_seqno"], "manifest_uid": s["manifest_uid"],
-            "purge_seqno": s["purge_seqno"], "open_snapshot_start": snap[0] if snap else None,
-            "open_snapshot_end": snap[1] if snap else None, "position_run_id": s.get("run_id"),
-            "state": json.dumps(s), "updated_at": None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "vbucket": vb,
+                "vb_uuid": s["vb_uuid"],
+                "failover_log": [{"vb_uuid": u, "seqno": q} for u, q in s["failover_log"]],
+                "last_applied_seqno": s["last_applied_seqno"],
+                "consistent_seqno": s["consistent_seqno"],
+                "manifest_uid": s["manifest_uid"],
+                "purge_seqno": s["purge_seqno"],
+                "open_snapshot_start": snap[0] if snap else None,
+                "open_snapshot_end": snap[1] if snap else None,
+                "position_run_id": s.get("run_id"),
+                "state": json.dumps(s),
+                "updated_at": None,
+            }
+        )
     df = spark.createDataFrame(rows, schema=schemas.STATE).withColumn(
         "updated_at", F.current_timestamp()
     )
@@ -232,11 +242,21 @@ def update_registry(
 
 def _registry_row(cid: int, sid: int, scope: str, name: str, bucket: str) -> dict[str, Any]:
     return {
-        "collection_id": cid, "scope_id": sid, "scope": scope, "name": name,
-        "table_name": BucketTables(bucket).collection(scope, name), "max_ttl": None,
-        "history": False, "created_uid": None, "dropped_uid": None, "create_seqnos": {},
-        "drop_seqnos": {}, "flush_seqnos": {}, "status": "live", "updated_at": None,
-    }  # fmt: skip
+        "collection_id": cid,
+        "scope_id": sid,
+        "scope": scope,
+        "name": name,
+        "table_name": BucketTables(bucket).collection(scope, name),
+        "max_ttl": None,
+        "history": False,
+        "created_uid": None,
+        "dropped_uid": None,
+        "create_seqnos": {},
+        "drop_seqnos": {},
+        "flush_seqnos": {},
+        "status": "live",
+        "updated_at": None,
+    }
 
 
 def _table_of(registry: Registry, cid: int) -> str | None:
@@ -292,12 +312,16 @@ def apply_drops(
         if table is None:
             continue
         source = spark.createDataFrame(pairs, "vb INT, cut LONG")
-        metrics = with_retry(table, lambda t=table, s=source: (  # type: ignore[misc]
-            DeltaTable.forName(spark, t).alias("t")
-            .merge(s.alias("s"), "t._vbucket = s.vb AND t._seqno < s.cut")
-            .whenMatchedDelete()
-            .execute()
-        ))  # fmt: skip
+        metrics = with_retry(
+            table,
+            lambda t=table, s=source: (  # type: ignore[misc]
+                DeltaTable.forName(spark, t)
+                .alias("t")
+                .merge(s.alias("s"), "t._vbucket = s.vb AND t._seqno < s.cut")
+                .whenMatchedDelete()
+                .execute()
+            ),
+        )
         removed += metric(metrics, "num_deleted_rows")
     return removed
 
@@ -321,16 +345,20 @@ def merge_changes(
         if table is None:
             continue
         source = transforms.merge_source(rows, cid, purges, table)
-        metrics = with_retry(table, lambda t=table, s=source: (  # type: ignore[misc]
-            DeltaTable.forName(spark, t).alias("t")
-            .merge(s.alias("s"), "t.key = s.key")
-            .whenMatchedUpdate(condition="s._seqno > t._seqno", set=columns)
-            .whenNotMatchedInsert(
-                condition="s._purged_through IS NULL OR s._seqno > s._purged_through",
-                values=columns,
-            )
-            .execute()
-        ))  # fmt: skip
+        metrics = with_retry(
+            table,
+            lambda t=table, s=source: (  # type: ignore[misc]
+                DeltaTable.forName(spark, t)
+                .alias("t")
+                .merge(s.alias("s"), "t.key = s.key")
+                .whenMatchedUpdate(condition="s._seqno > t._seqno", set=columns)
+                .whenNotMatchedInsert(
+                    condition="s._purged_through IS NULL OR s._seqno > s._purged_through",
+                    values=columns,
+                )
+                .execute()
+            ),
+        )
         merged[tables.view_of(table)] = metric(metrics, "num_affected_rows")
     return merged
 
@@ -373,13 +401,17 @@ def rebuild_rolled_back(
         source = transforms.restored_rows(
             spark.table(bronze_events), reg["collection_id"], point_df, branch_df, affected
         )
-        metrics = with_retry(table, lambda t=table, s=source: (  # type: ignore[misc]
-            DeltaTable.forName(spark, t).alias("t")
-            .merge(s.alias("s"), "t.key = s.key")
-            .whenMatchedUpdate(condition="s._found", set=columns)
-            .whenMatchedDelete(condition="s._found IS NULL")
-            .execute()
-        ))  # fmt: skip
+        metrics = with_retry(
+            table,
+            lambda t=table, s=source: (  # type: ignore[misc]
+                DeltaTable.forName(spark, t)
+                .alias("t")
+                .merge(s.alias("s"), "t.key = s.key")
+                .whenMatchedUpdate(condition="s._found", set=columns)
+                .whenMatchedDelete(condition="s._found IS NULL")
+                .execute()
+            ),
+        )
         rebuilt += metric(metrics, "num_affected_rows")
     return rebuilt
 
@@ -404,17 +436,23 @@ def purge_tombstones(
         try:
             if marks.isEmpty():
                 continue
-            with_retry(marks_table, lambda m=marks: (  # type: ignore[misc]
-                DeltaTable.forName(spark, marks_table).alias("t")
-                .merge(m.alias("s"), "t.table_name = s.table_name AND t.vbucket = s.vbucket")
-                .whenMatchedUpdate(
-                    condition="s.purged_through_seqno > t.purged_through_seqno",
-                    set={"purged_through_seqno": "s.purged_through_seqno",
-                         "purged_at": "s.purged_at"},
-                )
-                .whenNotMatchedInsertAll()
-                .execute()
-            ))  # fmt: skip
+            with_retry(
+                marks_table,
+                lambda m=marks: (  # type: ignore[misc]
+                    DeltaTable.forName(spark, marks_table)
+                    .alias("t")
+                    .merge(m.alias("s"), "t.table_name = s.table_name AND t.vbucket = s.vbucket")
+                    .whenMatchedUpdate(
+                        condition="s.purged_through_seqno > t.purged_through_seqno",
+                        set={
+                            "purged_through_seqno": "s.purged_through_seqno",
+                            "purged_at": "s.purged_at",
+                        },
+                    )
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                ),
+            )
             metrics = with_retry(
                 table,
                 lambda t=table: spark.sql(f"DELETE FROM {t} WHERE {old}"),  # type: ignore[misc]

@@ -17,16 +17,51 @@ from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.silver.walk import CHANGE_OF, DATA_OPS, VbState, position_of, walk
 
-WALK_OPS = [*DATA_OPS, "snapshot_marker", "oso_snapshot", "seqno_advanced", "system_event",
-            "stream_end", "stream_request_response"]  # fmt: skip
+WALK_OPS = [
+    *DATA_OPS,
+    "snapshot_marker",
+    "oso_snapshot",
+    "seqno_advanced",
+    "system_event",
+    "stream_end",
+    "stream_request_response",
+]
 
 _WALK_COLUMNS = [
-    "op", "vbucket", "status", "opaque", "session_started_at", "session_id", "file_sequence",
-    "offset", "by_seqno", "rev_seqno", "cas", "flags", "expiration", "collection_id", "key",
-    "value", "xattrs", "is_json", "start_seqno", "end_seqno", "purge_seqno", "event",
-    "scope_id", "name", "manifest_uid", "max_ttl", "history", "oso_flags", "rollback_seqno",
-    "failover_log", "in_vb_uuid", "ingest_run_id", "run_version",
-]  # fmt: skip
+    "op",
+    "vbucket",
+    "status",
+    "opaque",
+    "session_started_at",
+    "session_id",
+    "file_sequence",
+    "offset",
+    "by_seqno",
+    "rev_seqno",
+    "cas",
+    "flags",
+    "expiration",
+    "collection_id",
+    "key",
+    "value",
+    "xattrs",
+    "is_json",
+    "start_seqno",
+    "end_seqno",
+    "purge_seqno",
+    "event",
+    "scope_id",
+    "name",
+    "manifest_uid",
+    "max_ttl",
+    "history",
+    "oso_flags",
+    "rollback_seqno",
+    "failover_log",
+    "in_vb_uuid",
+    "ingest_run_id",
+    "run_version",
+]
 
 
 # --- what the walk reads -------------------------------------------------------------------
@@ -83,11 +118,24 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table
     changes = list(result.changes)
     events = list(result.system_events)
     for c in changes:
-        out.append({**{k: c.get(k) for k in out_schema.names}, "kind": "change", "vbucket": vb,
-                    "state": None})  # fmt: skip
+        out.append(
+            {
+                **{k: c.get(k) for k in out_schema.names},
+                "kind": "change",
+                "vbucket": vb,
+                "state": None,
+            }
+        )
     for e in events:
-        out.append({**{k: e.get(k) for k in out_schema.names}, "kind": "system_event",
-                    "event": e["kind"], "vbucket": vb, "state": None})  # fmt: skip
+        out.append(
+            {
+                **{k: e.get(k) for k in out_schema.names},
+                "kind": "system_event",
+                "event": e["kind"],
+                "vbucket": vb,
+                "state": None,
+            }
+        )
     for seqno in result.rollbacks:
         out.append({"kind": "rollback", "vbucket": vb, "rollback_seqno": seqno})
     # the run holding the first frame not consumed (or the last one read): the next run reads
@@ -97,12 +145,16 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table
     if position_run is None and saved:
         position_run = saved.get("run_id")
     seen = max([seen, *(r["run_version"] for r in rows)])
-    out.append({
-        "kind": "state", "vbucket": vb, "frames": len(fresh),
-        "ignored": result.ignored,
-        "state": json.dumps({**state.to_json(), "run_id": position_run, "seen_version": seen}),
-        "position_run_id": position_run,
-    })  # fmt: skip
+    out.append(
+        {
+            "kind": "state",
+            "vbucket": vb,
+            "frames": len(fresh),
+            "ignored": result.ignored,
+            "state": json.dumps({**state.to_json(), "run_id": position_run, "seen_version": seen}),
+            "position_run_id": position_run,
+        }
+    )
     return pa.Table.from_pylist(out, schema=out_schema)
 
 
@@ -159,10 +211,10 @@ def merge_source(rows: DataFrame, collection_id: int, purges: DataFrame, table: 
 def rolled_back_keys(rows: DataFrame, points: DataFrame) -> DataFrame:
     """The keys of a collection table applied above their vbucket's rollback point
     (``points``: ``p_vb``, ``p_seqno``): ``key``, ``vb``, ``p_seqno``."""
-    return (
-        rows.join(F.broadcast(points), (F.col("_vbucket") == F.col("p_vb")) & (F.col("_seqno") > F.col("p_seqno")))
-        .select("key", F.col("_vbucket").alias("vb"), "p_seqno")
-    )  # fmt: skip
+    return rows.join(
+        F.broadcast(points),
+        (F.col("_vbucket") == F.col("p_vb")) & (F.col("_seqno") > F.col("p_seqno")),
+    ).select("key", F.col("_vbucket").alias("vb"), "p_seqno")
 
 
 def restored_rows(
@@ -177,15 +229,24 @@ def restored_rows(
     ``b_start``, ``b_end``) covers that seqno, as a silver row with ``_found``; a key with no
     such event did not exist at the point and gets a row of nulls (no ``_found``)."""
     history = (
-        events
-        .where(F.col("op").isin(*DATA_OPS) & (F.col("collection_id") == collection_id))
+        events.where(F.col("op").isin(*DATA_OPS) & (F.col("collection_id") == collection_id))
         .withColumn("vbucket", F.col("vbucket").cast("int"))
-        .join(F.broadcast(points), (F.col("vbucket") == F.col("p_vb")) & (F.col("by_seqno") <= F.col("p_seqno")))
-        .join(F.broadcast(branches), (F.col("vbucket") == F.col("b_vb")) & (F.col("in_vb_uuid") == F.col("b_uuid"))
-              & (F.col("by_seqno") >= F.col("b_start")) & (F.col("b_end").isNull() | (F.col("by_seqno") <= F.col("b_end"))))
-        .join(affected.select(F.col("key").alias("k"), F.col("vb").alias("a_vb")),
-              (F.col("key").cast("string") == F.col("k")) & (F.col("vbucket") == F.col("a_vb")))
-    )  # fmt: skip
+        .join(
+            F.broadcast(points),
+            (F.col("vbucket") == F.col("p_vb")) & (F.col("by_seqno") <= F.col("p_seqno")),
+        )
+        .join(
+            F.broadcast(branches),
+            (F.col("vbucket") == F.col("b_vb"))
+            & (F.col("in_vb_uuid") == F.col("b_uuid"))
+            & (F.col("by_seqno") >= F.col("b_start"))
+            & (F.col("b_end").isNull() | (F.col("by_seqno") <= F.col("b_end"))),
+        )
+        .join(
+            affected.select(F.col("key").alias("k"), F.col("vb").alias("a_vb")),
+            (F.col("key").cast("string") == F.col("k")) & (F.col("vbucket") == F.col("a_vb")),
+        )
+    )
     restored = silver_rows(history).withColumn("_found", F.lit(True))
     return (
         affected.select("key")
@@ -209,6 +270,10 @@ def purge_marks(rows: DataFrame, table: str, condition: str) -> DataFrame:
         rows.where(condition)
         .groupBy(F.col("_vbucket").alias("vbucket"))
         .agg(F.max("_seqno").alias("purged_through_seqno"))
-        .select(F.lit(table).alias("table_name"), "vbucket", "purged_through_seqno",
-                F.current_timestamp().alias("purged_at"))
-    )  # fmt: skip
+        .select(
+            F.lit(table).alias("table_name"),
+            "vbucket",
+            "purged_through_seqno",
+            F.current_timestamp().alias("purged_at"),
+        )
+    )

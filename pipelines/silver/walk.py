@@ -59,30 +59,36 @@ class VbState:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "vbucket": self.vbucket, "position": list(self.position) if self.position else None,
+            "vbucket": self.vbucket,
+            "position": list(self.position) if self.position else None,
             "consistent_seqno": self.consistent_seqno,
-            "last_applied_seqno": self.last_applied_seqno, "vb_uuid": self.vb_uuid,
+            "last_applied_seqno": self.last_applied_seqno,
+            "vb_uuid": self.vb_uuid,
             "failover_log": [list(e) for e in self.failover_log],
-            "manifest_uid": self.manifest_uid, "purge_seqno": self.purge_seqno,
+            "manifest_uid": self.manifest_uid,
+            "purge_seqno": self.purge_seqno,
             "known": {str(k): v for k, v in self.known.items()},
             "dropped": {str(k): v for k, v in self.dropped.items()},
             "open_snapshot": list(self.open_snapshot) if self.open_snapshot else None,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> VbState:
         pos = data.get("position")
         snap = data.get("open_snapshot")
         return cls(
-            vbucket=data["vbucket"], position=(pos[0], pos[1], pos[2], pos[3]) if pos else None,
+            vbucket=data["vbucket"],
+            position=(pos[0], pos[1], pos[2], pos[3]) if pos else None,
             consistent_seqno=data["consistent_seqno"],
-            last_applied_seqno=data["last_applied_seqno"], vb_uuid=data["vb_uuid"],
+            last_applied_seqno=data["last_applied_seqno"],
+            vb_uuid=data["vb_uuid"],
             failover_log=[(u, s) for u, s in data["failover_log"]],
-            manifest_uid=data["manifest_uid"], purge_seqno=data["purge_seqno"],
+            manifest_uid=data["manifest_uid"],
+            purge_seqno=data["purge_seqno"],
             known={int(k): v for k, v in data["known"].items()},
             dropped={int(k): v for k, v in data["dropped"].items()},
             open_snapshot=(snap[0], snap[1]) if snap else None,
-        )  # fmt: skip
+        )
 
 
 @dataclass

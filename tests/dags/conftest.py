@@ -43,8 +43,11 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             patch.setenv(key, value)
         done = subprocess.run(
             [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
-            capture_output=True, text=True, timeout=300, env=os.environ.copy(),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=os.environ.copy(),
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         yield env
 

@@ -40,8 +40,9 @@ def test_parsing_imports_neither_spark_nor_great_expectations(
         "print(json.dumps({'errors': bag.import_errors, 'dags': sorted(bag.dags),\n"
         f"    'heavy': [m for m in {HEAVY!r} if m in sys.modules]}}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {
         "errors": {},
@@ -51,8 +52,10 @@ def test_parsing_imports_neither_spark_nor_great_expectations(
 
 
 def test_an_invalid_configuration_is_an_import_error_naming_the_field(config_file: Path) -> None:
-    _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
-                         "[airflow]\nretries = -1\n")  # fmt: skip
+    _config(
+        config_file,
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[airflow]\nretries = -1\n',
+    )
     bag = _dagbag()
     assert not bag.dags
     (error,) = bag.import_errors.values()
@@ -62,7 +65,9 @@ def test_an_invalid_configuration_is_an_import_error_naming_the_field(config_fil
 def test_dags_tasks_and_settings_come_from_the_configuration(config_file: Path) -> None:
     import datetime as dt
 
-    _config(config_file, """
+    _config(
+        config_file,
+        """
 landing = "landing"
 warehouse = "warehouse"
 [[buckets]]
@@ -80,19 +85,23 @@ max_retry_delay_seconds = 900
 execution_timeout_minutes = 45
 spark_conn_id = "my_spark"
 pool = "spark_pool"
-""")  # fmt: skip
+""",
+    )
     bag = _dagbag()
     assert bag.import_errors == {}
     assert sorted(bag.dags) == [
-        "dcp_cdc__orders", "dcp_cdc__travel_sample_a8560dff", "dcp_cdc_maintenance"
-    ]  # fmt: skip
+        "dcp_cdc__orders",
+        "dcp_cdc__travel_sample_a8560dff",
+        "dcp_cdc_maintenance",
+    ]
     for dag_id in ("dcp_cdc__orders", "dcp_cdc__travel_sample_a8560dff"):
         dag = bag.dags[dag_id]
         assert [t.task_id for t in dag.topological_sort()] == PIPELINE
         assert {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks} == {
-            "ingest_bronze": ["apply_silver"], "apply_silver": ["check_quality"],
+            "ingest_bronze": ["apply_silver"],
+            "apply_silver": ["check_quality"],
             "check_quality": [],
-        }  # fmt: skip
+        }
         assert (dag.max_active_runs, dag.catchup) == (1, False)
         assert dag.timetable.expression == "*/20 * * * *"
         assert dag.start_date == dt.datetime(2026, 2, 1, tzinfo=dt.UTC)
@@ -106,13 +115,15 @@ pool = "spark_pool"
             assert task.execution_timeout == dt.timedelta(minutes=45)
             assert task.pool == "spark_pool" and not task.depends_on_past
     bucket_args = {t.task_id: t.application_args for t in bag.dags["dcp_cdc__orders"].tasks}
-    assert bucket_args == {task: ["--config", str(config_file), "--bucket", "orders"]
-                           for task in PIPELINE}  # fmt: skip
+    assert bucket_args == {
+        task: ["--config", str(config_file), "--bucket", "orders"] for task in PIPELINE
+    }
     maintenance = bag.dags["dcp_cdc_maintenance"]
     assert maintenance.timetable.expression == "0 3 * * *" and maintenance.max_active_runs == 1
     assert [t.task_id for t in maintenance.topological_sort()] == [
-        "maintain__travel_sample_a8560dff", "maintain__orders"
-    ]  # fmt: skip
+        "maintain__travel_sample_a8560dff",
+        "maintain__orders",
+    ]
     assert all(t.application.endswith("pipelines/maintenance.py") for t in maintenance.tasks)
 
 
@@ -137,9 +148,14 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
     application = Path(apply.application)
     assert application.is_file() and application.parts[-2:] == ("silver", "job.py")
     assert command[command.index(apply.application) + 1 :] == [
-        "--config", str(config_file), "--bucket", "orders",
-        "--rebuild", "--collection", "inventory.airline",
-    ]  # fmt: skip
+        "--config",
+        str(config_file),
+        "--bucket",
+        "orders",
+        "--rebuild",
+        "--collection",
+        "inventory.airline",
+    ]
     assert apply.flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
     assert apply.flags({"params": {"backfill": ""}}) == []
     ingest = dag.get_task("ingest_bronze")  # a backfill is silver's business only
@@ -161,9 +177,18 @@ def test_pipeline_dag_runs_end_to_end_over_a_simulator_capture(
 
     from dcp_cdc.simulator import simulate
 
-    result = simulate(tmp_path / "sim", scenario="basic", seed=4, vbuckets=16, docs=300,
-                      ops=600, bucket="travel-sample")  # fmt: skip
-    _config(config_file, f"""
+    result = simulate(
+        tmp_path / "sim",
+        scenario="basic",
+        seed=4,
+        vbuckets=16,
+        docs=300,
+        ops=600,
+        bucket="travel-sample",
+    )
+    _config(
+        config_file,
+        f"""
 landing = "{tmp_path / "sim" / "landing"}"
 warehouse = "../warehouse"
 [[buckets]]
@@ -173,7 +198,8 @@ shuffle_partitions = 2
 conf = {{ "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" }}
 [airflow]
 retries = 0
-""")  # fmt: skip
+""",
+    )
     dag = _dagbag().dags["dcp_cdc__travel_sample_a8560dff"]
     run = dag.test()
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
@@ -190,8 +216,11 @@ retries = 0
         rows = DeltaTable(str(table)).to_pyarrow_table(
             columns=["_collection_id", "key", "_seqno", "_deleted"]
         )
-        silver |= {(r["_collection_id"], r["key"], r["_seqno"])
-                   for r in rows.to_pylist() if not r["_deleted"]}  # fmt: skip
+        silver |= {
+            (r["_collection_id"], r["key"], r["_seqno"])
+            for r in rows.to_pylist()
+            if not r["_deleted"]
+        }
     assert silver == truth
 
 

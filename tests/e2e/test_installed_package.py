@@ -36,8 +36,9 @@ class Installed:
     env: dict[str, str]
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                              cwd=self.cwd, env=self.env)  # fmt: skip
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, cwd=self.cwd, env=self.env
+        )
 
 
 def _build_wheel(tmp: Path) -> Path:
@@ -45,16 +46,31 @@ def _build_wheel(tmp: Path) -> Path:
     source = tmp / "source"
     for name in SOURCES:
         if (REPO / name).is_dir():
-            shutil.copytree(REPO / name, source / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
+            shutil.copytree(
+                REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             source.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "-q", "-w", str(tmp / "dist"), str(source)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("dcp_cdc-*.whl")
     return wheel
@@ -68,10 +84,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-         "--no-index", "--disable-pip-version-check", "-q", str(wheel)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     site = Path(
         subprocess.check_output(
@@ -88,10 +117,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 
 def test_the_code_comes_from_the_installed_wheel(installed: Installed) -> None:
-    done = installed.run(str(installed.venv / "bin" / "python"), "-c",
-                         "import json, dcp_cdc, pipelines, pipelines.cli, pydantic\n"
-                         "print(json.dumps([dcp_cdc.__file__, pipelines.__file__,"
-                         " pipelines.cli.__file__, pydantic.__file__]))")  # fmt: skip
+    done = installed.run(
+        str(installed.venv / "bin" / "python"),
+        "-c",
+        "import json, dcp_cdc, pipelines, pipelines.cli, pydantic\n"
+        "print(json.dumps([dcp_cdc.__file__, pipelines.__file__,"
+        " pipelines.cli.__file__, pydantic.__file__]))",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     *ours, pydantic = map(Path, json.loads(done.stdout))
     for path in ours:
@@ -104,8 +136,19 @@ def test_help_lists_the_verbs(installed: Installed) -> None:
     done = installed.run(str(installed.venv / "bin" / "dcp-cdc"), "--help")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("usage: dcp-cdc ")
-    for verb in ("decode", "simulate", "run", "ingest", "apply", "check", "sql", "tables",
-                 "maintain", "spark-conf", "thrift-server"):  # fmt: skip
+    for verb in (
+        "decode",
+        "simulate",
+        "run",
+        "ingest",
+        "apply",
+        "check",
+        "sql",
+        "tables",
+        "maintain",
+        "spark-conf",
+        "thrift-server",
+    ):
         assert verb in done.stdout
 
 
@@ -126,8 +169,15 @@ def test_a_job_entry_point_runs_installed(installed: Installed) -> None:
     """``python -m pipelines.silver.job`` (what spark-submit runs) finds its CLI installed."""
     bad = installed.cwd / "bad.toml"
     bad.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
-    done = installed.run(str(installed.venv / "bin" / "python"), "-m", "pipelines.silver.job",
-                         "--config", str(bad), "--bucket", "other")  # fmt: skip
+    done = installed.run(
+        str(installed.venv / "bin" / "python"),
+        "-m",
+        "pipelines.silver.job",
+        "--config",
+        str(bad),
+        "--bucket",
+        "other",
+    )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("dcp-cdc apply: error: bucket 'other'")
     bad.unlink()

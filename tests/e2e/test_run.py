@@ -32,8 +32,13 @@ class Demo:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     workdir = tmp_path_factory.mktemp("demo")
     cwd = tmp_path_factory.mktemp("cwd")
-    done = subprocess.run([*CLI, "run", "--workdir", str(workdir)], capture_output=True,
-                          text=True, timeout=1200, cwd=cwd)  # fmt: skip
+    done = subprocess.run(
+        [*CLI, "run", "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=cwd,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert list(cwd.iterdir()) == [], "the run wrote into its working directory"
     return Demo(workdir, done.stdout)
@@ -52,8 +57,10 @@ def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None
     # each step is one line in a log (no terminal redraws), and the hints name this warehouse
     assert out.count("[1/5]") == 1, out
     warehouse = (demo.workdir / "warehouse").resolve()
-    assert (f'sql --warehouse {warehouse} "SELECT op, count(*) AS n FROM '
-            "bronze.travel_sample_a8560dff_events") in out, out  # fmt: skip
+    assert (
+        f'sql --warehouse {warehouse} "SELECT op, count(*) AS n FROM '
+        "bronze.travel_sample_a8560dff_events"
+    ) in out, out
     assert (demo.workdir / "warehouse" / "metastore_db").is_dir()
 
 
@@ -70,10 +77,18 @@ def thrift_server(demo: Demo) -> Iterator[int]:
     port = _free_port()
     log = (demo.workdir / "thrift-server.log").open("w")
     server = subprocess.Popen(
-        [*CLI, "thrift-server", "--warehouse", str(demo.workdir / "warehouse"),
-         "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            *CLI,
+            "thrift-server",
+            "--warehouse",
+            str(demo.workdir / "warehouse"),
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -104,10 +119,21 @@ def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> Non
     expected = sorted(r["key"] for r in rows if not r["_deleted"])[:5]
     query = f"SELECT key FROM silver.{table.name} WHERE NOT _deleted ORDER BY key LIMIT 5"
     done = subprocess.run(
-        [_spark_script("beeline"), "-u", f"jdbc:hive2://127.0.0.1:{thrift_server}/", "-n", "dcp",
-         "--silent=true", "--outputformat=csv2", "-e", query],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            _spark_script("beeline"),
+            "-u",
+            f"jdbc:hive2://127.0.0.1:{thrift_server}/",
+            "-n",
+            "dcp",
+            "--silent=true",
+            "--outputformat=csv2",
+            "-e",
+            query,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     # beeline echoes its prompt before the first line of output when it is not on a terminal
     lines = [PROMPT.sub("", line) for line in done.stdout.splitlines() if line.strip()]

@@ -26,8 +26,21 @@ from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline
 
 # Scalar columns compared row by row between the two readers (doc_binary and xattrs too).
-SILVER_COLUMNS = ("key", "doc", "_collection_id", "_vbucket", "_vb_uuid", "_seqno", "_rev_seqno",
-                  "_cas", "_flags", "_expiry", "_deleted", "_change", "_ingest_run_id")  # fmt: skip
+SILVER_COLUMNS = (
+    "key",
+    "doc",
+    "_collection_id",
+    "_vbucket",
+    "_vb_uuid",
+    "_seqno",
+    "_rev_seqno",
+    "_cas",
+    "_flags",
+    "_expiry",
+    "_deleted",
+    "_change",
+    "_ingest_run_id",
+)
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,17 @@ def applied(
     """One small ``mixed`` simulation (rollbacks, deletes, drops) in bronze and silver, shared
     by the tests here: reading it is free, and the rebuild test leaves it as it found it."""
     name = f"s{uuid.uuid4().hex[:8]}"
-    result, config = pipeline(spark, tmp_path_factory.mktemp("sim"), spark_warehouse, name,
-                              scenario="mixed", seed=11, vbuckets=2, docs=40, ops=160)  # fmt: skip
+    result, config = pipeline(
+        spark,
+        tmp_path_factory.mktemp("sim"),
+        spark_warehouse,
+        name,
+        scenario="mixed",
+        seed=11,
+        vbuckets=2,
+        docs=40,
+        ops=160,
+    )
     yield Applied(name, result, config)
     _drop_all(spark, name)
 
@@ -144,16 +166,20 @@ def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
     spark.sql("CREATE DATABASE IF NOT EXISTS quality")
     results = BucketTables(bucket).results  # only its checked_at matters to the retention
     spark.sql(f"CREATE TABLE {results} (expectation STRING, checked_at TIMESTAMP) USING delta")
-    spark.sql(f"INSERT INTO {results} VALUES ('old', current_timestamp() - INTERVAL 40 DAYS), "
-              "('new', current_timestamp() - INTERVAL 1 DAYS)")  # fmt: skip
+    spark.sql(
+        f"INSERT INTO {results} VALUES ('old', current_timestamp() - INTERVAL 40 DAYS), "
+        "('new', current_timestamp() - INTERVAL 1 DAYS)"
+    )
     tables = [t for t, _ in _silver_tables(spark, bucket)]
     tombstones = sum(spark.table(t).where("_deleted").count() for t in tables)
     live = {t: spark.table(t).where("NOT _deleted").count() for t in tables}
-    settings = config.model_copy(update={
-        "silver": SilverConfig(tombstone_retention_hours=0),
-        "maintenance": MaintenanceConfig(vacuum_retention_hours=0),
-        "quality": QualityConfig(results_retention_days=30),
-    })  # fmt: skip
+    settings = config.model_copy(
+        update={
+            "silver": SilverConfig(tombstone_retention_hours=0),
+            "maintenance": MaintenanceConfig(vacuum_retention_hours=0),
+            "quality": QualityConfig(results_retention_days=30),
+        }
+    )
     try:
         summary = maintain_bucket(spark, settings, settings.buckets[0])
         assert sum(summary.purged.values()) == tombstones

@@ -26,9 +26,11 @@ class Killed(RuntimeError):
 
 def _config(landing: Path, warehouse: Path, bucket: str, **ingest: Any) -> AppConfig:
     return AppConfig(
-        landing=str(landing), warehouse=str(warehouse), buckets=[BucketConfig(name=bucket)],
+        landing=str(landing),
+        warehouse=str(warehouse),
+        buckets=[BucketConfig(name=bucket)],
         ingest=IngestConfig(**ingest),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -53,10 +55,20 @@ def _expected_counts(truth: Path) -> dict[str, int]:
     return {k: v for k, v in counts.items() if k not in ("malformed", "truncated")}
 
 
-def test_counts_lineage_and_quarantine(spark: SparkSession, bucket: str, tmp_path: Path,
-                                       spark_warehouse: Path) -> None:  # fmt: skip
-    result = simulate(tmp_path / "sim", scenario="mixed", seed=3, bucket=bucket, vbuckets=8,
-                      docs=150, ops=600, inject_malformed=1, max_file_bytes=40_000)  # fmt: skip
+def test_counts_lineage_and_quarantine(
+    spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
+) -> None:
+    result = simulate(
+        tmp_path / "sim",
+        scenario="mixed",
+        seed=3,
+        bucket=bucket,
+        vbuckets=8,
+        docs=150,
+        ops=600,
+        inject_malformed=1,
+        max_file_bytes=40_000,
+    )
     config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket, chunk_bytes=65536)
     summary = _ingest(spark, config)
     assert summary.files == len(result.files) and not summary.waiting
@@ -97,34 +109,48 @@ def test_counts_lineage_and_quarantine(spark: SparkSession, bucket: str, tmp_pat
     # the snapshot each data event arrived in (spec §6.3): start <= seqno <= end
     data = events.where(F.col("op").isin("mutation", "deletion", "expiration") & ~F.col("in_oso"))
     assert data.where(F.col("in_snapshot_end").isNull()).count() == 0
-    outside = data.where((F.col("by_seqno") > F.col("in_snapshot_end"))
-                         | (F.col("by_seqno") < F.col("in_snapshot_start")))  # fmt: skip
+    outside = data.where(
+        (F.col("by_seqno") > F.col("in_snapshot_end"))
+        | (F.col("by_seqno") < F.col("in_snapshot_start"))
+    )
     assert outside.count() == 0
     assert data.where(F.col("in_vb_uuid").isNull()).count() == 0
 
 
-def test_rerun_is_a_no_op(spark: SparkSession, bucket: str, tmp_path: Path,
-                          spark_warehouse: Path) -> None:  # fmt: skip
+def test_rerun_is_a_no_op(
+    spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
+) -> None:
     simulate(
         tmp_path / "sim", scenario="basic", seed=4, bucket=bucket, vbuckets=4, docs=60, ops=200
     )
     config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket)
     first = _ingest(spark, config)
     versions = {
-        k: spark.sql(f"DESCRIBE HISTORY {t}").count() for k, t in BucketTables(bucket).bronze.items()
+        k: spark.sql(f"DESCRIBE HISTORY {t}").count()
+        for k, t in BucketTables(bucket).bronze.items()
     }
     second = _ingest(spark, config)
     assert first.frames > 0 and second.run_version is None and second.frames == 0
-    assert versions == {k: spark.sql(f"DESCRIBE HISTORY {t}").count()
-                        for k, t in BucketTables(bucket).bronze.items()}  # fmt: skip
+    assert versions == {
+        k: spark.sql(f"DESCRIBE HISTORY {t}").count()
+        for k, t in BucketTables(bucket).bronze.items()
+    }
 
 
 @pytest.mark.parametrize("point", ["planned", "events", "quarantine"])
 def test_a_run_killed_midway_then_rerun_is_exactly_once(
     spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path, point: str
 ) -> None:
-    result = simulate(tmp_path / "sim", scenario="interrupted", seed=5, bucket=bucket,
-                      vbuckets=4, docs=80, ops=300, inject_malformed=1)  # fmt: skip
+    result = simulate(
+        tmp_path / "sim",
+        scenario="interrupted",
+        seed=5,
+        bucket=bucket,
+        vbuckets=4,
+        docs=80,
+        ops=300,
+        inject_malformed=1,
+    )
     config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket)
 
     def die(at: str) -> None:
@@ -168,8 +194,16 @@ def test_out_of_order_arrival_and_carried_stream_state(
     simulate(tmp_path / "sim2", bucket=other, **kwargs)  # type: ignore[arg-type]
     try:
         _ingest(spark, _config(tmp_path / "sim2" / "landing", spark_warehouse, other))
-        cols = ["file_sequence", "frame_index", "op", "in_snapshot_start", "in_snapshot_end",
-                "in_snapshot_flags", "in_oso", "in_vb_uuid"]  # fmt: skip
+        cols = [
+            "file_sequence",
+            "frame_index",
+            "op",
+            "in_snapshot_start",
+            "in_snapshot_end",
+            "in_snapshot_flags",
+            "in_oso",
+            "in_vb_uuid",
+        ]
         staged = spark.table(BucketTables(bucket).events).select(cols)
         whole = spark.table(BucketTables(other).events).select(cols)
         assert staged.exceptAll(whole).count() == 0 and whole.exceptAll(staged).count() == 0
@@ -181,8 +215,9 @@ def test_out_of_order_arrival_and_carried_stream_state(
 def test_a_file_changed_after_ingest_is_reported_not_reread(
     spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
 ) -> None:
-    result = simulate(tmp_path / "sim", scenario="basic", seed=7, bucket=bucket, vbuckets=4,
-                      docs=40, ops=100)  # fmt: skip
+    result = simulate(
+        tmp_path / "sim", scenario="basic", seed=7, bucket=bucket, vbuckets=4, docs=40, ops=100
+    )
     config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket)
     _ingest(spark, config)
     before = _op_counts(spark, bucket)

@@ -44,8 +44,9 @@ from pipelines.tables import BucketTables, all_rows
 VBUCKETS = 4  # per scenario
 OFFSET = {scenario: VBUCKETS * i for i, scenario in enumerate(SCENARIOS)}
 INTERRUPTED_WARNINGS = {
-    "snapshot_completeness.last_snapshot_complete", "stream_coverage.reached_producer_high",
-}  # fmt: skip
+    "snapshot_completeness.last_snapshot_complete",
+    "stream_coverage.reached_producer_high",
+}
 
 
 @dataclass
@@ -84,9 +85,17 @@ def bucket(
     landing.mkdir()
     truths, live_now = {}, 0
     for i, scenario in enumerate(SCENARIOS):
-        result = simulate(root / f"sim{i}", bucket=name, scenario=scenario, seed=40 + i,
-                          vbuckets=VBUCKETS, docs=60, ops=240, vbucket_offset=OFFSET[scenario],
-                          key_prefix=f"k{i}/")  # fmt: skip
+        result = simulate(
+            root / f"sim{i}",
+            bucket=name,
+            scenario=scenario,
+            seed=40 + i,
+            vbuckets=VBUCKETS,
+            docs=60,
+            ops=240,
+            vbucket_offset=OFFSET[scenario],
+            key_prefix=f"k{i}/",
+        )
         for f in result.files:
             (landing / f.name).write_bytes(f.read_bytes())
         truths[scenario] = json.loads(result.truth.read_text())
@@ -94,10 +103,12 @@ def bucket(
             expiry = json.loads(line)["expiry"]
             live_now += expiry == 0 or expiry > time.time()
     config_file = root / "quality.toml"
-    config_file.write_text(f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n'
-                           f'[[buckets]]\nname = "{name}"\n')  # fmt: skip
-    config = AppConfig(landing=str(landing), warehouse=str(spark_warehouse),
-                       buckets=[BucketConfig(name=name)])  # fmt: skip
+    config_file.write_text(
+        f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n[[buckets]]\nname = "{name}"\n'
+    )
+    config = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=name)]
+    )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     clean = check_bucket(spark, config, config.buckets[0])
@@ -140,8 +151,11 @@ def test_every_scenario_meets_its_expectations(bucket: Bucket, scenario: str) ->
         assert [_vbucket(x) for xs in failing.values() for x in xs] == [vb, vb]
         (snap,) = opened
         assert (snap.vbucket, snap.start, snap.end, snap.last_seqno) == (
-            vb, cut["start"], cut["end"], cut["last_seqno"],
-        )  # fmt: skip
+            vb,
+            cut["start"],
+            cut["end"],
+            cut["last_seqno"],
+        )
         assert snap.missing == f"{cut['last_seqno'] + 1}..{cut['end']}"
         assert resumed == []
     else:
@@ -194,7 +208,9 @@ class Faults:
 
 
 def _append(spark: SparkSession, rows: list[dict[str, Any]], schema: Any, table: str) -> None:
-    spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").saveAsTable(table)  # fmt: skip
+    spark.createDataFrame(rows, schema=schema).write.format("delta").mode("append").saveAsTable(
+        table
+    )
 
 
 @pytest.fixture(scope="module")
@@ -207,32 +223,54 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
         return F.col("vbucket").between(OFFSET[scenario], OFFSET[scenario] + VBUCKETS - 1)
 
     # a frame written twice: the same mutation again right after itself
-    duplicate = events.where(data & in_scenario("basic")).orderBy("session_id", "file_sequence", "offset").collect()[20]  # fmt: skip
-    _append(spark, [{**duplicate.asDict(), "offset": duplicate["offset"] + 1}], schemas.EVENTS,
-            names["events"])  # fmt: skip
+    duplicate = (
+        events.where(data & in_scenario("basic"))
+        .orderBy("session_id", "file_sequence", "offset")
+        .collect()[20]
+    )
+    _append(
+        spark,
+        [{**duplicate.asDict(), "offset": duplicate["offset"] + 1}],
+        schemas.EVENTS,
+        names["events"],
+    )
 
     # a gap inside a snapshot: the event at a (not last) snapshot's end is lost
     later_marker = events.where(F.col("op") == "snapshot_marker").select(
-        F.col("session_id").alias("m_session"), F.col("vbucket").alias("m_vb"),
+        F.col("session_id").alias("m_session"),
+        F.col("vbucket").alias("m_vb"),
         F.struct("file_sequence", "offset").alias("m_pos"),
-    )  # fmt: skip
+    )
     gap = (
         events.where(data & in_scenario("ttl") & (F.col("by_seqno") == F.col("in_snapshot_end")))
-        .join(later_marker, (F.col("session_id") == F.col("m_session")) & (F.col("vbucket") == F.col("m_vb"))
-              & (F.col("m_pos") > F.struct("file_sequence", "offset")), how="left_semi")
+        .join(
+            later_marker,
+            (F.col("session_id") == F.col("m_session"))
+            & (F.col("vbucket") == F.col("m_vb"))
+            & (F.col("m_pos") > F.struct("file_sequence", "offset")),
+            how="left_semi",
+        )
         .orderBy("session_id", "file_sequence", "offset")
         .collect()[5]
-    )  # fmt: skip
-    spark.sql(f"DELETE FROM {names['events']} WHERE file = '{gap['file']}' AND offset = {gap['offset']}")  # fmt: skip
+    )
+    spark.sql(
+        f"DELETE FROM {names['events']} WHERE file = '{gap['file']}' AND offset = {gap['offset']}"
+    )
 
     # a row of a collection dropped in its vbucket comes back
-    registry = spark.table(BucketTables(bucket.name).registry).where("status != 'retired'").collect()
+    registry = (
+        spark.table(BucketTables(bucket.name).registry).where("status != 'retired'").collect()
+    )
     dropped_cid = min(bucket.truths["collection-lifecycle"]["dropped_collections"])
     table = next(r["table_name"] for r in registry if r["collection_id"] == dropped_cid)
     sample = spark.table(all_rows(table)).where(~F.col("_deleted")).limit(1).collect()[0]
     vb = OFFSET["collection-lifecycle"]
-    _append(spark, [{**sample.asDict(), "key": "resurrected::1", "_vbucket": vb}],
-            spark.table(all_rows(table)).schema, all_rows(table))  # fmt: skip
+    _append(
+        spark,
+        [{**sample.asDict(), "key": "resurrected::1", "_vbucket": vb}],
+        spark.table(all_rows(table)).schema,
+        all_rows(table),
+    )
 
     # a silver row deleted by hand, in a collection the other faults leave alone
     lo = OFFSET["history"]
@@ -240,16 +278,23 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
         Row(**r.asDict(), table=reg["table_name"])
         for reg in registry
         if reg["collection_id"] not in (dropped_cid, gap["collection_id"])
-        for r in spark.table(reg["table_name"]).where(F.col("_vbucket").between(lo, lo + VBUCKETS - 1)).limit(1).collect()
-    )  # fmt: skip
+        for r in spark.table(reg["table_name"])
+        .where(F.col("_vbucket").between(lo, lo + VBUCKETS - 1))
+        .limit(1)
+        .collect()
+    )
     spark.sql(f"DELETE FROM {all_rows(deleted['table'])} WHERE key = '{deleted['key']}'")
 
     # a malformed frame in quarantine
     file = spark.table(names["ingest_log"]).where("status = 'ingested'").collect()[0]["file"]
     quarantined = {f.name: None for f in schemas.QUARANTINE.fields} | {
-        "bucket": bucket.name, "file": file, "offset": 24, "opcode": 0x57,
-        "reason": "extras length does not fit the opcode", "truncated": False,
-    }  # fmt: skip
+        "bucket": bucket.name,
+        "file": file,
+        "offset": 24,
+        "opcode": 0x57,
+        "reason": "extras length does not fit the opcode",
+        "truncated": False,
+    }
     _append(spark, [quarantined], schemas.QUARANTINE, names["quarantine"])
 
     argv = ["check", "--config", str(bucket.config_file), "--bucket", bucket.name]
@@ -263,10 +308,22 @@ def faults(spark: SparkSession, bucket: Bucket) -> Faults:
     run_id = match.group(1)
     results = {
         f"{r['suite']}.{r['expectation']}": r.asDict()
-        for r in spark.table(BucketTables(bucket.name).results).where(F.col("run_id") == run_id).collect()
+        for r in spark.table(BucketTables(bucket.name).results)
+        .where(F.col("run_id") == run_id)
+        .collect()
     }
-    return Faults(duplicate, gap, deleted, dropped_cid, vb, code, out.getvalue(), err.getvalue(),
-                  run_id, results)  # fmt: skip
+    return Faults(
+        duplicate,
+        gap,
+        deleted,
+        dropped_cid,
+        vb,
+        code,
+        out.getvalue(),
+        err.getvalue(),
+        run_id,
+        results,
+    )
 
 
 def _examples(faults: Faults, key: str) -> list[dict[str, Any]]:
@@ -278,10 +335,13 @@ def _examples(faults: Faults, key: str) -> list[dict[str, Any]]:
 def test_check_exits_1_naming_the_failed_error_expectations(faults: Faults) -> None:
     assert faults.exit_code == 1, faults.stderr
     named = faults.stderr.split("failed error expectations: ")[1]
-    for key in ("snapshot_completeness.no_duplicate_seqno", "snapshot_completeness.snapshot_complete",
-                "silver_reconciliation.live_count_matches",
-                "silver_reconciliation.no_dropped_collection_rows",
-                "bronze_integrity.quarantine_within_threshold"):  # fmt: skip
+    for key in (
+        "snapshot_completeness.no_duplicate_seqno",
+        "snapshot_completeness.snapshot_complete",
+        "silver_reconciliation.live_count_matches",
+        "silver_reconciliation.no_dropped_collection_rows",
+        "bronze_integrity.quarantine_within_threshold",
+    ):
         assert key in named
     assert "ERROR silver_reconciliation.live_count_matches" in faults.stdout
 
@@ -302,8 +362,11 @@ def test_a_duplicated_frame_fails_no_duplicate_seqno(faults: Faults) -> None:
 def test_a_gap_inside_a_snapshot_fails_snapshot_complete(faults: Faults) -> None:
     g = faults.gap
     where = f"vb {g['vbucket']} · session {g['session_id']} · stream "
-    examples = [x for x in _examples(faults, "snapshot_completeness.snapshot_complete")
-                if x["where"].startswith(where)]  # fmt: skip
+    examples = [
+        x
+        for x in _examples(faults, "snapshot_completeness.snapshot_complete")
+        if x["where"].startswith(where)
+    ]
     (example,) = examples
     detail = example["incomplete_detail"]
     assert detail.startswith(f"[{g['in_snapshot_start']}, {g['in_snapshot_end']}] missing ")
@@ -348,9 +411,12 @@ def test_the_summary_page_in_headless_chromium_shows_the_failures(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     dom = dump_dom(folder / "summary.html")
     failing = dom.split('id="failing"')[1].split("</div>")[0]
-    for key in ("snapshot_completeness.no_duplicate_seqno", "silver_reconciliation.live_count_matches",
-                "silver_reconciliation.no_dropped_collection_rows",
-                "snapshot_completeness.last_snapshot_complete"):  # fmt: skip
+    for key in (
+        "snapshot_completeness.no_duplicate_seqno",
+        "silver_reconciliation.live_count_matches",
+        "silver_reconciliation.no_dropped_collection_rows",
+        "snapshot_completeness.last_snapshot_complete",
+    ):
         assert f'data-expectation="{key}"' in failing
     assert "resurrected::1" in failing
     assert "FAILED: " in dom.split('id="status"')[1][:40]
@@ -362,15 +428,30 @@ def test_the_summary_page_in_headless_chromium_shows_the_failures(
 
 
 def _frame(offset: int, op: str, **fields: Any) -> dict[str, Any]:
-    opcodes = {"stream_request": 0x53, "stream_request_response": 0x53, "snapshot_marker": 0x56,
-               "mutation": 0x57, "stream_end": 0x55, "seqno_advanced": 0x64}  # fmt: skip
+    opcodes = {
+        "stream_request": 0x53,
+        "stream_request_response": 0x53,
+        "snapshot_marker": 0x56,
+        "mutation": 0x57,
+        "stream_end": 0x55,
+        "seqno_advanced": 0x64,
+    }
     row: dict[str, Any] = {f.name: None for f in schemas.DECODE_OUTPUT.fields}
     response = op.endswith("_response")
     row.update(
-        offset=offset, frame_len=24, op=op, magic=0x81 if response else 0x80, opcode=opcodes[op],
-        opaque=5, bucket="b", session_started_at="2026-01-05T09:30:00+00:00", session_id="s",
-        file="/landing/s-0.dcpcap", file_sequence=0, frame_index=offset,
-    )  # fmt: skip
+        offset=offset,
+        frame_len=24,
+        op=op,
+        magic=0x81 if response else 0x80,
+        opcode=opcodes[op],
+        opaque=5,
+        bucket="b",
+        session_started_at="2026-01-05T09:30:00+00:00",
+        session_id="s",
+        file="/landing/s-0.dcpcap",
+        file_sequence=0,
+        frame_index=offset,
+    )
     row["status" if response else "vbucket"] = fields.pop("status", 0 if response else 5)
     if op == "mutation":
         row.update(rev_seqno=1, cas=fields["by_seqno"], collection_id=0, is_json=True)
@@ -400,15 +481,18 @@ STREAM = [
     _frame(15, "stream_request", start_seqno=28, end_seqno=-1),
     _frame(16, "stream_request_response", status=0x23, rollback_seqno=15),
     _frame(17, "stream_request", start_seqno=15, end_seqno=-1),
-    _frame(18, "stream_request_response",
-           failover_log=[{"vb_uuid": 9, "seqno": 15}, {"vb_uuid": 7, "seqno": 0}]),
+    _frame(
+        18,
+        "stream_request_response",
+        failover_log=[{"vb_uuid": 9, "seqno": 15}, {"vb_uuid": 7, "seqno": 0}],
+    ),
     _frame(19, "snapshot_marker", start_seqno=16, end_seqno=40, snapshot_flags=2),
     _frame(20, "mutation", by_seqno=16, key=_key("g")),  # below 28, but after the rollback
     _frame(21, "mutation", by_seqno=40, key=_key("h")),
     _frame(22, "snapshot_marker", start_seqno=41, end_seqno=50, snapshot_flags=1),  # empty
     _frame(23, "snapshot_marker", start_seqno=51, end_seqno=60, snapshot_flags=1),
     _frame(24, "seqno_advanced", by_seqno=60),
-]  # fmt: skip
+]
 
 
 def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
@@ -420,34 +504,60 @@ def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
     events = bronze_transforms.events(frames, "run", F.current_timestamp()).localCheckpoint()
     placed = tr.stream_frames(tr.base_frames(events)).localCheckpoint()
     snaps = tr.snapshots(placed)
-    rows = {r["stream_no"]: r.asDict() for r in tr.stream_metrics(placed, snaps, tr.duplicate_seqnos(placed)).collect()}  # fmt: skip
+    rows = {
+        r["stream_no"]: r.asDict()
+        for r in tr.stream_metrics(placed, snaps, tr.duplicate_seqnos(placed)).collect()
+    }
     assert sorted(rows) == [1, 2]  # the rollback response and re-request belong to stream 2
     first, second = rows[1], rows[2]
     assert (first["latest"], second["latest"]) == (False, True)
     assert first == first | {
-        "snapshots": 4, "items": 7,
-        "out_of_range": 1, "out_of_range_detail": "seqno 26 outside [18, 25]",
-        "incomplete": 0, "incomplete_detail": None,
+        "snapshots": 4,
+        "items": 7,
+        "out_of_range": 1,
+        "out_of_range_detail": "seqno 26 outside [18, 25]",
+        "incomplete": 0,
+        "incomplete_detail": None,
         "last_snapshot_complete": None,  # a later stream exists: reported, not failed
-        "open_start": 27, "open_end": 30, "open_last_seqno": 28, "open_missing_from": 29,
+        "open_start": 27,
+        "open_end": 30,
+        "open_last_seqno": 28,
+        "open_missing_from": 29,
         "open_detail": "[27, 30] received up to 28, missing 29..30",
-        "regressions": 1, "regression_detail": "seqno 12 after 12",
-        "duplicate_seqnos": 2, "duplicate_seqno_detail": "seqno 12 repeated",
-        "duplicate_keys": 1, "duplicate_key_detail": "[11, 20]: 2 data events for 1 keys",
-        "bounded": True, "requested_end": 30, "bounded_end_ok": False,
-        "end_detail": "asked to end at 30, ended closed (1)", "producer_high": 30,
-    }  # fmt: skip
+        "regressions": 1,
+        "regression_detail": "seqno 12 after 12",
+        "duplicate_seqnos": 2,
+        "duplicate_seqno_detail": "seqno 12 repeated",
+        "duplicate_keys": 1,
+        "duplicate_key_detail": "[11, 20]: 2 data events for 1 keys",
+        "bounded": True,
+        "requested_end": 30,
+        "bounded_end_ok": False,
+        "end_detail": "asked to end at 30, ended closed (1)",
+        "producer_high": 30,
+    }
     assert second == second | {
-        "snapshots": 3, "items": 3, "out_of_range": 0, "regressions": 0, "duplicate_seqnos": 0,
-        "incomplete": 1, "incomplete_detail": "[41, 50] missing 41..50",
-        "last_snapshot_complete": True, "open_detail": None,
-        "bounded": False, "requested_end": None, "bounded_end_ok": None,
-        "requested_start": 15, "producer_high": 60, "complete_end": 60,
-    }  # fmt: skip
+        "snapshots": 3,
+        "items": 3,
+        "out_of_range": 0,
+        "regressions": 0,
+        "duplicate_seqnos": 0,
+        "incomplete": 1,
+        "incomplete_detail": "[41, 50] missing 41..50",
+        "last_snapshot_complete": True,
+        "open_detail": None,
+        "bounded": False,
+        "requested_end": None,
+        "bounded_end_ok": None,
+        "requested_start": 15,
+        "producer_high": 60,
+        "complete_end": 60,
+    }
 
     branches = {(r["uuid"], r["branch_end"]) for r in tr.latest_branches(placed).collect()}
     assert branches == {(9, None), (7, 15)}
-    alive, dead = tr.split_history(tr.history_items(placed), tr.latest_branches(placed),
-                                   tr.rollbacks(placed))  # fmt: skip
+    alive, dead = tr.split_history(
+        tr.history_items(placed), tr.latest_branches(placed), tr.rollbacks(placed)
+    )
     assert sorted(r["seqno"] for r in alive.collect()) == [3, 10, 12, 12, 16, 40]
     assert sorted(r["seqno"] for r in dead.collect()) == [19, 26, 28]  # above the rollback to 15

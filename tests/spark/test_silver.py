@@ -42,8 +42,9 @@ def pipeline(
     spark: SparkSession, out: Path, warehouse: Path, bucket: str, **sim: Any
 ) -> tuple[SimulationResult, AppConfig]:
     result = simulate(out, bucket=bucket, **sim)
-    config = AppConfig(landing=str(out / "landing"), warehouse=str(warehouse),
-                       buckets=[BucketConfig(name=bucket)])  # fmt: skip
+    config = AppConfig(
+        landing=str(out / "landing"), warehouse=str(warehouse), buckets=[BucketConfig(name=bucket)]
+    )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     return result, config
@@ -107,14 +108,23 @@ def test_many_seeds_in_one_bucket_equal_their_truths(
     results = []
     for i in range(SEEDS):
         scenario = SCENARIOS[i % len(SCENARIOS)]
-        result = simulate(tmp_path / f"sim{i}", bucket=bucket, scenario=scenario, seed=100 + i,
-                          vbuckets=4, docs=60, ops=240, vbucket_offset=4 * i,
-                          key_prefix=f"k{i}/")  # fmt: skip
+        result = simulate(
+            tmp_path / f"sim{i}",
+            bucket=bucket,
+            scenario=scenario,
+            seed=100 + i,
+            vbuckets=4,
+            docs=60,
+            ops=240,
+            vbucket_offset=4 * i,
+            key_prefix=f"k{i}/",
+        )
         for f in result.files:
             (landing / f.name).write_bytes(f.read_bytes())
         results.append(result)
-    config = AppConfig(landing=str(landing), warehouse=str(spark_warehouse),
-                       buckets=[BucketConfig(name=bucket)])  # fmt: skip
+    config = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     silver = silver_live(spark, bucket)
@@ -140,18 +150,29 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     import shutil
 
     results = [
-        simulate(tmp_path / scenario, bucket=bucket, scenario=scenario, seed=9 + i, vbuckets=8,
-                 docs=120, ops=600, max_file_bytes=25_000, inject_malformed=1,
-                 vbucket_offset=8 * i, key_prefix=f"{scenario}/")
+        simulate(
+            tmp_path / scenario,
+            bucket=bucket,
+            scenario=scenario,
+            seed=9 + i,
+            vbuckets=8,
+            docs=120,
+            ops=600,
+            max_file_bytes=25_000,
+            inject_malformed=1,
+            vbucket_offset=8 * i,
+            key_prefix=f"{scenario}/",
+        )
         for i, scenario in enumerate(("mixed", "interrupted"))
-    ]  # fmt: skip
+    ]
     files = [f for result in results for f in result.files]
     assert len(files) >= 10
     random.Random(9).shuffle(files)
     landing = tmp_path / "landing"
     landing.mkdir()
-    config = AppConfig(landing=str(landing), warehouse=str(spark_warehouse),
-                       buckets=[BucketConfig(name=bucket)])  # fmt: skip
+    config = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
     third = len(files) // 3
     for batch in (files[:third], files[third : 2 * third], files[2 * third :]):
         for f in batch:
@@ -162,7 +183,9 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     assert again.changes == 0 and not again.rollbacks
     for result, prefix in zip(results, ("mixed/", "interrupted/"), strict=True):
         assert_equal_to_truth(spark, bucket, result, key_prefix=prefix)
-    versions = {r["table_name"]: spark.sql(f"DESCRIBE HISTORY {all_rows(r['table_name'])}").count()
-                for r in spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()}  # fmt: skip
+    versions = {
+        r["table_name"]: spark.sql(f"DESCRIBE HISTORY {all_rows(r['table_name'])}").count()
+        for r in spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
+    }
     apply_bucket(spark, config, config.buckets[0])
     assert versions == {t: spark.sql(f"DESCRIBE HISTORY {all_rows(t)}").count() for t in versions}

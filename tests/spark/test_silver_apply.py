@@ -23,8 +23,22 @@ from pipelines.tables import BucketTables, all_rows
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline, silver_live
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
-_COMPARED = ["key", "doc", "doc_binary", "xattrs", "_collection_id", "_vbucket", "_vb_uuid",
-             "_seqno", "_rev_seqno", "_cas", "_flags", "_expiry", "_deleted", "_change"]  # fmt: skip
+_COMPARED = [
+    "key",
+    "doc",
+    "doc_binary",
+    "xattrs",
+    "_collection_id",
+    "_vbucket",
+    "_vb_uuid",
+    "_seqno",
+    "_rev_seqno",
+    "_cas",
+    "_flags",
+    "_expiry",
+    "_deleted",
+    "_change",
+]
 
 
 def _tables(spark: SparkSession, bucket: str) -> dict[str, set[tuple[Any, ...]]]:
@@ -54,15 +68,18 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
     simulate(
         tmp, bucket=bucket, scenario="ttl", seed=5, vbuckets=4, collections=1, docs=80, ops=400
     )
-    config = AppConfig(landing=str(tmp / "landing"), warehouse=str(tmp / "wh"),
-                       buckets=[BucketConfig(name=bucket)])  # fmt: skip
+    config = AppConfig(
+        landing=str(tmp / "landing"), warehouse=str(tmp / "wh"), buckets=[BucketConfig(name=bucket)]
+    )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     states = store.read_states(spark, BucketTables(bucket).stream_state)
     frames, _ = store.unconsumed_frames(spark, BucketTables(bucket), {})
     walked = store.walk_vbuckets(spark, frames, {})
     changes = walked.where(F.col("kind") == "change").localCheckpoint()
-    registry = [r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()]
+    registry = [
+        r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
+    ]
     expected = _tables(spark, bucket)
     assert states and changes.count() > 300
     yield changes, registry, expected, bucket
@@ -111,10 +128,21 @@ def test_purged_tombstones_still_refuse_older_changes(
 ) -> None:
     bucket = "purge_test"
     try:
-        result, config = pipeline(spark, tmp_path, spark_warehouse, bucket, scenario="basic",
-                                  seed=3, vbuckets=4, docs=60, ops=400)  # fmt: skip
+        result, config = pipeline(
+            spark,
+            tmp_path,
+            spark_warehouse,
+            bucket,
+            scenario="basic",
+            seed=3,
+            vbuckets=4,
+            docs=60,
+            ops=400,
+        )
         config = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
-        registry = [r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()]
+        registry = [
+            r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
+        ]
         table = next(all_rows(r["table_name"]) for r in registry if r["collection_id"] == 0)
         deleted = [r["key"] for r in spark.table(table).where("_deleted").collect()]
         assert len(deleted) >= 5
@@ -123,18 +151,16 @@ def test_purged_tombstones_still_refuse_older_changes(
 
         assert sum(purged.values()) >= len(deleted)
         assert spark.table(table).where("_deleted").count() == 0
-        marks = spark.table(BucketTables(bucket).purges).where(F.col("table_name") == table).collect()
-        assert {m["vbucket"] for m in marks} <= {0, 1, 2, 3} and marks
-        store.merge_changes(
-            spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
+        marks = (
+            spark.table(BucketTables(bucket).purges).where(F.col("table_name") == table).collect()
         )
+        assert {m["vbucket"] for m in marks} <= {0, 1, 2, 3} and marks
+        store.merge_changes(spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted))
         assert_equal_to_truth(spark, bucket, result)  # nothing came back
 
         # without the marks, the same replay would bring the deleted documents back
         spark.sql(f"DELETE FROM {BucketTables(bucket).purges}")
-        store.merge_changes(
-            spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted)
-        )
+        store.merge_changes(spark, bucket, registry, _replay_old_mutations(spark, bucket, deleted))
         back = {k for (_, k) in silver_live(spark, bucket)}
         assert set(deleted) <= back
     finally:
@@ -146,8 +172,17 @@ def test_purge_keeps_tombstones_younger_than_the_retention(
 ) -> None:
     bucket = "purge_young"
     try:
-        _, config = pipeline(spark, tmp_path, spark_warehouse, bucket, scenario="basic", seed=4,
-                             vbuckets=2, docs=40, ops=200)  # fmt: skip
+        _, config = pipeline(
+            spark,
+            tmp_path,
+            spark_warehouse,
+            bucket,
+            scenario="basic",
+            seed=4,
+            vbuckets=2,
+            docs=40,
+            ops=200,
+        )
         before = {t: len(rows) for t, rows in _tables(spark, bucket).items()}
         assert purge_tombstones(spark, config, config.buckets[0]) == {}  # 168 h by default
         assert {t: len(rows) for t, rows in _tables(spark, bucket).items()} == before
@@ -165,23 +200,32 @@ def test_eager_apply_shows_the_open_snapshot_and_then_converges(
     silver at the consistent point (the truth)."""
     bucket = "eager_test"
     try:
-        result = simulate(tmp_path, bucket=bucket, scenario="interrupted", seed=2, vbuckets=4,
-                          docs=60, ops=300)  # fmt: skip
-        config = AppConfig(landing=str(tmp_path / "landing"), warehouse=str(spark_warehouse),
-                           buckets=[BucketConfig(name=bucket)],
-                           silver=SilverConfig(eager_apply=True))  # fmt: skip
+        result = simulate(
+            tmp_path, bucket=bucket, scenario="interrupted", seed=2, vbuckets=4, docs=60, ops=300
+        )
+        config = AppConfig(
+            landing=str(tmp_path / "landing"),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+            silver=SilverConfig(eager_apply=True),
+        )
         ingest_bucket(spark, config, config.buckets[0])
         summary = apply_bucket(spark, config, config.buckets[0])
         assert summary.open_snapshots >= 1
         eager_rows = silver_live(spark, bucket)
-        open_state = spark.table(BucketTables(bucket).stream_state).where("open_snapshot_end IS NOT NULL")
+        open_state = spark.table(BucketTables(bucket).stream_state).where(
+            "open_snapshot_end IS NOT NULL"
+        )
         tail = {
             r["vbucket"]: (r["consistent_seqno"], r["last_applied_seqno"])
             for r in open_state.collect()
         }
         assert any(applied > consistent for consistent, applied in tail.values())
-        beyond = [r for r in eager_rows.values()
-                  if r["_vbucket"] in tail and r["_seqno"] > tail[r["_vbucket"]][0]]  # fmt: skip
+        beyond = [
+            r
+            for r in eager_rows.values()
+            if r["_vbucket"] in tail and r["_seqno"] > tail[r["_vbucket"]][0]
+        ]
         assert beyond  # rows past the consistent point are visible
         with pytest.raises(AssertionError):
             assert_equal_to_truth(spark, bucket, result)
@@ -199,10 +243,20 @@ def test_two_apply_runs_at_once_leave_correct_tables(
     fails with a typed DcpError naming the table; a run afterwards gives the truth."""
     bucket = "race_test"
     try:
-        result = simulate(tmp_path, bucket=bucket, scenario="collection-lifecycle", seed=8,
-                          vbuckets=4, docs=60, ops=300)  # fmt: skip
-        config = AppConfig(landing=str(tmp_path / "landing"), warehouse=str(spark_warehouse),
-                           buckets=[BucketConfig(name=bucket)])  # fmt: skip
+        result = simulate(
+            tmp_path,
+            bucket=bucket,
+            scenario="collection-lifecycle",
+            seed=8,
+            vbuckets=4,
+            docs=60,
+            ops=300,
+        )
+        config = AppConfig(
+            landing=str(tmp_path / "landing"),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+        )
         ingest_bucket(spark, config, config.buckets[0])
         outcomes: list[object] = []
         barrier = threading.Barrier(2)

@@ -97,9 +97,19 @@ def doc_parts(draw: st.DrawFn, collections: bool) -> dict[str, object]:
 
 def _doc_header(h: FrameHeader, datatype: int) -> FrameHeader:
     return FrameHeader(
-        h.offset, h.magic, h.opcode, 0, 0, 0, datatype, h.vbucket_or_status, 0, h.opaque,
-        h.cas, h.stream_id,
-    )  # fmt: skip
+        h.offset,
+        h.magic,
+        h.opcode,
+        0,
+        0,
+        0,
+        datatype,
+        h.vbucket_or_status,
+        0,
+        h.opaque,
+        h.cas,
+        h.stream_id,
+    )
 
 
 @st.composite
@@ -107,9 +117,19 @@ def mutations(draw: st.DrawFn, collections: bool) -> Mutation:
     p = draw(doc_parts(collections))
     h = _doc_header(draw(header(Opcode.DCP_MUTATION, doc=True)), p["datatype"])  # type: ignore[arg-type]
     return Mutation(
-        h, draw(seqno), draw(seqno), draw(u32), draw(u32), draw(u32), 0, draw(u8),
-        p["cid"], p["key"], p["body"], p["xattrs"],  # type: ignore[arg-type]
-    )  # fmt: skip
+        h,
+        draw(seqno),
+        draw(seqno),
+        draw(u32),
+        draw(u32),
+        draw(u32),
+        0,
+        draw(u8),
+        p["cid"],
+        p["key"],
+        p["body"],
+        p["xattrs"],  # type: ignore[arg-type]
+    )
 
 
 @st.composite
@@ -151,23 +171,42 @@ def prepares(draw: st.DrawFn, collections: bool) -> Prepare:
     p = draw(doc_parts(collections))
     h = _doc_header(draw(header(Opcode.DCP_PREPARE, doc=True)), p["datatype"])  # type: ignore[arg-type]
     return Prepare(
-        h, draw(seqno), draw(seqno), draw(u32), draw(u32), draw(u32), draw(u8), draw(st.integers(0, 1)),
-        draw(st.integers(0, 3)), p["cid"], p["key"], p["body"], p["xattrs"],  # type: ignore[arg-type]
-    )  # fmt: skip
+        h,
+        draw(seqno),
+        draw(seqno),
+        draw(u32),
+        draw(u32),
+        draw(u32),
+        draw(u8),
+        draw(st.integers(0, 1)),
+        draw(st.integers(0, 3)),
+        p["cid"],
+        p["key"],
+        p["body"],
+        p["xattrs"],  # type: ignore[arg-type]
+    )
 
 
 def commits(collections: bool) -> st.SearchStrategy[Commit]:
     return st.builds(
-        Commit, header(Opcode.DCP_COMMIT), seqno, seqno,
-        u32 if collections else st.none(), st.binary(min_size=1, max_size=30),
-    )  # fmt: skip
+        Commit,
+        header(Opcode.DCP_COMMIT),
+        seqno,
+        seqno,
+        u32 if collections else st.none(),
+        st.binary(min_size=1, max_size=30),
+    )
 
 
 def aborts(collections: bool) -> st.SearchStrategy[Abort]:
     return st.builds(
-        Abort, header(Opcode.DCP_ABORT), seqno, seqno,
-        u32 if collections else st.none(), st.binary(min_size=1, max_size=30),
-    )  # fmt: skip
+        Abort,
+        header(Opcode.DCP_ABORT),
+        seqno,
+        seqno,
+        u32 if collections else st.none(),
+        st.binary(min_size=1, max_size=30),
+    )
 
 
 @st.composite
@@ -208,9 +247,20 @@ def system_events(draw: st.DrawFn) -> SystemEvent:
     event_id = draw(st.sampled_from([0, 5]))
     event = "create_collection" if event_id == 0 else "modify_collection"
     return SystemEvent(
-        h, by_seqno, event_id, 2, event, uid, sid, cid, draw(names), draw(st.none() | u32), b"",
-        draw(u64), draw(st.booleans()),
-    )  # fmt: skip
+        h,
+        by_seqno,
+        event_id,
+        2,
+        event,
+        uid,
+        sid,
+        cid,
+        draw(names),
+        draw(st.none() | u32),
+        b"",
+        draw(u64),
+        draw(st.booleans()),
+    )
 
 
 def failover_logs() -> st.SearchStrategy[tuple[tuple[int, int], ...]]:
@@ -221,9 +271,15 @@ def failover_logs() -> st.SearchStrategy[tuple[tuple[int, int], ...]]:
 def stream_requests(draw: st.DrawFn) -> StreamRequest:
     value = draw(st.sampled_from(["", '{"uid":"1"}', '{"collections":["8"],"sid":3}']))
     return StreamRequest(
-        draw(header(Opcode.DCP_STREAM_REQ)), draw(u32), draw(seqno), draw(seqno), draw(u64),
-        draw(seqno), draw(seqno), value,
-    )  # fmt: skip
+        draw(header(Opcode.DCP_STREAM_REQ)),
+        draw(u32),
+        draw(seqno),
+        draw(seqno),
+        draw(u64),
+        draw(seqno),
+        draw(seqno),
+        value,
+    )
 
 
 @st.composite

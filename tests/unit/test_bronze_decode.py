@@ -23,18 +23,26 @@ SCHEMA = schemas.arrow_schema(schemas.DECODE_OUTPUT)
 
 def _decode(path: Path, chunk: int) -> pa.Table:
     header, length = read_capture_header(path)
-    file = {"path": str(path), "bucket": header.bucket, "session_id": header.session_id,
-            "session_started_at": header.started_at,
-            "file_sequence": header.sequence, "collections": header.collections,
-            "header_length": length, "size": path.stat().st_size}  # fmt: skip
-    return pa.Table.from_batches(list(decode_file(file, SCHEMA, chunk_bytes=chunk, raw_limit=64)),
-                                 schema=SCHEMA)  # fmt: skip
+    file = {
+        "path": str(path),
+        "bucket": header.bucket,
+        "session_id": header.session_id,
+        "session_started_at": header.started_at,
+        "file_sequence": header.sequence,
+        "collections": header.collections,
+        "header_length": length,
+        "size": path.stat().st_size,
+    }
+    return pa.Table.from_batches(
+        list(decode_file(file, SCHEMA, chunk_bytes=chunk, raw_limit=64)), schema=SCHEMA
+    )
 
 
 @pytest.mark.parametrize("chunk", [97, 4096])
 def test_small_chunks_give_the_same_rows_as_one_read(tmp_path: Path, chunk: int) -> None:
-    result = simulate(tmp_path, scenario="interrupted", seed=2, vbuckets=4, docs=40, ops=150,
-                      inject_malformed=2)  # fmt: skip
+    result = simulate(
+        tmp_path, scenario="interrupted", seed=2, vbuckets=4, docs=40, ops=150, inject_malformed=2
+    )
     (path,) = result.files
     whole = _decode(path, 1 << 30).sort_by([("offset", "ascending")])
     chunked = _decode(path, chunk).sort_by([("offset", "ascending")])
@@ -75,10 +83,17 @@ STATE = ["in_snapshot_start", "in_snapshot_end", "in_snapshot_flags", "in_oso", 
 
 def _file(path: Path, carry: str = "{}") -> dict[str, object]:
     header, length = read_capture_header(path)
-    return {"path": str(path), "bucket": header.bucket, "session_id": header.session_id,
-            "session_started_at": header.started_at, "file_sequence": header.sequence,
-            "collections": header.collections, "header_length": length,
-            "size": path.stat().st_size, "carry": carry}  # fmt: skip
+    return {
+        "path": str(path),
+        "bucket": header.bucket,
+        "session_id": header.session_id,
+        "session_started_at": header.started_at,
+        "file_sequence": header.sequence,
+        "collections": header.collections,
+        "header_length": length,
+        "size": path.stat().st_size,
+        "carry": carry,
+    }
 
 
 def _reference_states(files: list[Path]) -> dict[tuple[str, int], tuple[object, ...]]:
@@ -96,8 +111,12 @@ def _reference_states(files: list[Path]) -> dict[tuple[str, int], tuple[object, 
             key = int(np.int64(h.opaque).astype(np.int32)) if h.is_response else h.vbucket_or_status
             stream = (session, key)
             if isinstance(event, SnapshotMarker):
-                snapshot[stream] = (to_signed64(event.start_seqno), to_signed64(event.end_seqno),
-                                    event.snapshot_flags, False)  # fmt: skip
+                snapshot[stream] = (
+                    to_signed64(event.start_seqno),
+                    to_signed64(event.end_seqno),
+                    event.snapshot_flags,
+                    False,
+                )
             elif isinstance(event, OsoSnapshot):
                 snapshot[stream] = (None, None, None, bool(event.oso_flags & 1))
             elif isinstance(event, StreamRequestResponse) and h.vbucket_or_status == 0:
@@ -113,10 +132,13 @@ def _reference_states(files: list[Path]) -> dict[tuple[str, int], tuple[object, 
 def test_session_order_follows_the_definition_across_files(tmp_path: Path, scenario: str) -> None:
     """Files decoded one by one, each from the carry the scans of the ones before give (as
     the ingest does), hold the state the definition gives at every frame."""
-    result = simulate(tmp_path, scenario=scenario, seed=4, vbuckets=4, docs=60, ops=400,
-                      max_file_bytes=12_000)  # fmt: skip
-    files = sorted(result.files, key=lambda p: (read_capture_header(p)[0].session_id,
-                                                 read_capture_header(p)[0].sequence))  # fmt: skip
+    result = simulate(
+        tmp_path, scenario=scenario, seed=4, vbuckets=4, docs=60, ops=400, max_file_bytes=12_000
+    )
+    files = sorted(
+        result.files,
+        key=lambda p: (read_capture_header(p)[0].session_id, read_capture_header(p)[0].sequence),
+    )
     assert len(files) >= 3
     expected = _reference_states(files)
     states: dict[str, dict[int, StreamState]] = {}
@@ -125,22 +147,43 @@ def test_session_order_follows_the_definition_across_files(tmp_path: Path, scena
         session = read_capture_header(path)[0].session_id
         before = states.get(session, {})
         carry = json.dumps({str(k): list(v) for k, v in before.items()})
-        rows = pa.Table.from_batches(
-            list(decode_file(_file(path, carry), EVENTS_SCHEMA, chunk_bytes=3000, raw_limit=64,
-                             errors=False)), schema=EVENTS_SCHEMA,
-        ).select(["offset", *STATE]).to_pylist()  # fmt: skip
+        rows = (
+            pa.Table.from_batches(
+                list(
+                    decode_file(
+                        _file(path, carry),
+                        EVENTS_SCHEMA,
+                        chunk_bytes=3000,
+                        raw_limit=64,
+                        errors=False,
+                    )
+                ),
+                schema=EVENTS_SCHEMA,
+            )
+            .select(["offset", *STATE])
+            .to_pylist()
+        )
         got |= {(str(path), r["offset"]): tuple(r[c] for c in STATE) for r in rows}
         states[session] = scan_file(_file(path), chunk_bytes=3000).apply(before)
     assert got == expected
 
 
 def test_counts_reach_the_caller(tmp_path: Path) -> None:
-    result = simulate(tmp_path, scenario="interrupted", seed=2, vbuckets=4, docs=40, ops=150,
-                      inject_malformed=2)  # fmt: skip
+    result = simulate(
+        tmp_path, scenario="interrupted", seed=2, vbuckets=4, docs=40, ops=150, inject_malformed=2
+    )
     (path,) = result.files
     counted: list[tuple[str, int, int]] = []
-    rows = list(decode_file(_file(path), SCHEMA, chunk_bytes=4096, raw_limit=64, frames=False,
-                            done=lambda *c: counted.append(c)))  # fmt: skip
+    rows = list(
+        decode_file(
+            _file(path),
+            SCHEMA,
+            chunk_bytes=4096,
+            raw_limit=64,
+            frames=False,
+            done=lambda *c: counted.append(c),
+        )
+    )
     errors = pa.Table.from_batches(rows, schema=SCHEMA).to_pylist()
     assert all(r["op"] == "error" for r in errors)
     assert len(errors) == len(result.expected_errors)

@@ -33,8 +33,15 @@ print(json.dumps({"status": status, "heavy": heavy}))
 
 def _probe(args: list[str], cwd: Path) -> tuple[dict[str, object], str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", PROBE, *args], input=json.dumps(HEAVY),
-                          capture_output=True, text=True, timeout=120, cwd=cwd, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        input=json.dumps(HEAVY),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     *output, last = done.stdout.splitlines()
     return json.loads(last), "\n".join(output)
@@ -66,7 +73,12 @@ def test_a_job_verb_imports_its_module_only_when_it_runs() -> None:
     args = build_parser("apply").parse_args(
         ["apply", "--config", "c.toml", "--collection", "s.c", "--rebuild"]
     )
-    assert (args.config, args.bucket, args.collection, args.rebuild) == ("c.toml", None, "s.c", True)
+    assert (args.config, args.bucket, args.collection, args.rebuild) == (
+        "c.toml",
+        None,
+        "s.c",
+        True,
+    )
     with pytest.raises(SystemExit):
         build_parser("decode").parse_args(["apply", "--config", "c.toml", "--rebuild"])
 

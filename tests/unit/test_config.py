@@ -25,14 +25,21 @@ def test_shipped_configurations_load(name: str) -> None:
         ('warehouse = "w"\n[[buckets]]\nname = "b"\n', "landing: Field required"),
         ('landing = "l"\nwarehouse = "w"\nbuckets = []\n', "buckets: List should have at least 1"),
         ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b c"\n', "buckets.0.name"),
-        ('landing = "l"\nwarehouse = "w"\ncolour = 1\n[[buckets]]\nname = "b"\n', "colour: Extra inputs"),
-        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[ingest]\nchunk_bytes = 10\n',
-         "ingest.chunk_bytes"),
+        (
+            'landing = "l"\nwarehouse = "w"\ncolour = 1\n[[buckets]]\nname = "b"\n',
+            "colour: Extra inputs",
+        ),
+        (
+            'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[ingest]\nchunk_bytes = 10\n',
+            "ingest.chunk_bytes",
+        ),
         ('landing = "l"\nwarehouse = "w"\n[[buckets]\n', "not valid TOML"),
-        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[airflow]\npy_files = "x.zip"\n',
-         r"airflow: .*py_files moved to \[spark\] py_files"),
+        (
+            'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[airflow]\npy_files = "x.zip"\n',
+            r"airflow: .*py_files moved to \[spark\] py_files",
+        ),
     ],
-)  # fmt: skip
+)
 def test_invalid_configuration_names_file_and_field(
     tmp_path: Path, text: str, message: str
 ) -> None:

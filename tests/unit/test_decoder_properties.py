@@ -30,8 +30,15 @@ def _fields(event: Event) -> dict[str, Any]:
     skip = {"header", "value"} if isinstance(event, SystemEvent) else {"header"}  # raw kept
     out = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name not in skip}
     h = event.header
-    out["header"] = (h.opcode, h.datatype, h.vbucket_or_status, h.opaque, h.cas, h.stream_id,
-                     h.is_response)  # fmt: skip
+    out["header"] = (
+        h.opcode,
+        h.datatype,
+        h.vbucket_or_status,
+        h.opaque,
+        h.cas,
+        h.stream_id,
+        h.is_response,
+    )
     return out
 
 

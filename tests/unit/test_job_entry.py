@@ -25,8 +25,9 @@ def test_bad_configuration_exits_2_naming_the_job_and_the_field(
     module: str, verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
-                    "[ingest]\nchunk_bytes = -1\n")  # fmt: skip
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n[ingest]\nchunk_bytes = -1\n'
+    )
     # the module run as a script is this verb
     assert f'job_main("{verb}")' in inspect.getsource(importlib.import_module(module))
     assert job_main(verb, ["--config", str(path)]) == 2
@@ -61,8 +62,9 @@ def test_a_job_prints_every_summary(
             return f"done {self.name}"
 
     path = tmp_path / "two.toml"
-    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n'
-                    '[[buckets]]\nname = "b"\n')  # fmt: skip
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n[[buckets]]\nname = "b"\n'
+    )
     monkeypatch.setattr(
         job, "run", lambda config, bucket=None: [Done(b.name) for b in config.bucket(bucket)]
     )
@@ -81,8 +83,9 @@ def test_check_exits_1_naming_every_failed_error_expectation(
 
     path = tmp_path / "ok.toml"
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
-    report = SimpleNamespace(bucket="b", failed_errors=["suite.one", "suite.two"],
-                             render=lambda: "report of b")  # fmt: skip
+    report = SimpleNamespace(
+        bucket="b", failed_errors=["suite.one", "suite.two"], render=lambda: "report of b"
+    )
     monkeypatch.setattr(job, "run", lambda config, bucket=None, screenshot=False: [report])
     for main in (lambda argv: job_main("check", argv), lambda argv: cli.main(["check", *argv])):
         assert main(["--config", str(path)]) == 1

@@ -29,8 +29,14 @@ def test_header_layout_matches_the_spec() -> None:
     # total body length, opaque, CAS
     assert layouts.HEADER.length == 24
     assert [(f.name, f.offset, f.size) for f in layouts.HEADER.fields] == [
-        ("magic", 0, 1), ("opcode", 1, 1), ("key_len", 2, 2), ("ext_len", 4, 1),
-        ("datatype", 5, 1), ("vbucket_or_status", 6, 2), ("body_len", 8, 4), ("opaque", 12, 4),
+        ("magic", 0, 1),
+        ("opcode", 1, 1),
+        ("key_len", 2, 2),
+        ("ext_len", 4, 1),
+        ("datatype", 5, 1),
+        ("vbucket_or_status", 6, 2),
+        ("body_len", 8, 4),
+        ("opaque", 12, 4),
         ("cas", 16, 8),
-    ]  # fmt: skip
+    ]
     assert layouts.BODY_LEN_OFFSET == 8

@@ -30,14 +30,18 @@ def _check(key: str, config: QualityConfig | None = None) -> Any:
 def test_every_suite_has_expectations_with_unique_names_and_known_columns() -> None:
     all_checks = default_checks()
     assert [s.name for s in SUITES] == [
-        "snapshot_completeness", "stream_coverage", "silver_reconciliation", "bronze_integrity",
-    ]  # fmt: skip
+        "snapshot_completeness",
+        "stream_coverage",
+        "silver_reconciliation",
+        "bronze_integrity",
+    ]
     assert len({c.key for c in all_checks}) == len(all_checks) == 19
     assert {c.suite for c in all_checks} == {s.name for s in SUITES}
     warn = {c.key for c in all_checks if c.severity == "warn"}
     assert warn == {
-        "snapshot_completeness.last_snapshot_complete", "stream_coverage.reached_producer_high",
-    }  # fmt: skip
+        "snapshot_completeness.last_snapshot_complete",
+        "stream_coverage.reached_producer_high",
+    }
 
 
 def test_severity_overrides_by_expectation_win_over_suite() -> None:
@@ -69,12 +73,12 @@ def test_unknown_severity_override_names_the_known_ones() -> None:
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ('[quality]\nquarantine_threshold = -1\n', "quality.quarantine_threshold"),
+        ("[quality]\nquarantine_threshold = -1\n", "quality.quarantine_threshold"),
         ('[quality.severity]\n"stream_coverage" = "fatal"\n', "quality.severity.stream_coverage"),
         ('[quality.severity]\n"Bad Key" = "warn"\n', "suite.expectation"),
-        ('[quality]\ncolour = 1\n', "quality.colour: Extra inputs"),
+        ("[quality]\ncolour = 1\n", "quality.colour: Extra inputs"),
     ],
-)  # fmt: skip
+)
 def test_invalid_quality_section_names_file_and_field(
     tmp_path: Path, section: str, message: str
 ) -> None:
@@ -87,9 +91,11 @@ def test_invalid_quality_section_names_file_and_field(
 
 def test_quality_section_loads_with_defaults(tmp_path: Path) -> None:
     path = tmp_path / "q.toml"
-    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
-                    '[quality]\nquarantine_threshold = 2\n'
-                    '[quality.severity]\n"bronze_integrity.opcodes_known" = "warn"\n')  # fmt: skip
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+        "[quality]\nquarantine_threshold = 2\n"
+        '[quality.severity]\n"bronze_integrity.opcodes_known" = "warn"\n'
+    )
     q = load_config(path).quality
     assert (q.quarantine_threshold, q.max_examples, q.results_retention_days) == (2, 20, 90)
     assert q.severity == {"bronze_integrity.opcodes_known": "warn"}
@@ -99,22 +105,37 @@ def test_quality_section_loads_with_defaults(tmp_path: Path) -> None:
 # unexpected_index_column_names=["where", <details>] (trimmed to the keys it has).
 IN_SET_FAILED = {
     "success": False,
-    "expectation_config": {"type": "expect_column_values_to_be_in_set",
-                           "kwargs": {"column": "incomplete", "value_set": [0]},
-                           "meta": {"check": "snapshot_completeness.snapshot_complete"}},
+    "expectation_config": {
+        "type": "expect_column_values_to_be_in_set",
+        "kwargs": {"column": "incomplete", "value_set": [0]},
+        "meta": {"check": "snapshot_completeness.snapshot_complete"},
+    },
     "result": {
-        "element_count": 12, "unexpected_count": 2, "missing_count": 0,
+        "element_count": 12,
+        "unexpected_count": 2,
+        "missing_count": 0,
         "partial_unexpected_list": [1, 3],
         "partial_unexpected_index_list": [
-            {"where": "vb 3 · session s1 · stream 1", "incomplete_detail": "[16, 20] missing 19..20",
-             "open_detail": None, "incomplete": 1},
-            {"where": "vb 7 · session s1 · stream 1", "incomplete_detail": "[4, 9] missing 8..9",
-             "open_detail": None, "incomplete": 3},
+            {
+                "where": "vb 3 · session s1 · stream 1",
+                "incomplete_detail": "[16, 20] missing 19..20",
+                "open_detail": None,
+                "incomplete": 1,
+            },
+            {
+                "where": "vb 7 · session s1 · stream 1",
+                "incomplete_detail": "[4, 9] missing 8..9",
+                "open_detail": None,
+                "incomplete": 3,
+            },
         ],
     },
-    "exception_info": {"raised_exception": False, "exception_traceback": None,
-                       "exception_message": None},
-}  # fmt: skip
+    "exception_info": {
+        "raised_exception": False,
+        "exception_traceback": None,
+        "exception_message": None,
+    },
+}
 
 
 def test_outcome_of_a_failed_map_expectation_keeps_where_detail_and_value() -> None:
@@ -126,17 +147,24 @@ def test_outcome_of_a_failed_map_expectation_keeps_where_detail_and_value() -> N
     assert (outcome.unexpected_count, outcome.element_count) == (2, 12)
     assert outcome.expectation_type == "expect_column_values_to_be_in_set"
     assert outcome.examples == (
-        {"where": "vb 3 · session s1 · stream 1", "incomplete_detail": "[16, 20] missing 19..20",
-         "incomplete": 1},
-    )  # fmt: skip
+        {
+            "where": "vb 3 · session s1 · stream 1",
+            "incomplete_detail": "[16, 20] missing 19..20",
+            "incomplete": 1,
+        },
+    )
 
 
 def test_outcome_of_a_pair_expectation_counts_rows_with_both_values() -> None:
     result = {
         "success": True,
-        "result": {"element_count": 32, "unexpected_count": 0, "missing_count": 30,
-                   "partial_unexpected_index_list": []},
-    }  # fmt: skip
+        "result": {
+            "element_count": 32,
+            "unexpected_count": 0,
+            "missing_count": 30,
+            "partial_unexpected_index_list": [],
+        },
+    }
     check = _check("stream_coverage.reached_requested_end")
     outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
     assert (outcome.success, outcome.observed, outcome.examples) == (True, "0 of 2 vbuckets", ())
@@ -149,26 +177,38 @@ def test_outcome_of_an_aggregate_expectation_takes_examples_from_the_metric_rows
     result = {"success": False, "result": {"observed_value": 3.0}}
     rows = [
         {"where": "a.dcpcap (session s #0)", "malformed": 0, "malformed_detail": None},
-        {"where": "b.dcpcap (session s #1)", "malformed": 3,
-         "malformed_detail": "offset 120: extras length does not fit the opcode"},
-    ]  # fmt: skip
+        {
+            "where": "b.dcpcap (session s #1)",
+            "malformed": 3,
+            "malformed_detail": "offset 120: extras length does not fit the opcode",
+        },
+    ]
     check = _check("bronze_integrity.quarantine_within_threshold")
     outcome = outcome_from_result(check, result, entity="capture file", max_examples=5, rows=rows)
     assert (outcome.success, outcome.observed, outcome.unexpected_count) == (
-        False, "3 (at most 0)", None,
-    )  # fmt: skip
+        False,
+        "3 (at most 0)",
+        None,
+    )
     assert outcome.examples == (
-        {"where": "b.dcpcap (session s #1)",
-         "malformed_detail": "offset 120: extras length does not fit the opcode", "malformed": 3},
-    )  # fmt: skip
+        {
+            "where": "b.dcpcap (session s #1)",
+            "malformed_detail": "offset 120: extras length does not fit the opcode",
+            "malformed": 3,
+        },
+    )
 
 
 def test_an_expectation_that_raised_inside_ge_is_an_error() -> None:
-    result = {"success": False, "result": {},
-              "exception_info": {"raised_exception": True, "exception_message": "no column x"}}  # fmt: skip
+    result = {
+        "success": False,
+        "result": {},
+        "exception_info": {"raised_exception": True, "exception_message": "no column x"},
+    }
     with pytest.raises(DcpError, match=r"stream_coverage\.no_rolled_back_rows: .*no column x"):
-        outcome_from_result(_check("stream_coverage.no_rolled_back_rows"), result,
-                            entity="vbucket", max_examples=5)  # fmt: skip
+        outcome_from_result(
+            _check("stream_coverage.no_rolled_back_rows"), result, entity="vbucket", max_examples=5
+        )
 
 
 def _report() -> QualityReport:
@@ -185,11 +225,22 @@ def _report() -> QualityReport:
         ({"where": "collection 0x8 inventory.airline", "bronze_live": 40, "silver_live": 39},),
     )
     warned = ExpectationOutcome(
-        "snapshot_completeness", "last_snapshot_complete", "warn", "last one complete",
-        "expect_column_values_to_be_in_set", False, "1 of 32 streams", 1, 32,
-        ({"where": "vb 25 · session s01 · stream 1",
-          "open_detail": "[80, 82] received up to 80, missing 81..82"},),
-    )  # fmt: skip
+        "snapshot_completeness",
+        "last_snapshot_complete",
+        "warn",
+        "last one complete",
+        "expect_column_values_to_be_in_set",
+        False,
+        "1 of 32 streams",
+        1,
+        32,
+        (
+            {
+                "where": "vb 25 · session s01 · stream 1",
+                "open_detail": "[80, 82] received up to 80, missing 81..82",
+            },
+        ),
+    )
     ok = ExpectationOutcome(
         "bronze_integrity",
         "opcodes_known",
@@ -222,14 +273,17 @@ def test_report_names_failed_errors_warnings_and_open_snapshots() -> None:
     assert not report.passed
     text = report.render().splitlines()
     assert text[0].startswith("quality check of bucket 'travel-sample': FAILED (1 errors), 1/3")
-    assert text[1] == ("  ERROR silver_reconciliation.live_count_matches: 1 of 4 collections; "
-                       "e.g. collection 0x8 inventory.airline: bronze_live=40, silver_live=39")  # fmt: skip
+    assert text[1] == (
+        "  ERROR silver_reconciliation.live_count_matches: 1 of 4 collections; "
+        "e.g. collection 0x8 inventory.airline: bronze_live=40, silver_live=39"
+    )
     assert text[2] == (
         "  WARN  snapshot_completeness.last_snapshot_complete: 1 of 32 streams; e.g. vb 25 · "
         "session s01 · stream 1: [80, 82] received up to 80, missing 81..82"
     )
-    assert text[3] == ("  open snapshot: vb 25 [80, 82] received up to 80, missing 81..82 "
-                       "(session s01)")  # fmt: skip
+    assert text[3] == (
+        "  open snapshot: vb 25 [80, 82] received up to 80, missing 81..82 (session s01)"
+    )
 
 
 def test_result_rows_one_per_expectation_with_examples_as_json() -> None:
@@ -274,8 +328,9 @@ def test_summary_page_shows_failing_expectations_first_suites_and_open_snapshots
     page.feed(render_summary(_report()))
     assert page.text["status"] == "FAILED: 1 error(s)"
     assert page.expectations["failing"] == [
-        "silver_reconciliation.live_count_matches", "snapshot_completeness.last_snapshot_complete",
-    ]  # fmt: skip
+        "silver_reconciliation.live_count_matches",
+        "snapshot_completeness.last_snapshot_complete",
+    ]
     assert "bronze_live=40, silver_live=39" in page.text["failing"]
     assert page.expectations["suite-bronze_integrity"] == ["bronze_integrity.opcodes_known"]
     assert "pass" in page.text["suite-bronze_integrity"]
@@ -303,8 +358,10 @@ def test_check_command_fails_on_bad_configuration_before_spark(
     from pipelines import cli
 
     path = tmp_path / "q.toml"
-    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
-                    '[quality.severity]\n"snapshot_completeness.typo" = "warn"\n')  # fmt: skip
+    path.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+        '[quality.severity]\n"snapshot_completeness.typo" = "warn"\n'
+    )
     assert cli.main(["check", "--config", str(path)]) == 2
     assert "snapshot_completeness.typo" in capsys.readouterr().err
     assert cli.main(["check", "--config", str(path), "--bucket", "other"]) == 2

@@ -21,11 +21,30 @@ class Stream:
 
     def add(self, op: str, **fields: Any) -> Stream:
         self.offset += 100
-        frame = dict.fromkeys(("by_seqno", "rev_seqno", "collection_id", "start_seqno",
-                               "end_seqno", "purge_seqno", "oso_flags", "rollback_seqno",
-                               "failover_log", "event", "manifest_uid", "key"))  # fmt: skip
-        frame.update(op=op, session_started_at=self.started, session_id=self.session,
-                     file_sequence=0, offset=self.offset, vbucket=VB)  # fmt: skip
+        frame = dict.fromkeys(
+            (
+                "by_seqno",
+                "rev_seqno",
+                "collection_id",
+                "start_seqno",
+                "end_seqno",
+                "purge_seqno",
+                "oso_flags",
+                "rollback_seqno",
+                "failover_log",
+                "event",
+                "manifest_uid",
+                "key",
+            )
+        )
+        frame.update(
+            op=op,
+            session_started_at=self.started,
+            session_id=self.session,
+            file_sequence=0,
+            offset=self.offset,
+            vbucket=VB,
+        )
         frame.update(fields)
         self.frames.append(frame)
         return self
@@ -79,10 +98,14 @@ def test_eager_apply_takes_the_tail_without_moving_the_consistent_point() -> Non
 
 
 def test_eager_apply_leaves_a_collection_created_inside_the_tail_for_later() -> None:
-    s = (Stream().opened().marker(1, 9)
-         .add("system_event", event="create_collection", collection_id=8, by_seqno=1,
-              manifest_uid=2)
-         .mutation(2, "new", cid=8).mutation(3, "old", cid=0))  # fmt: skip
+    s = (
+        Stream()
+        .opened()
+        .marker(1, 9)
+        .add("system_event", event="create_collection", collection_id=8, by_seqno=1, manifest_uid=2)
+        .mutation(2, "new", cid=8)
+        .mutation(3, "old", cid=0)
+    )
     result = walk(s.frames, VbState(VB), eager=True)
     assert [c["key"] for c in result.changes] == ["old"]
     assert result.system_events == []
@@ -132,10 +155,15 @@ def test_a_new_failover_branch_below_what_was_applied_is_a_rollback() -> None:
 
 def test_a_drop_removes_earlier_changes_and_ignores_later_ones() -> None:
     """spec §6.7: after the drop at seqno 3, collection 8 no longer exists in this vbucket."""
-    s = (Stream().opened().marker(1, 5)
-         .mutation(1, "a", cid=8)
-         .add("system_event", event="drop_collection", collection_id=8, by_seqno=3, manifest_uid=3)
-         .mutation(4, "b", cid=8).mutation(5, "c", cid=0))  # fmt: skip
+    s = (
+        Stream()
+        .opened()
+        .marker(1, 5)
+        .mutation(1, "a", cid=8)
+        .add("system_event", event="drop_collection", collection_id=8, by_seqno=3, manifest_uid=3)
+        .mutation(4, "b", cid=8)
+        .mutation(5, "c", cid=0)
+    )
     result = walk(s.frames, VbState(VB))
     assert [c["key"] for c in result.changes] == ["c"]
     assert result.ignored == 1
@@ -144,11 +172,15 @@ def test_a_drop_removes_earlier_changes_and_ignores_later_ones() -> None:
 
 def test_a_repeated_create_is_a_flush() -> None:
     """spec §6.7: a create of a known collection at a newer seqno flushes it."""
-    s = (Stream().opened().marker(1, 4)
-         .add("system_event", event="create_collection", collection_id=8, by_seqno=1)
-         .mutation(2, "a", cid=8)
-         .add("system_event", event="create_collection", collection_id=8, by_seqno=3)
-         .mutation(4, "b", cid=8))  # fmt: skip
+    s = (
+        Stream()
+        .opened()
+        .marker(1, 4)
+        .add("system_event", event="create_collection", collection_id=8, by_seqno=1)
+        .mutation(2, "a", cid=8)
+        .add("system_event", event="create_collection", collection_id=8, by_seqno=3)
+        .mutation(4, "b", cid=8)
+    )
     result = walk(s.frames, VbState(VB))
     assert [c["key"] for c in result.changes] == ["b"]
     assert [e["kind"] for e in result.system_events] == ["create_collection", "flush_collection"]

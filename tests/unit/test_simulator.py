@@ -68,8 +68,11 @@ def test_captures_decode_with_only_the_injected_errors(
 ) -> None:
     result = scenario_runs[name]
     summary, _ = _truth(result)
-    errors = [(p.name, e.offset, e.reason) for p, e in _events(result)
-              if isinstance(e, MalformedFrameError)]  # fmt: skip
+    errors = [
+        (p.name, e.offset, e.reason)
+        for p, e in _events(result)
+        if isinstance(e, MalformedFrameError)
+    ]
     assert errors == [(e["file"], e["offset"], e["reason"]) for e in summary["expected_errors"]]
     counts: dict[str, int] = defaultdict(int)
     for _, e in _events(result):
@@ -107,8 +110,11 @@ def test_reference_consumer_ends_with_the_truth(tmp_path: Path, name: str, seed:
 
 def test_same_seed_gives_byte_identical_captures(tmp_path: Path) -> None:
     def digest(out: Path) -> dict[str, str]:
-        return {p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(out.rglob("*")) if p.is_file()}  # fmt: skip
+        return {
+            p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.rglob("*"))
+            if p.is_file()
+        }
 
     a = simulate(tmp_path / "a", scenario="mixed", seed=5, inject_malformed=1, **SMALL)
     b = simulate(tmp_path / "b", scenario="mixed", seed=5, inject_malformed=1, **SMALL)
@@ -188,8 +194,7 @@ def test_after_a_rollback_the_truth_has_no_rolled_back_changes(
 ) -> None:
     result = scenario_runs["rollback"]
     _, docs = _truth(result)
-    rollbacks = [e for _, e in _events(result)
-                 if getattr(e, "rollback_seqno", None) is not None]  # fmt: skip
+    rollbacks = [e for _, e in _events(result) if getattr(e, "rollback_seqno", None) is not None]
     assert len(rollbacks) == 2
     rolled = {e.header.opaque: e.rollback_seqno for e in rollbacks}  # type: ignore[union-attr]
     lost_cas = set()  # versions the consumer received on the branch that was lost
@@ -270,9 +275,15 @@ def test_ttl_scenario_streams_expired_documents_before_the_pager(
     expirations = [e for e in events if isinstance(e, Expiration)]
     assert expirations
     first_expiry = {(e.collection_id, e.key): e.by_seqno for e in reversed(expirations)}
-    stale = [e for e in events if isinstance(e, Mutation) and e.expiration
-             and (e.collection_id, e.key) in first_expiry and e.by_seqno < first_expiry[(e.collection_id, e.key)]
-             and e.expiration <= summary["as_of_unix"]]  # fmt: skip
+    stale = [
+        e
+        for e in events
+        if isinstance(e, Mutation)
+        and e.expiration
+        and (e.collection_id, e.key) in first_expiry
+        and e.by_seqno < first_expiry[(e.collection_id, e.key)]
+        and e.expiration <= summary["as_of_unix"]
+    ]
     assert stale, "an expired document streamed as a mutation before its expiration"
 
 
@@ -283,11 +294,23 @@ def test_vbucket_mapping_is_couchbase_crc32() -> None:
 
 
 def test_1024_vbuckets_and_file_rotation(tmp_path: Path) -> None:
-    result = simulate(tmp_path, scenario="basic", seed=2, vbuckets=1024, docs=2000, ops=1000,
-                      max_file_bytes=256 * 1024)  # fmt: skip
+    result = simulate(
+        tmp_path,
+        scenario="basic",
+        seed=2,
+        vbuckets=1024,
+        docs=2000,
+        ops=1000,
+        max_file_bytes=256 * 1024,
+    )
     assert len(result.files) > 2
-    sequences = [json.loads(p.read_bytes()[12 : 12 + int.from_bytes(p.read_bytes()[8:12], "big")])["sequence"]
-                 for p in result.files if "-s01-" in p.name]  # fmt: skip
+    sequences = [
+        json.loads(p.read_bytes()[12 : 12 + int.from_bytes(p.read_bytes()[8:12], "big")])[
+            "sequence"
+        ]
+        for p in result.files
+        if "-s01-" in p.name
+    ]
     assert sequences == list(range(len(sequences)))
     consumer = ReferenceConsumer()
     consumer.consume(tmp_path / "landing")
@@ -295,8 +318,23 @@ def test_1024_vbuckets_and_file_rotation(tmp_path: Path) -> None:
 
 
 def test_simulate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["simulate", "--out", str(tmp_path), "--seed", "4", "--scenario", "ttl",
-                 "--vbuckets", "8", "--docs", "50", "--ops", "200"])  # fmt: skip
+    code = main(
+        [
+            "simulate",
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "4",
+            "--scenario",
+            "ttl",
+            "--vbuckets",
+            "8",
+            "--docs",
+            "50",
+            "--ops",
+            "200",
+        ]
+    )
     assert code == 0
     assert (tmp_path / "truth" / "summary.json").is_file()
     assert list((tmp_path / "landing").glob("*.dcpcap"))
@@ -316,18 +354,23 @@ def test_the_pager_finds_exactly_what_a_scan_of_every_document_finds(
 
     def checked(self: model.Bucket, limit: int) -> list[model.Doc]:
         scan = sorted(
-            (d for vb in self.vbuckets for d in vb.docs.values()
-             if not d.deleted and 0 < d.expiry <= self.now),
+            (
+                d
+                for vb in self.vbuckets
+                for d in vb.docs.values()
+                if not d.deleted and 0 < d.expiry <= self.now
+            ),
             key=lambda d: (d.vbucket, d.seqno),
-        )[:limit]  # fmt: skip
+        )[:limit]
         got = heap_based(self, limit)
         assert got == scan
         rounds.append(len(got))
         return got
 
     monkeypatch.setattr(model.Bucket, "due_for_expiry", checked)
-    simulate(tmp_path / "sim", bucket="b", scenario=scenario, seed=seed, vbuckets=8, docs=200,
-             ops=3000)  # fmt: skip
+    simulate(
+        tmp_path / "sim", bucket="b", scenario=scenario, seed=seed, vbuckets=8, docs=200, ops=3000
+    )
     assert rounds and sum(rounds) > 0  # the pager did expire documents
 
 

@@ -17,11 +17,21 @@ from tests.unit.snappy_oracle import compress_literal, decompress_pure
 
 # spec §3 test vectors, as written there
 LEB128_VECTORS = [
-    (0x00, "00"), (0x01, "01"), (0x08, "08"), (0x7F, "7f"), (0x80, "8001"), (0x555, "d50a"),
-    (555, "ab04"), (0x7FFF, "ffff01"), (0xFFFF, "ffff03"), (0x8000, "808002"),
-    (0x5555, "d5aa01"), (0xCAFEF00, "80debf65"), (0xCAFEF00D, "8de0fbd70c"),
+    (0x00, "00"),
+    (0x01, "01"),
+    (0x08, "08"),
+    (0x7F, "7f"),
+    (0x80, "8001"),
+    (0x555, "d50a"),
+    (555, "ab04"),
+    (0x7FFF, "ffff01"),
+    (0xFFFF, "ffff03"),
+    (0x8000, "808002"),
+    (0x5555, "d5aa01"),
+    (0xCAFEF00, "80debf65"),
+    (0xCAFEF00D, "8de0fbd70c"),
     (0xFFFFFFFF, "ffffffff0f"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("cid", "hex_bytes"), LEB128_VECTORS)
@@ -139,14 +149,28 @@ def test_xattrs_malformed(value: bytes, reason: str) -> None:
 def test_flatbuffers_collection_round_trip_with_defaults() -> None:
     data = flatbuf.build_table(
         flatbuf.COLLECTION,
-        {"uid": 0x1F, "scope_id": 8, "collection_id": 9, "ttl_valid": True, "max_ttl": 60,
-         "name": "orders", "flush_uid": 0x20},
-    )  # fmt: skip
+        {
+            "uid": 0x1F,
+            "scope_id": 8,
+            "collection_id": 9,
+            "ttl_valid": True,
+            "max_ttl": 60,
+            "name": "orders",
+            "flush_uid": 0x20,
+        },
+    )
     assert flatbuf.read_table(data, flatbuf.COLLECTION) == {
-        "uid": 0x1F, "scope_id": 8, "collection_id": 9, "ttl_valid": True, "max_ttl": 60,
-        "name": "orders", "history": False, "default_collection_mvs": 0, "metered": False,
+        "uid": 0x1F,
+        "scope_id": 8,
+        "collection_id": 9,
+        "ttl_valid": True,
+        "max_ttl": 60,
+        "name": "orders",
+        "history": False,
+        "default_collection_mvs": 0,
+        "metered": False,
         "flush_uid": 0x20,
-    }  # fmt: skip
+    }
 
 
 def test_flatbuffers_reads_tables_built_by_the_reference_builder() -> None:
@@ -160,8 +184,10 @@ def test_flatbuffers_reads_tables_built_by_the_reference_builder() -> None:
     builder.Finish(builder.EndObject())
     data = bytes(builder.Output())
     assert flatbuf.read_table(data, flatbuf.SCOPE) == {
-        "uid": 0xABCDEF, "scope_id": 9, "name": "inventory",
-    }  # fmt: skip
+        "uid": 0xABCDEF,
+        "scope_id": 9,
+        "name": "inventory",
+    }
 
 
 @given(st.binary(max_size=80))
