@@ -63,6 +63,18 @@ class CaptureFile:
     header_length: int = 0
     started_at: str = ""
 
+    def log_row(self, run_id: str, **more: Any) -> dict[str, Any]:
+        """The file's row of the ingest log in run ``run_id``."""
+        return {
+            "file": self.path,
+            "size": self.size,
+            "modified_ms": self.modified_ms,
+            "session_id": self.session_id,
+            "file_sequence": self.file_sequence,
+            "ingest_run_id": run_id,
+            **more,
+        }
+
 
 @dataclass
 class IngestSummary:
@@ -362,17 +374,7 @@ def ingest_bucket(
         _log_rows(
             spark,
             names.ingest_log,
-            [
-                {
-                    "file": f.path,
-                    "size": f.size,
-                    "modified_ms": f.modified_ms,
-                    "session_id": f.session_id,
-                    "file_sequence": f.file_sequence,
-                    "ingest_run_id": run_id,
-                }
-                for f in chosen
-            ],
+            [f.log_row(run_id) for f in chosen],
             version,
             "planned",
         )
@@ -441,17 +443,12 @@ def ingest_bucket(
         spark,
         names.ingest_log,
         [
-            {
-                "file": f.path,
-                "size": f.size,
-                "modified_ms": f.modified_ms,
-                "session_id": f.session_id,
-                "file_sequence": f.file_sequence,
-                "ingest_run_id": run_id,
-                "frames": found[f.path][0],
-                "errors": found[f.path][1],
-                "end_state": end_states[f.path],
-            }
+            f.log_row(
+                run_id,
+                frames=found[f.path][0],
+                errors=found[f.path][1],
+                end_state=end_states[f.path],
+            )
             for f in chosen
         ],
         version,
