@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,16 @@ JOBS = [
     ("pipelines.quality.job", "check"),
     ("pipelines.maintenance", "maintain"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """``job_main`` sets up logging on the stderr of its process, here pytest's capture: put the
+    root logger back, so that no later log line (py4j's at exit) goes to a closed stream."""
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
 
 
 @pytest.mark.parametrize(("module", "verb"), JOBS)
