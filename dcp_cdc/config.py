@@ -96,7 +96,7 @@ class SilverConfig(_Model):
 
 
 Severity = Literal["error", "warn"]
-_EXPECTATION_KEY = re.compile(r"^[a-z][a-z_]*(\.[a-z][a-z_]*)?$")
+_EXPECTATION_KEY = re.compile(r"[a-z][a-z_]*(\.[a-z][a-z_]*)?")
 
 
 class QualityConfig(_Model):
@@ -116,7 +116,7 @@ class QualityConfig(_Model):
     @field_validator("severity")
     @classmethod
     def _expectation_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not _EXPECTATION_KEY.match(k)]
+        bad = [k for k in value if not _EXPECTATION_KEY.fullmatch(k)]
         if bad:
             raise ValueError(f"keys must look like 'suite' or 'suite.expectation', got {bad}")
         return value

@@ -14,14 +14,14 @@ from __future__ import annotations
 import re
 import zlib
 
-_PLAIN = re.compile(r"^[a-z0-9_]+$")
+_PLAIN = re.compile(r"[a-z0-9_]+")
 
 
 def identifier(name: str) -> str:
     """The SQL identifier for a Couchbase name (see the module docstring for the rule)."""
     if not name:
         raise ValueError("empty name")
-    if _PLAIN.match(name):
+    if _PLAIN.fullmatch(name):  # not match(): "$" would let a final newline through
         return name
     mapped = name.lower().replace("-", "_").replace(".", "_").replace("%", "_pct_")
     mapped = re.sub(r"[^a-z0-9_]", "_", mapped)

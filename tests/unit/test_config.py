@@ -62,8 +62,10 @@ def test_identifier_rule_is_readable_and_injective() -> None:
     assert identifier("airline") == "airline"
     assert identifier("travel-sample") == "travel_sample_a8560dff"
     assert identifier("orders%2026") == "orders_pct_2026_6070f28b"
-    names = ["a-b", "a_b", "A_b", "a%b", "a.b", "a_pct_b", "ab"]
+    names = ["a-b", "a_b", "A_b", "a%b", "a.b", "a_pct_b", "ab", "ab\n"]
     assert len({identifier(n) for n in names}) == len(names)
+    # a whole-name check: a final newline is no identifier character (issue 14)
+    assert identifier("orders\n") == "orders__7580e611"
 
 
 def test_relative_paths_are_relative_to_the_file(tmp_path: Path) -> None:
