@@ -939,7 +939,10 @@ def decode_frames(
     sid_rows = np.flatnonzero(alt & ~slow)
     if len(sid_rows):
         at = starts[sid_rows] + HEADER_LEN
-        simple = (fe_len[sid_rows] == 1 + STREAM_ID_LEN) & (u8[at] == STREAM_ID_TAG)
+        # only a frame-info section of that size has its tag inside the frame (an empty
+        # body's tag would lie past the buffer's end)
+        simple = fe_len[sid_rows] == 1 + STREAM_ID_LEN
+        simple[simple] = u8[at[simple]] == STREAM_ID_TAG
         cols.set("stream_id", sid_rows[simple], _byte_view(buf, ">u2")[at[simple] + 1])
         slow[sid_rows[~simple]] = True
 
