@@ -38,6 +38,7 @@ class Setup:
     config: Path
     warehouse: Path
     result: SimulationResult
+    bucket: str = BUCKET
 
 
 def prepare(workdir: Path, seed: int = 7) -> Setup:
@@ -141,7 +142,7 @@ def _rows(path: Path, columns: list[str], version: int | None = None) -> list[di
 
 def bronze_rows(setup: Setup) -> dict[str, list[tuple[Any, ...]]]:
     """Bronze's rows by table (events, quarantine), each frame by its place in its capture."""
-    names = BucketTables(BUCKET)
+    names = BucketTables(setup.bucket)
     place = ["session_id", "file_sequence", "offset"]
     events = _rows(table_path(setup, names.events), [*place, "op"])
     quarantine = _rows(table_path(setup, names.quarantine), place)
@@ -166,7 +167,7 @@ def bronze_problems(setup: Setup, reference: dict[str, list[tuple[Any, ...]]]) -
 
 
 def _registry(setup: Setup) -> list[dict[str, Any]]:
-    path = table_path(setup, BucketTables(BUCKET).registry)
+    path = table_path(setup, BucketTables(setup.bucket).registry)
     return _rows(path, ["collection_id", "table_name", "status", "flush_seqnos", "drop_seqnos"])
 
 
@@ -216,7 +217,7 @@ def silver_problems(setup: Setup) -> list[str]:
 
 
 def _failover_logs(setup: Setup) -> dict[int, list[tuple[int, int]]]:
-    rows = _rows(table_path(setup, BucketTables(BUCKET).stream_state), ["vbucket", "state"])
+    rows = _rows(table_path(setup, BucketTables(setup.bucket).stream_state), ["vbucket", "state"])
     return {r["vbucket"]: json.loads(r["state"])["failover_log"] for r in rows}
 
 
