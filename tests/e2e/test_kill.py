@@ -26,16 +26,12 @@ INGEST_STEPS += (
     if EVERY_STEP
     else []
 )
-APPLY_STEPS = (
-    [
-        "create-committed:silver.*_all",
-        "cataloged:silver.*",
-        "committed:silver.*_all#2",
-        "commit:silver.*__stream_state",
-    ]
-    if EVERY_STEP
-    else []
-)
+APPLY_STEPS = [
+    "create-committed:silver.*_all",
+    "cataloged:silver.*",
+    "committed:silver.*_all#2",
+    "commit:silver.*__stream_state",
+]
 
 
 def _killed_then_again(setup: kh.Setup, verb: str, step: str) -> None:
@@ -55,6 +51,7 @@ def test_ingest_killed_at_a_step_then_run_again(tmp_path: Path, step: str) -> No
     assert len(bronze["quarantine"]) == len(set(bronze["quarantine"])) == 1  # the injected one
 
 
+@pytest.mark.skipif(not EVERY_STEP, reason="make test-long (DCP_CDC_KILL_ALL=1)")
 @pytest.mark.parametrize("step", APPLY_STEPS)
 def test_apply_killed_at_a_step_then_run_again(tmp_path: Path, step: str) -> None:
     setup = kh.prepare(tmp_path)
