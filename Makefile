@@ -3,7 +3,8 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
-#   make test-long  silver against the truth over 200 simulator seeds
+#   make test-long  silver against the truth over 200 simulator seeds; kill -9 at every step
+#   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
 # setup is stamp-driven: a second run with nothing changed does no work.
@@ -23,7 +24,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test test-long check lint format typecheck run bench pyfiles lock clean distclean
+.PHONY: help setup test test-long kill-trials check lint format typecheck run bench pyfiles lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
@@ -57,6 +58,11 @@ check: test
 # Silver against the simulator's truth over 200 seeds (CI runs 24).
 test-long: setup
 	DCP_CDC_SEEDS=200 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
+
+# kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.
+kill-trials: setup
+	$(PY) -m benchmarks.kill_trials $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

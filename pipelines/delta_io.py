@@ -7,11 +7,16 @@ it at top level and still print their help without a JVM.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlparse
 
-from pipelines.errors import CommitConflictError
+from pipelines import faults
+from pipelines.errors import CommitConflictError, TableLocationError
 from pipelines.tables import database
 
 if TYPE_CHECKING:
@@ -20,10 +25,22 @@ if TYPE_CHECKING:
 
 MAX_COMMIT_ATTEMPTS = 5
 _T = TypeVar("_T")
+_NON_EMPTY = "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
+_FIRST_COMMIT = f"{0:020d}.json"
+
+log = logging.getLogger("dcp_cdc.delta_io")
 
 
 def with_retry(what: str, action: Callable[[], _T]) -> _T:
-    """Run a Delta write, retrying when a concurrent writer won the commit (typed conflicts)."""
+    """Run a Delta write, retrying when a concurrent writer won the commit (typed conflicts).
+    The write is a fault point (:mod:`pipelines.faults`): ``commit:WHAT``, ``committed:WHAT``."""
+    faults.point("commit", what)
+    result = _retry(what, action)
+    faults.point("committed", what)
+    return result
+
+
+def _retry(what: str, action: Callable[[], _T]) -> _T:
     from delta import exceptions as dx
 
     conflicts = (
@@ -50,8 +67,12 @@ def with_retry(what: str, action: Callable[[], _T]) -> _T:
 
 
 def ensure_database(spark: SparkSession, table: str) -> None:
-    """The database (layer) ``table`` is in exists."""
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {database(table)}")
+    """The database (layer) ``table`` is in exists. ``IF NOT EXISTS`` also adopts the folder
+    of a creation killed between making it and its catalog entry."""
+    name = database(table)
+    faults.point("database", name)
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS {name}")
+    faults.point("databased", name)
 
 
 def create_table(
@@ -66,30 +87,68 @@ def create_table(
     ``properties`` are its Delta table properties, ``cluster_by`` its liquid clustering keys."""
     from delta.tables import DeltaTable
 
+    if spark.catalog.tableExists(table):
+        return
     builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
     if cluster_by:
         builder = builder.clusterBy(*cluster_by)
     for key, value in properties.items():
         builder = builder.property(key, value)
-    create_race_safe(table, builder)
+    location = managed_location(spark, table)
+    first_commit = _local_path(f"{location}/_delta_log/{_FIRST_COMMIT}")
+    faults.point("create", table)
+    stop = faults.watch("create-committed", table, lambda: Path(first_commit).exists())
+    try:
+        create_race_safe(spark, table, builder, location)
+    finally:
+        stop()
+    faults.point("created", table)
 
 
-def create_race_safe(table: str, builder: Any) -> None:
-    """``createIfNotExists`` that tolerates a concurrent run creating the same table. Delta
-    reports that race as a protocol change (retried by :func:`with_retry`); the catalog as
-    "already exists", or the location as "not empty" while the other commit is under way:
-    wait, and ask again (the table exists by then and creating it is a no-op)."""
+def managed_location(spark: SparkSession, table: str) -> str:
+    """Where the catalog puts the managed table ``table`` (``DB.NAME``): its database's
+    location and the name, as Spark's session catalog does."""
+    db, _, name = table.partition(".")
+    return f"{spark.catalog.getDatabase(db).locationUri.rstrip('/')}/{name.lower()}"
+
+
+def _local_path(uri: str) -> str:
+    parsed = urlparse(uri)
+    return parsed.path if parsed.scheme in ("", "file") else uri
+
+
+def create_race_safe(
+    spark: SparkSession, table: str, builder: Any, location: str | None = None
+) -> None:
+    """``createIfNotExists`` that tolerates a concurrent run creating the same table, and
+    resumes a creation that was killed.
+
+    Delta reports a concurrent creation as a protocol change (retried); the catalog as
+    "already exists", or the location as "not empty" while the other run is between its
+    first commit and its catalog entry: wait, and ask again (the table exists by then and
+    creating it is a no-op). A location still "not empty" after the waits, of a table the
+    catalog still does not know, is what a creation killed in that gap leaves: when it holds
+    nothing but a log whose only commit is version 0 without data files (or no commit yet),
+    it is cleared and the table created (:func:`clear_interrupted_creation`).
+    """
     from pyspark.errors import AnalysisException
 
-    races = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION")
-    for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
+    races = ("TABLE_OR_VIEW_ALREADY_EXISTS", _NON_EMPTY)
+    cleared = False
+    attempt = 0
+    while True:
+        attempt += 1
         try:
-            with_retry(table, builder.execute)
+            _retry(table, builder.execute)
             return
         except AnalysisException as exc:
             if exc.getCondition() not in races:
                 raise
-            if attempt == MAX_COMMIT_ATTEMPTS:
+            if attempt >= MAX_COMMIT_ATTEMPTS:
+                if exc.getCondition() == _NON_EMPTY and location and not cleared:
+                    cleared = clear_interrupted_creation(spark, table, location)
+                    if cleared:
+                        continue
                 raise CommitConflictError(
                     f"{table}: a concurrent run was still creating it after {attempt} attempts "
                     f"({exc.getCondition()}); run again"
@@ -97,15 +156,76 @@ def create_race_safe(table: str, builder: Any) -> None:
             time.sleep(0.5 * attempt)
 
 
+def clear_interrupted_creation(spark: SparkSession, table: str, location: str) -> bool:
+    """Delete what a creation of ``table`` killed before its catalog entry left at
+    ``location``; ``True`` when the next creation may succeed.
+
+    Called only after the waits of :func:`create_race_safe` (about 5 s): a live concurrent
+    creator registers its table within milliseconds of its first commit, so by then one
+    would have. Deleted only when the catalog still does not know ``table`` and the location
+    holds nothing but ``_delta_log`` with no commit after version 0, and version 0 adds no
+    data file: whoever wrote it, nothing is lost. (The one window left: a creator stalled
+    for longer than the waits, registering between this check and the delete; its next
+    read then fails, typed, and no data is lost.) Anything more at the location raises
+    :class:`~pipelines.errors.TableLocationError`.
+    """
+    if spark.catalog.tableExists(table):
+        return True  # registered by now: creating it again is a no-op
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    entries = sorted(s.getPath().getName() for s in fs.listStatus(path))
+    logged = (
+        sorted(
+            s.getPath().getName()
+            for s in fs.listStatus(jvm.org.apache.hadoop.fs.Path(path, "_delta_log"))
+        )
+        if "_delta_log" in entries
+        else []
+    )
+    versions = [n for n in logged if n[:20].isdigit() and not n.startswith(".")]
+    first: list[dict[str, Any]] = []
+    if _FIRST_COMMIT in versions:
+        stream = fs.open(jvm.org.apache.hadoop.fs.Path(path, f"_delta_log/{_FIRST_COMMIT}"))
+        try:
+            text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+        finally:
+            stream.close()
+        first = [json.loads(line) for line in text.splitlines() if line.strip()]
+    interrupted = (
+        entries == ["_delta_log"]
+        and all(n.startswith(_FIRST_COMMIT.removesuffix(".json")) for n in versions)
+        and not any("add" in action or "remove" in action for action in first)
+    )
+    if not interrupted:
+        raise TableLocationError(
+            f"{table}: the catalog does not know it, but its location {location} holds more "
+            f"than an interrupted creation leaves (entries {entries[:5]}, log {versions[:5]}); "
+            "register it, or move it away, then run again"
+        )
+    log.warning(
+        "%s: clearing %s, left by a creation interrupted before its catalog entry "
+        "(log %s, no data files)",
+        table,
+        location,
+        versions or "without a commit",
+    )
+    fs.delete(path, True)
+    return True
+
+
 def catalog_step(name: str, step: Callable[[], object], race: str) -> None:
     """A catalog change a concurrent run may make first: its ``race`` error (the other run's
-    effect) means done; a second such error in a row fails with a clear message."""
+    effect) means done; a second such error in a row fails with a clear message. A fault
+    point (:mod:`pipelines.faults`): ``catalog:NAME``, ``cataloged:NAME``."""
     from pyspark.errors import AnalysisException
 
+    faults.point("catalog", name)
     for attempt in (1, 2):
         try:
             step()
-            return
+            break
         except AnalysisException as exc:
             if exc.getCondition() != race:
                 raise
@@ -113,6 +233,7 @@ def catalog_step(name: str, step: Callable[[], object], race: str) -> None:
                 raise CommitConflictError(
                     f"{name}: a concurrent run kept changing it in the catalog ({race}); run again"
                 ) from exc
+    faults.point("cataloged", name)
 
 
 def replace_rows(df: DataFrame, table: str) -> None:
@@ -126,12 +247,15 @@ def replace_rows(df: DataFrame, table: str) -> None:
 
 def append(df: DataFrame, table: str) -> None:
     """Append ``df``'s rows to the Delta table ``table``."""
+    faults.point("commit", table)
     df.write.format("delta").mode("append").saveAsTable(table)
+    faults.point("committed", table)
 
 
 def append_once(df: DataFrame, table: str, *, app_id: str, version: int) -> None:
     """Append ``df`` unless a write of ``(app_id, version)`` already committed to ``table``
     (Delta's idempotent writes): a repeated run skips what an earlier attempt wrote."""
+    faults.point("commit", table)
     (
         df.write.format("delta")
         .mode("append")
@@ -141,6 +265,7 @@ def append_once(df: DataFrame, table: str, *, app_id: str, version: int) -> None
         .option("optimizeWrite", "false")
         .saveAsTable(table)
     )
+    faults.point("committed", table)
 
 
 def metric(metrics: DataFrame | None, name: str) -> int:

@@ -25,3 +25,8 @@ class DataQualityError(DcpError):
 
 class BrowserError(DcpError):
     """No headless Chromium to open the report with, or it failed."""
+
+
+class TableLocationError(DcpError):
+    """A table's location holds Delta data the catalog does not know, more than an interrupted
+    creation leaves (which is cleared and created again): it is not ours to delete."""

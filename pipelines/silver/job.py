@@ -138,7 +138,7 @@ def apply_bucket(
             changes = changes.where(F.col("collection_id").isin(keep))
         if rollbacks:
             summary.rebuilt_keys = store.rebuild_rolled_back(
-                spark, name, names.events, registry, rollbacks, new_states
+                spark, name, names.events, registry, rollbacks, new_states, changes
             )
         summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
         summary.tables = store.merge_changes(spark, name, registry, changes)

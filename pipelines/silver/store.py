@@ -287,8 +287,10 @@ def retire_dropped(
                 rename = f"ALTER TABLE {tables.all_rows(name)} RENAME TO {archived}"
                 delta_io.catalog_step(name, partial(spark.sql, rename), "TABLE_OR_VIEW_NOT_FOUND")
         else:
-            spark.sql(f"DROP TABLE IF EXISTS {tables.all_rows(name)}")
-        spark.sql(f"DROP VIEW IF EXISTS {name}")
+            delta_io.catalog_step(
+                name, partial(spark.sql, f"DROP TABLE IF EXISTS {tables.all_rows(name)}"), ""
+            )
+        delta_io.catalog_step(name, partial(spark.sql, f"DROP VIEW IF EXISTS {name}"), "")
         row["status"] = "retired"
         changed = True
     if changed:
@@ -370,8 +372,11 @@ def rebuild_rolled_back(
     registry: Registry,
     rollbacks: list[tuple[int, int]],
     states: dict[int, dict[str, Any]],
+    changes: DataFrame,
 ) -> int:
-    """Rows applied above a rollback point return to their last state at or before it.
+    """Rows applied above a rollback point return to their last state at or before it,
+    but those already at what this run's ``changes`` (walked change rows) will merge
+    (:func:`transforms.rolled_back_keys`): a re-run after a kill does not rewind them first.
 
     The state is rebuilt from bronze: the newest data event of the key in the vbucket with
     ``by_seqno <= R`` whose vb uuid's branch covers that seqno in the vbucket's failover log
@@ -390,12 +395,14 @@ def rebuild_rolled_back(
     branch_df = spark.createDataFrame(branches, "b_vb INT, b_uuid LONG, b_start LONG, b_end LONG")
     point_df = spark.createDataFrame(list(points.items()), "p_vb INT, p_seqno LONG")
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
+    rows = transforms.silver_rows(changes)
     rebuilt = 0
     for reg in registry:
         if reg["status"] == "retired":
             continue
         table = tables.all_rows(reg["table_name"])
-        affected = transforms.rolled_back_keys(spark.table(table), point_df)
+        batch = rows.where(F.col("_collection_id") == reg["collection_id"])
+        affected = transforms.rolled_back_keys(spark.table(table), point_df, batch)
         if affected.isEmpty():
             continue
         source = transforms.restored_rows(

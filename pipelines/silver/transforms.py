@@ -208,12 +208,31 @@ def merge_source(rows: DataFrame, collection_id: int, purges: DataFrame, table: 
 # --- rollbacks -----------------------------------------------------------------------------
 
 
-def rolled_back_keys(rows: DataFrame, points: DataFrame) -> DataFrame:
+def rolled_back_keys(rows: DataFrame, points: DataFrame, batch: DataFrame) -> DataFrame:
     """The keys of a collection table applied above their vbucket's rollback point
-    (``points``: ``p_vb``, ``p_seqno``): ``key``, ``vb``, ``p_seqno``."""
-    return rows.join(
+    (``points``: ``p_vb``, ``p_seqno``): ``key``, ``vb``, ``p_seqno``.
+
+    A key whose row already is where the run's own changes take it (``batch``: the run's
+    silver rows of the collection, newest per key) is left out: the row was written by an
+    earlier attempt of this run, killed before it saved its position, and rewinding it only
+    to apply the same change again would publish an older state in between. Same vb uuid and
+    a seqno at or below the batch's: the row is on the branch the batch continues.
+    """
+    ahead = batch.select(
+        F.col("key").alias("b_key"),
+        F.col("_vb_uuid").alias("b_uuid"),
+        F.col("_seqno").alias("b_seqno"),
+    )
+    above = rows.join(
         F.broadcast(points),
         (F.col("_vbucket") == F.col("p_vb")) & (F.col("_seqno") > F.col("p_seqno")),
+    )
+    return above.join(
+        ahead,
+        (F.col("key") == F.col("b_key"))
+        & F.col("_vb_uuid").eqNullSafe(F.col("b_uuid"))
+        & (F.col("_seqno") <= F.col("b_seqno")),
+        how="left_anti",
     ).select("key", F.col("_vbucket").alias("vb"), "p_seqno")
 
 

@@ -1,0 +1,107 @@
+"""What a killed run leaves, resumed in-process (issue 14): a table creation killed between its
+first Delta commit and its catalog entry (item 1), and an apply killed after its MERGEs,
+before it saved its position (item 7). The real ``kill -9`` of a job's process group is
+``tests/e2e/test_kill.py``'s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.simulator import simulate
+from pipelines import delta_io
+from pipelines.bronze.job import ingest_bucket
+from pipelines.errors import TableLocationError
+from pipelines.silver import store
+from pipelines.silver.job import apply_bucket
+from tests import kill_harness as kh
+from tests.spark.conftest import Warehouse
+from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+
+SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("name", T.StringType())])
+
+
+@pytest.fixture
+def no_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race waits of a creation (seconds) are skipped: no concurrent run here."""
+    monkeypatch.setattr(delta_io.time, "sleep", lambda _: None)
+
+
+def _orphan(spark: SparkSession, table: str, rows: list[tuple[int, str]] = ()) -> str:  # type: ignore[assignment]
+    """What a creation killed before its catalog entry leaves: version 0 at the table's
+    managed location (and ``rows`` after it), no catalog entry."""
+    location = delta_io.managed_location(spark, table)
+    DeltaTable.createIfNotExists(spark).location(location).addColumns(SCHEMA).execute()
+    if rows:
+        spark.createDataFrame(rows, SCHEMA).write.format("delta").mode("append").save(location)
+    assert not spark.catalog.tableExists(table)
+    return location
+
+
+def test_creation_killed_before_its_catalog_entry_is_created_again(
+    spark: SparkSession, warehouse: Warehouse, no_waits: None
+) -> None:
+    table = f"{warehouse.database}.t"
+    _orphan(spark, table)
+    delta_io.create_table(spark, table, SCHEMA, {"delta.appendOnly": "false"})
+    spark.createDataFrame([(1, "a")], SCHEMA).writeTo(table).append()
+    assert [tuple(r) for r in spark.table(table).collect()] == [(1, "a")]
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {table}").collect()}
+    assert props["delta.appendOnly"] == "false"  # created by this run, as it asked
+
+
+def test_a_location_holding_data_is_never_cleared(
+    spark: SparkSession, warehouse: Warehouse, no_waits: None
+) -> None:
+    table = f"{warehouse.database}.t"
+    location = _orphan(spark, table, [(1, "kept")])
+    with pytest.raises(TableLocationError, match="holds more than an interrupted creation"):
+        delta_io.create_table(spark, table, SCHEMA, {})
+    assert spark.read.format("delta").load(location).count() == 1
+
+
+def test_a_rerun_after_a_killed_apply_publishes_no_older_state(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The killed run MERGEd every table (a batch with a rollback) and died before saving its
+    position; the re-run walks the same batch: it must not rewind the keys the killed run
+    already brought to the batch's changes, so no version of any table moves a key back."""
+    bucket = f"r{tmp_path.name[-8:].replace('_', '').replace('-', '')}".lower()
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, scenario="rollback", seed=5, vbuckets=2, docs=40, ops=120
+    )
+    config = AppConfig(
+        landing=str(result.out / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    try:
+        _apply_killed_then_again(spark, config, result, tmp_path, monkeypatch)
+    finally:
+        _drop_all(spark, bucket)
+
+
+def _apply_killed_then_again(
+    spark: SparkSession, config: AppConfig, result: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    bucket = config.buckets[0].name
+    ingest_bucket(spark, config, config.buckets[0])
+
+    def killed(*args: Any) -> None:
+        raise KeyboardInterrupt("killed before saving the position")
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "save_states", killed)
+        with pytest.raises(KeyboardInterrupt):
+            apply_bucket(spark, config, config.buckets[0])
+    summary = apply_bucket(spark, config, config.buckets[0])
+    assert summary.rollbacks, "the scenario must roll back inside the batch"
+    setup = kh.Setup(tmp_path, Path(), Path(config.warehouse), result, bucket)
+    assert kh.regressions(setup) == []
+    assert_equal_to_truth(spark, bucket, result)
