@@ -9,6 +9,7 @@ whatever directory it starts in (an Airflow worker's is anyone's guess). A wrong
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import os
 import re
 import sys
@@ -208,6 +209,105 @@ class MaintenanceConfig(_Model):
     the maintenance session only."""
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches: 127.0.0.0/8, ``::1``, ``localhost``.
+    A host name is not resolved: any other name counts as reachable from outside."""
+    name = host.strip().strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class ThriftConfig(_Model):
+    """The JDBC/ODBC server of the catalog (``dcp-cdc thrift-server``, Spark's Thrift server,
+    HiveServer2 protocol). Its ``--host``, ``--port`` and ``--insecure-open`` override these."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on. Any address but loopback (127.0.0.0/8, ``::1``, ``localhost``)
+    needs ``authentication`` ``ldap`` or ``kerberos``, or ``allow_unauthenticated = true``."""
+    port: Annotated[int, Field(ge=1, le=65535)] = 10000
+    """Port to listen on."""
+    authentication: Literal["none", "ldap", "kerberos"] = "none"
+    """``none``: any user name and password is accepted (loopback only, unless
+    ``allow_unauthenticated``); ``ldap``: the password is checked by binding to ``ldap_url`` as
+    the user (``hive.server2.authentication = LDAP``); ``kerberos``: clients need a ticket for
+    ``kerberos_principal`` (``hive.server2.authentication = KERBEROS``)."""
+    ldap_url: str | None = None
+    """``ldap://host:389`` or ``ldaps://host:636`` (``hive.server2.authentication.ldap.url``);
+    several separated by spaces."""
+    ldap_base_dn: str | None = None
+    """A user ``u`` binds as ``uid=u,<ldap_base_dn>``
+    (``hive.server2.authentication.ldap.baseDN``)."""
+    ldap_user_dn_pattern: str | None = None
+    """Instead of ``ldap_base_dn``: DN patterns with ``%s`` for the user, separated by ``:``
+    (``uid=%s,ou=people,dc=example,dc=com``; ``hive.server2.authentication.ldap.userDNPattern``)."""
+    ldap_domain: str | None = None
+    """Appended as ``user@<ldap_domain>`` to names without one (Active Directory;
+    ``hive.server2.authentication.ldap.Domain``)."""
+    kerberos_principal: str | None = None
+    """The server's principal, ``hive/_HOST@REALM``
+    (``hive.server2.authentication.kerberos.principal``)."""
+    kerberos_keytab: str | None = None
+    """The keytab file of ``kerberos_principal``
+    (``hive.server2.authentication.kerberos.keytab``)."""
+    allow_unauthenticated: bool = False
+    """Serve a non-loopback ``host`` without authentication: anyone who reaches it reads
+    every table, under any name (the server logs a warning at start)."""
+
+    @model_validator(mode="after")
+    def _authenticated_unless_loopback(self) -> ThriftConfig:
+        if self.authentication == "ldap" and not self.ldap_url:
+            raise ValueError('ldap_url: required with authentication = "ldap"')
+        if self.ldap_url and not all(
+            url.startswith(("ldap://", "ldaps://")) for url in self.ldap_url.split()
+        ):
+            raise ValueError(f"ldap_url: expected ldap://... or ldaps://..., got {self.ldap_url!r}")
+        if self.authentication == "kerberos" and not (
+            self.kerberos_principal and self.kerberos_keytab
+        ):
+            raise ValueError(
+                'kerberos_principal, kerberos_keytab: both required with authentication = "kerberos"'
+            )
+        unused = [
+            name
+            for name, method in _AUTH_FIELDS.items()
+            if getattr(self, name) is not None and method != self.authentication
+        ]
+        if self.allow_unauthenticated and self.authentication != "none":
+            unused.append("allow_unauthenticated")
+        if unused:
+            raise ValueError(
+                f"{', '.join(unused)}: set, but authentication is {self.authentication!r}"
+            )
+        if (
+            self.authentication == "none"
+            and not self.allow_unauthenticated
+            and not is_loopback(self.host)
+        ):
+            raise ValueError(
+                f"authentication: host {self.host!r} is not loopback, so the server needs "
+                'authentication = "ldap" or "kerberos", or allow_unauthenticated = true '
+                "(dcp-cdc thrift-server --insecure-open) to serve every table to anyone"
+            )
+        return self
+
+
+_AUTH_FIELDS = {
+    "ldap_url": "ldap",
+    "ldap_base_dn": "ldap",
+    "ldap_user_dn_pattern": "ldap",
+    "ldap_domain": "ldap",
+    "kerberos_principal": "kerberos",
+    "kerberos_keytab": "kerberos",
+}
+
+
 class AppConfig(_Model):
     """The whole configuration of a dcp-cdc deployment."""
 
@@ -224,6 +324,7 @@ class AppConfig(_Model):
     spark: SparkConfig = SparkConfig()
     airflow: AirflowConfig = AirflowConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    thrift: ThriftConfig = ThriftConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the jobs."""
 
@@ -273,6 +374,15 @@ def _anchored(location: object, folder: Path) -> object:
 
 CONFIG_ENV = "DCP_CDC_CONFIG"
 LOCAL_CONFIG = Path("conf", "local.toml")
+DEFAULT_WORKDIR = "work"
+"""Where the built-in configuration keeps its data, relative to the working directory."""
+DEMO_BUCKET = "travel-sample"
+
+CONFIG_RULE = (
+    "--config FILE, else $DCP_CDC_CONFIG, else ./conf/local.toml of the working directory, "
+    "else the same settings built in (data under ./work/)"
+)
+"""How every verb of the command line finds its configuration, as its help says it."""
 
 
 def find_config(*candidates: Path) -> Path | None:
@@ -288,9 +398,30 @@ def find_config(*candidates: Path) -> Path | None:
     return None
 
 
-def load_config(path: str | Path, **overrides: object) -> AppConfig:
+def builtin_settings() -> dict[str, object]:
+    """The settings of ``conf/local.toml``, built in for an installed package that runs
+    outside a checkout; its data under ``./work/``. A unit test keeps the two equal."""
+    work = Path(DEFAULT_WORKDIR).resolve()
+    return {
+        "landing": str(work / "landing"),
+        "warehouse": str(work / "warehouse"),
+        "buckets": [{"name": DEMO_BUCKET}],
+        # the demo's sample carries one malformed frame on purpose (conf/local.toml says why)
+        "quality": {"quarantine_threshold": 1},
+    }
+
+
+def load_config(path: str | Path | None, **overrides: object) -> AppConfig:
     """Read and validate ``path``; ``overrides`` replace top-level keys (e.g. for tests) and
-    are taken as given (relative paths in them stay relative to the working directory)."""
+    are taken as given (relative paths in them stay relative to the working directory).
+
+    ``path=None`` is the configuration of a command given no ``--config``
+    (:data:`CONFIG_RULE`): the file :func:`find_config` finds, else :func:`builtin_settings`."""
+    if path is None:
+        found = find_config()
+        if found is None:
+            return _validated(builtin_settings() | overrides, "the built-in configuration")
+        path = found
     file = Path(path)
     try:
         raw = tomllib.loads(file.read_text(encoding="utf-8"))
@@ -310,15 +441,37 @@ def load_config(path: str | Path, **overrides: object) -> AppConfig:
     for bucket in raw.get("buckets", []) if isinstance(raw.get("buckets"), list) else []:
         if isinstance(bucket, dict) and "landing" in bucket:
             bucket["landing"] = _anchored(bucket["landing"], folder)
+    thrift = raw.get("thrift")
+    if isinstance(thrift, dict) and "kerberos_keytab" in thrift:
+        thrift["kerberos_keytab"] = _anchored(thrift["kerberos_keytab"], folder)
     raw.update(overrides)
+    return _validated(raw, str(file))
+
+
+def _validated(raw: dict[str, object], source: str) -> AppConfig:
     try:
         return AppConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"{file}: invalid configuration: {problems}") from None
+        raise ConfigError(f"{source}: invalid configuration: {_problems(exc)}") from None
+
+
+def _problems(exc: ValidationError, *section: str) -> str:
+    """Each error of ``exc`` as ``field.path: message`` (inside ``section``), joined by ``; ``."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in (*section, *err['loc'])) or '(top level)'}: {err['msg']}"
+        for err in exc.errors()
+    )
+
+
+def thrift_settings(config: AppConfig, **overrides: object) -> ThriftConfig:
+    """``config``'s ``[thrift]`` with the command line's overrides (``host``, ``port``,
+    ``allow_unauthenticated``; None: keep the file's), validated again as a whole: a
+    non-loopback ``--host`` without authentication fails here, before Spark starts."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return ThriftConfig.model_validate(config.thrift.model_dump() | given)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid Thrift server settings: {_problems(exc, 'thrift')}") from None
 
 
 # --- the configuration reference ---------------------------------------------------------

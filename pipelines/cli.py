@@ -26,13 +26,18 @@ from pathlib import Path
 from typing import TextIO
 
 from dcp_cdc.capture import EXTENSION, iter_capture, iter_stream
-from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.config import (
+    CONFIG_RULE,
+    AppConfig,
+    ThriftConfig,
+    is_loopback,
+    load_config,
+    thrift_settings,
+)
 from dcp_cdc.errors import DcpError, MalformedFrameError
 from dcp_cdc.events import Event
 from dcp_cdc.render import error_to_json, event_to_json
-from pipelines.run import local_config
 
-THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 Command = Callable[[argparse.Namespace, TextIO], int]
 
 # Verbs run by a module with ``add_arguments(parser)`` (its own flags) and
@@ -115,12 +120,10 @@ def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _load(args: argparse.Namespace) -> AppConfig:
-    """``--config`` (default :func:`pipelines.run.local_config`), with ``--warehouse`` over
-    its warehouse."""
+    """``--config`` (None: :data:`~dcp_cdc.config.CONFIG_RULE`, as for every verb), with
+    ``--warehouse`` over its warehouse."""
     overrides = {"warehouse": str(Path(args.warehouse).resolve())} if args.warehouse else {}
-    if args.config:
-        return load_config(args.config, **overrides)
-    return local_config(**overrides)
+    return load_config(args.config, **overrides)
 
 
 def _print_table(out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -193,30 +196,42 @@ def cmd_thrift_server(args: argparse.Namespace, out: TextIO) -> int:
     import subprocess
     import tempfile
 
-    from pipelines.spark_session import properties_text
+    from pipelines.spark_session import properties_text, thrift_server_launch
 
-    conf = _launch_conf(args, "dcp-cdc-thrift-server")
+    config = _load(args)
+    thrift = thrift_settings(
+        config,
+        host=args.host,
+        port=args.port,
+        allow_unauthenticated=True if args.insecure_open else None,
+    )
+    # the properties may hold credentials ([spark] conf): a file only its owner reads (0600)
     with tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props:
+        conf, arguments = thrift_server_launch(config, thrift, props.name)
         props.write(properties_text(conf))
         props.flush()
-        command = [
-            _spark_script("spark-submit"),
-            "--properties-file",
-            props.name,
-            "--class",
-            THRIFT_SERVER_CLASS,
-            "spark-internal",
-            "--hiveconf",
-            f"hive.server2.thrift.port={args.port}",
-            "--hiveconf",
-            f"hive.server2.thrift.bind.host={args.host}",
-        ]
+        where = f"jdbc:hive2://{thrift.host}:{thrift.port}/"
         out.write(
-            f"serving {conf['spark.sql.warehouse.dir']} on jdbc:hive2://{args.host}:"
-            f"{args.port}/ (Ctrl-C stops)\n"
+            f"serving {config.warehouse} on {where} ({_who_may_connect(thrift)}; Ctrl-C stops)\n"
         )
         out.flush()
-        return subprocess.call(command)
+        if thrift.authentication == "none" and not is_loopback(thrift.host):
+            print(
+                f"dcp-cdc thrift-server: WARNING: {where} has NO AUTHENTICATION "
+                "(allow_unauthenticated / --insecure-open): anyone who reaches this address "
+                f"reads every table of {config.warehouse}, under any user name",
+                file=sys.stderr,
+                flush=True,
+            )
+        return subprocess.call([_spark_script("spark-submit"), *arguments])
+
+
+def _who_may_connect(thrift: ThriftConfig) -> str:
+    if thrift.authentication == "ldap":
+        return f"users checked against {thrift.ldap_url}"
+    if thrift.authentication == "kerberos":
+        return f"Kerberos, service principal {thrift.kerberos_principal}"
+    return "no authentication: any user name and password"
 
 
 def _spark_script(name: str) -> str:
@@ -266,11 +281,18 @@ def _module_verb(
     parser.set_defaults(func=command)
 
 
+def _config_flag(parser: argparse.ArgumentParser) -> None:
+    default = CONFIG_RULE.removeprefix("--config FILE, else ")
+    parser.add_argument("--config", metavar="FILE", help=f"a TOML file (default: {default})")
+
+
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """Every verb; a module's verb has its own flags only when it is ``verb`` (``None``: all
     of them), since a job's module imports pyspark."""
     parser = argparse.ArgumentParser(
-        prog="dcp-cdc", description="Couchbase DCP change data capture into Delta Lake."
+        prog="dcp-cdc",
+        description="Couchbase DCP change data capture into Delta Lake.",
+        epilog=f"Every verb that reads a configuration takes it from {CONFIG_RULE}.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -278,11 +300,10 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         return verb is None or verb == name
 
     bucket = _options(lambda p: p.add_argument("--bucket", help="only this bucket"))
-    job = _options(lambda p: p.add_argument("--config", required=True, help="a TOML file in conf/"))
+    # every verb that reads a configuration finds it by the one rule (CONFIG_RULE)
+    job = _options(_config_flag)
     catalog = _options(
-        lambda p: p.add_argument(
-            "--config", help="a TOML file (default: conf/local.toml if there is one, else ./work/)"
-        ),
+        _config_flag,
         lambda p: p.add_argument(
             "--warehouse", help="this warehouse instead of the configuration's"
         ),
@@ -382,8 +403,20 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     thrift = sub.add_parser(
         "thrift-server", parents=[catalog], help="serve the catalog over JDBC (Spark Thrift server)"
     )
-    thrift.add_argument("--port", type=int, default=10000)
-    thrift.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    thrift.add_argument(
+        "--port", type=int, help="port to listen on (default: [thrift] port, 10000)"
+    )
+    thrift.add_argument(
+        "--host",
+        help="address to listen on (default: [thrift] host, 127.0.0.1); any but loopback needs "
+        "[thrift] authentication (ldap, kerberos) or --insecure-open",
+    )
+    thrift.add_argument(
+        "--insecure-open",
+        action="store_true",
+        help="serve a non-loopback --host without authentication: anyone who reaches it reads "
+        "every table ([thrift] allow_unauthenticated)",
+    )
     thrift.set_defaults(func=cmd_thrift_server)
     return parser
 

@@ -1,13 +1,12 @@
 """``dcp-cdc run``: the whole pipeline in one process, and the summary a newcomer reads.
 
 Without ``--config`` it is the embedded demo: a small simulated bucket in ``--workdir`` (fresh
-each time), then ingest, apply and check on a local warehouse there. With ``--config`` it runs
-the same steps on that configuration's landing data.
-
-Without ``--config``, every verb that takes an optional one (``run``, ``sql``, ``tables``,
-``spark-conf``, ``thrift-server``) uses :func:`local_config`: ``$DCP_CDC_CONFIG``, else
-``./conf/local.toml`` when the working directory has one (a checkout), else the same settings
-built in, so that an installed package runs the demo and finds its warehouse from any folder.
+each time), then ingest, apply and check on a local warehouse there, with the configuration
+every verb uses when given none (:data:`dcp_cdc.config.CONFIG_RULE`: ``$DCP_CDC_CONFIG``, else
+``./conf/local.toml``, else the same settings built in) as it is, but for its landing and
+warehouse. From a checkout's root (or an empty folder) the default ``--workdir`` is where that
+configuration keeps its data, so ``dcp-cdc check``, ``tables``, ``sql`` find the demo's tables
+with no options. With ``--config`` it runs the same steps on that configuration's landing data.
 """
 
 from __future__ import annotations
@@ -20,32 +19,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, find_config, load_config
+from dcp_cdc.config import DEFAULT_WORKDIR, load_config
 
 if TYPE_CHECKING:
+    from dcp_cdc.simulator import SimConfig
     from pipelines.quality.report import QualityReport
-
-DEFAULT_WORKDIR = "work"
-DEMO_BUCKET = "travel-sample"
-
-
-def local_config(**overrides: object) -> AppConfig:
-    """The configuration when none is named: the file :func:`dcp_cdc.config.find_config`
-    finds (``$DCP_CDC_CONFIG``, else ``./conf/local.toml``), else the settings of
-    ``conf/local.toml`` built in (bucket ``travel-sample``, data under ``./work/``).
-
-    The built-in copy keeps an installed package working outside a checkout; a unit test
-    keeps it equal to the checkout's ``conf/local.toml``."""
-    found = find_config()
-    if found is not None:
-        return load_config(found, **overrides)
-    work = Path(DEFAULT_WORKDIR).resolve()
-    raw: dict[str, object] = {
-        "landing": str(work / "landing"),
-        "warehouse": str(work / "warehouse"),
-        "buckets": [{"name": DEMO_BUCKET}],
-    }
-    return AppConfig.model_validate(raw | overrides)
 
 
 class _Step:
@@ -109,11 +87,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check_arguments(parser)
 
 
+def demo_simulation(bucket: str) -> SimConfig:
+    """The bucket the demo simulates. Its one malformed frame shows the quarantine; the
+    default configuration (``conf/local.toml``) allows exactly that many, so ``dcp-cdc check``
+    passes on the demo's warehouse as ``dcp-cdc run`` does."""
+    from dcp_cdc.simulator import SimConfig
+
+    return SimConfig(
+        scenario="mixed", seed=1, bucket=bucket, vbuckets=16, docs=400, ops=2000, inject_malformed=1
+    )
+
+
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """The main job. Without ``--config``: simulate a small bucket into ``--workdir`` (fresh
     each time) and run the pipeline on a local warehouse there; with it, run on real data.
     Exit 1 when a quality check of severity error failed (the data stay)."""
-    from dcp_cdc.simulator import SimConfig, simulate
+    from dcp_cdc.simulator import simulate
 
     simulated = not args.config
     total = 5 if simulated else 4
@@ -124,16 +113,10 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         target = Path(args.workdir).resolve()
         for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
             shutil.rmtree(target / folder, ignore_errors=True)
-        config = local_config(landing=str(target / "landing"), warehouse=str(target / "warehouse"))
-        sim = SimConfig(
-            scenario="mixed",
-            seed=1,
-            bucket=config.buckets[0].name,
-            vbuckets=16,
-            docs=400,
-            ops=2000,
-            inject_malformed=1,
+        config = load_config(
+            None, landing=str(target / "landing"), warehouse=str(target / "warehouse")
         )
+        sim = demo_simulation(config.buckets[0].name)
         with _Step(
             out,
             next(number),
@@ -145,10 +128,6 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
             f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
             f"under {target / 'landing'}\n"
         )
-        # the sample carries malformed frames on purpose, to show the quarantine: the
-        # quality threshold allows those, and only those
-        quality = config.quality.model_copy(update={"quarantine_threshold": sim.inject_malformed})
-        config = config.model_copy(update={"quality": quality})
     buckets = [b.name for b in config.bucket(args.bucket)]
 
     from pipelines.bronze.job import run as ingest
@@ -171,7 +150,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         reports = check(config, args.bucket, spark=spark, screenshot=args.screenshot)
 
     cli = _command_name()
-    default_warehouse = local_config().warehouse
+    default_warehouse = load_config(None).warehouse
     where = "" if config.warehouse == default_warehouse else f" --warehouse {config.warehouse}"
     where += f" --config {args.config}" if args.config else ""
     for bucket in buckets:

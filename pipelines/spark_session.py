@@ -37,7 +37,7 @@ from pipelines.errors import SparkSetupError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from dcp_cdc.config import AppConfig
+    from dcp_cdc.config import AppConfig, ThriftConfig
 
 JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 """Environment variable naming a folder of Delta jars to use instead of ``.cache/jars``."""
@@ -285,6 +285,53 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     # A path a cluster-mode driver does not have is ignored there, spark.jars ships the jars.
     conf["spark.driver.extraClassPath"] = os.pathsep.join(str(jar) for jar in jars)
     return _merge_conf(conf, config.spark.conf)
+
+
+THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
+_HIVE_AUTHENTICATION = {"none": "NONE", "ldap": "LDAP", "kerberos": "KERBEROS"}
+
+
+def thrift_hiveconf(thrift: ThriftConfig) -> dict[str, str]:
+    """The Thrift server's ``--hiveconf`` settings: where it listens and how it checks users
+    (Spark's copy of HiveServer2 reads ``hive.server2.authentication`` and its LDAP or
+    Kerberos keys; its LDAP check binds as the connecting user, so no bind password)."""
+    conf = {
+        "hive.server2.thrift.port": str(thrift.port),
+        "hive.server2.thrift.bind.host": thrift.host,
+        "hive.server2.authentication": _HIVE_AUTHENTICATION[thrift.authentication],
+    }
+    optional = {
+        "hive.server2.authentication.ldap.url": thrift.ldap_url,
+        "hive.server2.authentication.ldap.baseDN": thrift.ldap_base_dn,
+        "hive.server2.authentication.ldap.userDNPattern": thrift.ldap_user_dn_pattern,
+        "hive.server2.authentication.ldap.Domain": thrift.ldap_domain,
+        "hive.server2.authentication.kerberos.principal": thrift.kerberos_principal,
+        "hive.server2.authentication.kerberos.keytab": thrift.kerberos_keytab,
+    }
+    return conf | {key: value for key, value in optional.items() if value is not None}
+
+
+def thrift_server_launch(
+    config: AppConfig, thrift: ThriftConfig, properties_file: str | Path
+) -> tuple[dict[str, str], list[str]]:
+    """The Spark properties (to write to ``properties_file``) and the ``spark-submit``
+    arguments that start the Thrift server on ``config``'s catalog as ``thrift`` says. The
+    arguments carry no setting of ``[spark] conf`` (which may hold credentials): the command
+    line is visible to every user of the machine, the properties file is not."""
+    conf = launch_conf(config, "dcp-cdc-thrift-server", master=config.spark.master)
+    if thrift.authentication == "kerberos":
+        # the server logs in from its keytab only when Hadoop security is on
+        conf["spark.hadoop.hadoop.security.authentication"] = "kerberos"
+    arguments = [
+        "--properties-file",
+        str(properties_file),
+        "--class",
+        THRIFT_SERVER_CLASS,
+        "spark-internal",
+    ]
+    for key, value in thrift_hiveconf(thrift).items():
+        arguments += ["--hiveconf", f"{key}={value}"]
+    return conf, arguments
 
 
 def properties_text(conf: Mapping[str, str]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,32 +17,40 @@ from pathlib import Path
 
 import pytest
 
+from dcp_cdc.config import CONFIG_ENV
+
 pytestmark = pytest.mark.e2e
 # the command of the code under test (the venv's dcp-cdc script runs what is installed)
 CLI = [sys.executable, "-m", "pipelines.cli"]
 PROMPT = re.compile(r"^\d+: jdbc:hive2://\S+> ")
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 @dataclass(frozen=True)
 class Demo:
+    cwd: Path  # a folder laid out like a checkout: conf/local.toml, the demo's data in work/
     workdir: Path
     stdout: str
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    workdir = tmp_path_factory.mktemp("demo")
+    """``dcp-cdc run`` as ``make run`` runs it: no options, in a folder with the checkout's
+    ``conf/local.toml`` (whose data go to ``work/`` beside ``conf/``)."""
     cwd = tmp_path_factory.mktemp("cwd")
+    (cwd / "conf").mkdir()
+    shutil.copy2(REPO / "conf" / "local.toml", cwd / "conf" / "local.toml")
+    env = {k: v for k, v in os.environ.items() if k != CONFIG_ENV}
     done = subprocess.run(
-        [*CLI, "run", "--workdir", str(workdir)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=cwd,
+        [*CLI, "run"], capture_output=True, text=True, timeout=1200, cwd=cwd, env=env
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert list(cwd.iterdir()) == [], "the run wrote into its working directory"
-    return Demo(workdir, done.stdout)
+    # nothing but the demo's data: no spark-warehouse/, metastore_db/, derby.log
+    assert sorted(p.name for p in cwd.iterdir()) == ["conf", "work"], "the run wrote beside work/"
+    return Demo(cwd, cwd / "work", done.stdout, env)
 
 
 def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None:
@@ -54,14 +63,22 @@ def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None
     assert "Documents in silver by collection:" in out
     assert "Open snapshots:" in out
     assert "Quality" in out and ".html" in out
-    # each step is one line in a log (no terminal redraws), and the hints name this warehouse
+    # each step is one line in a log (no terminal redraws); the hints need no options, since
+    # the demo's warehouse is the default configuration's
     assert out.count("[1/5]") == 1, out
-    warehouse = (demo.workdir / "warehouse").resolve()
-    assert (
-        f'sql --warehouse {warehouse} "SELECT op, count(*) AS n FROM '
-        "bronze.travel_sample_a8560dff_events"
-    ) in out, out
+    assert 'sql "SELECT op, count(*) AS n FROM bronze.travel_sample_a8560dff_events' in out, out
     assert (demo.workdir / "warehouse" / "metastore_db").is_dir()
+
+
+def test_check_with_the_default_configuration_passes_on_the_demo(demo: Demo) -> None:
+    """`dcp-cdc check` with no options (conf/local.toml as it is) judges the demo's warehouse
+    as the demo did: its deliberate malformed frame is within the file's threshold."""
+    done = subprocess.run(
+        [*CLI, "check"], capture_output=True, text=True, timeout=600, cwd=demo.cwd, env=demo.env
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Quality: PASSED" in demo.stdout
+    assert "quality check of bucket 'travel-sample': passed" in done.stdout, done.stdout
 
 
 def _free_port() -> int:
@@ -70,16 +87,120 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def thrift_server(demo: Demo) -> Iterator[int]:
-    """``dcp-cdc thrift-server`` over the demo's warehouse (its Derby catalog: no other JVM
-    may hold it), until the test ends."""
+def _wait_listening(port: int, process: subprocess.Popen[bytes], log: Path, seconds: int) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, log.read_text()[-3000:]
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, f"nothing listened on {port} in {seconds} s"
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class Directory:
+    """An OpenLDAP server of this test alone, on loopback, with one user."""
+
+    url: str
+    base_dn: str
+    user: str
+    password: str
+
+
+SLAPD_CONF = """\
+modulepath /usr/lib/ldap
+moduleload back_mdb
+include /etc/ldap/schema/core.schema
+include /etc/ldap/schema/cosine.schema
+include /etc/ldap/schema/inetorgperson.schema
+pidfile {folder}/slapd.pid
+database mdb
+maxsize 10485760
+suffix "dc=dcp,dc=test"
+directory {folder}/db
+access to attrs=userPassword by anonymous auth by * none
+access to * by * read
+"""
+DIRECTORY_LDIF = """\
+dn: dc=dcp,dc=test
+objectClass: dcObject
+objectClass: organization
+o: dcp
+dc: dcp
+
+dn: ou=people,dc=dcp,dc=test
+objectClass: organizationalUnit
+ou: people
+
+dn: uid={user},ou=people,dc=dcp,dc=test
+objectClass: inetOrgPerson
+uid: {user}
+cn: {user}
+sn: {user}
+userPassword: {password}
+"""
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Directory | None]:
+    """slapd (Debian's, which .ci/run installs) on a free loopback port; None without it."""
+    slapd = shutil.which("slapd", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    if slapd is None or not Path("/usr/lib/ldap").is_dir():
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("ldap")
+    (folder / "db").mkdir()
+    conf = folder / "slapd.conf"
+    conf.write_text(SLAPD_CONF.format(folder=folder))
+    user, password = "analyst", "right-pw-7"
+    (folder / "data.ldif").write_text(DIRECTORY_LDIF.format(user=user, password=password))
+    subprocess.run(
+        [str(Path(slapd).with_name("slapadd")), "-f", str(conf), "-l", str(folder / "data.ldif")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     port = _free_port()
-    log = (demo.workdir / "thrift-server.log").open("w")
+    url = f"ldap://127.0.0.1:{port}"
+    log = folder / "slapd.log"
+    with log.open("w") as out:
+        # -d 0: in the foreground, so that the fixture owns and ends it
+        server = subprocess.Popen(
+            [slapd, "-f", str(conf), "-h", f"{url}/", "-d", "0"], stdout=out, stderr=out
+        )
+    try:
+        _wait_listening(port, server, log, 30)
+        yield Directory(url, "ou=people,dc=dcp,dc=test", user, password)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def thrift_server(demo: Demo, directory: Directory | None) -> Iterator[int]:
+    """``dcp-cdc thrift-server`` over the demo's warehouse (its Derby catalog: no other JVM
+    may hold it) for the tests that follow, checking users against ``directory`` when there
+    is one (else unauthenticated, on loopback)."""
+    port = _free_port()
+    config = demo.cwd / "thrift.toml"
+    config.write_text(
+        (REPO / "conf" / "local.toml").read_text().split("[thrift]")[0]
+        + (
+            f'[thrift]\nauthentication = "ldap"\nldap_url = "{directory.url}"\n'
+            f'ldap_base_dn = "{directory.base_dn}"\n'
+            if directory
+            else ""
+        )
+    )
+    log_path = demo.workdir / "thrift-server.log"
+    log = log_path.open("w")
     server = subprocess.Popen(
         [
             *CLI,
             "thrift-server",
+            "--config",
+            str(config),
             "--warehouse",
             str(demo.workdir / "warehouse"),
             "--port",
@@ -88,16 +209,10 @@ def thrift_server(demo: Demo) -> Iterator[int]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=demo.env,
     )
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None, (demo.workdir / "thrift-server.log").read_text()[-3000:]
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "the Thrift server did not listen in 300 s"
-            time.sleep(2)
+        _wait_listening(port, server, log_path, 300)
         yield port
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -105,26 +220,18 @@ def thrift_server(demo: Demo) -> Iterator[int]:
         log.close()
 
 
-def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> None:
-    """One JDBC query through beeline returns what delta-rs reads from the same table: the
-    catalog the run wrote outlives its process, and another Spark process (the Thrift server)
-    finds its tables."""
-    from deltalake import DeltaTable
-
+def _beeline(port: int, user: str, password: str, query: str) -> subprocess.CompletedProcess[str]:
     from pipelines.cli import _spark_script
 
-    tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
-    table = next(t for t in tables if DeltaTable(str(t)).to_pyarrow_table().num_rows)
-    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["key", "_deleted"]).to_pylist()
-    expected = sorted(r["key"] for r in rows if not r["_deleted"])[:5]
-    query = f"SELECT key FROM silver.{table.name} WHERE NOT _deleted ORDER BY key LIMIT 5"
-    done = subprocess.run(
+    return subprocess.run(
         [
             _spark_script("beeline"),
             "-u",
-            f"jdbc:hive2://127.0.0.1:{thrift_server}/",
+            f"jdbc:hive2://127.0.0.1:{port}/",
             "-n",
-            "dcp",
+            user,
+            "-p",
+            password,
             "--silent=true",
             "--outputformat=csv2",
             "-e",
@@ -134,7 +241,41 @@ def test_beeline_queries_silver_over_jdbc(demo: Demo, thrift_server: int) -> Non
         text=True,
         timeout=300,
     )
+
+
+def test_beeline_queries_silver_over_jdbc(
+    demo: Demo, thrift_server: int, directory: Directory | None
+) -> None:
+    """One JDBC query through beeline (as the directory's user, with the right password, when
+    the server checks users) returns what delta-rs reads from the same table: the catalog the
+    run wrote outlives its process, and another Spark process (the Thrift server) finds its
+    tables."""
+    from deltalake import DeltaTable
+
+    tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
+    table = next(t for t in tables if DeltaTable(str(t)).to_pyarrow_table().num_rows)
+    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["key", "_deleted"]).to_pylist()
+    expected = sorted(r["key"] for r in rows if not r["_deleted"])[:5]
+    query = f"SELECT key FROM silver.{table.name} WHERE NOT _deleted ORDER BY key LIMIT 5"
+    user, password = (directory.user, directory.password) if directory else ("dcp", "any")
+    done = _beeline(thrift_server, user, password, query)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     # beeline echoes its prompt before the first line of output when it is not on a terminal
     lines = [PROMPT.sub("", line) for line in done.stdout.splitlines() if line.strip()]
     assert lines == ["key", *expected]
+
+
+def test_ldap_refuses_a_wrong_password_and_an_unknown_user(
+    demo: Demo, thrift_server: int, directory: Directory | None
+) -> None:
+    if directory is None:
+        pytest.skip("no slapd (.ci/run installs Debian's slapd as root)")
+    for user, password in [(directory.user, "wrong-pw"), ("mallory", directory.password)]:
+        done = _beeline(thrift_server, user, password, "SHOW TABLES IN silver")
+        assert done.returncode != 0, (user, done.stdout[-2000:])
+        # the server's SASL PLAIN check failed (it logs "Error validating LDAP user")
+        assert "Error validating the login" in done.stderr + done.stdout, done.stderr[-2000:]
+        assert "_all" not in done.stdout  # no table name reached the client
+    log = (demo.workdir / "thrift-server.log").read_text()
+    assert "Error validating LDAP user" in log  # refused by the directory, not by a fault
+    assert "wrong-pw" not in log and directory.password not in log

@@ -1,5 +1,6 @@
-"""The ``dcp-cdc`` command: Spark-free verbs import no Spark, and the configuration used
-without ``--config`` works outside a checkout."""
+"""The ``dcp-cdc`` command: Spark-free verbs import no Spark, every verb finds its
+configuration by the same rule, and the configuration used without ``--config`` works
+outside a checkout."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.config import load_config
-from pipelines.run import local_config
+from dcp_cdc.config import CONFIG_ENV, AppConfig, load_config
 from tests.unit.sample_session import write_sample_capture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_a_job_verb_imports_its_module_only_when_it_runs() -> None:
         build_parser("decode").parse_args(["apply", "--config", "c.toml", "--rebuild"])
 
 
-def test_builtin_local_config_is_conf_local_toml(
+def test_builtin_configuration_is_conf_local_toml(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Outside a checkout the built-in settings stand in for ``conf/local.toml``, with the
@@ -95,12 +95,12 @@ def test_builtin_local_config_is_conf_local_toml(
     expected = checkout.model_copy(
         update={"landing": str(work / "landing"), "warehouse": str(work / "warehouse")}
     )
-    assert local_config() == expected
-    assert local_config(warehouse="/w").warehouse == "/w"
+    assert load_config(None) == expected
+    assert load_config(None, warehouse="/w").warehouse == "/w"
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_local_config_prefers_the_working_directory_conf(
+def test_default_configuration_prefers_the_working_directory_conf(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "conf").mkdir()
@@ -108,8 +108,100 @@ def test_local_config_prefers_the_working_directory_conf(
         'landing = "../data/landing"\nwarehouse = "../data/wh"\n[[buckets]]\nname = "orders"\n'
     )
     monkeypatch.chdir(tmp_path)
-    config = local_config()
+    config = load_config(None)
     assert config.warehouse == str(tmp_path.resolve() / "data" / "wh")
     assert [b.name for b in config.buckets] == ["orders"]
     monkeypatch.chdir(REPO)
-    assert local_config() == load_config(REPO / "conf" / "local.toml")
+    assert load_config(None) == load_config(REPO / "conf" / "local.toml")
+
+
+JOB_VERBS = {  # verb -> the module whose run(config, bucket, ...) it calls
+    "ingest": "pipelines.bronze.job",
+    "apply": "pipelines.silver.job",
+    "check": "pipelines.quality.job",
+    "maintain": "pipelines.maintenance",
+}
+CATALOG_VERBS = ("sql", "tables", "spark-conf", "thrift-server")
+
+
+def _config_each_verb_uses(monkeypatch: pytest.MonkeyPatch) -> dict[str, AppConfig]:
+    """The configuration each verb given no ``--config`` works with: what a job verb hands to
+    its job's ``run`` (replaced, so no Spark starts), what a catalog verb loads."""
+    import importlib
+
+    from pipelines import cli
+
+    seen: dict[str, AppConfig] = {}
+    for verb, module in JOB_VERBS.items():
+
+        def fake_run(
+            config: AppConfig, *args: object, _verb: str = verb, **kw: object
+        ) -> list[object]:
+            seen[_verb] = config
+            return []
+
+        monkeypatch.setattr(importlib.import_module(module), "run", fake_run)
+        assert cli.main([verb]) == 0
+    for verb in CATALOG_VERBS:
+        extra = ["SELECT 1"] if verb == "sql" else []
+        args = cli.build_parser(verb).parse_args([verb, *extra])
+        assert args.config is None
+        seen[verb] = cli._load(args)
+    return seen
+
+
+def test_every_verb_finds_its_configuration_by_one_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No verb requires ``--config``: each takes ``$DCP_CDC_CONFIG``, else
+    ``./conf/local.toml``, else the built-in settings, the same for all of them."""
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    (tmp_path / "conf").mkdir()
+    local = tmp_path / "conf" / "local.toml"
+    local.write_text('landing = "../in"\nwarehouse = "../wh"\n[[buckets]]\nname = "orders"\n')
+    other = tmp_path / "other.toml"
+    other.write_text('landing = "in2"\nwarehouse = "wh2"\n[[buckets]]\nname = "users"\n')
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    verbs = [*JOB_VERBS, *CATALOG_VERBS]
+
+    monkeypatch.chdir(tmp_path)  # a checkout: its conf/local.toml
+    assert _config_each_verb_uses(monkeypatch) == dict.fromkeys(verbs, load_config(local))
+    monkeypatch.setenv(CONFIG_ENV, str(other))  # the environment names one
+    assert _config_each_verb_uses(monkeypatch) == dict.fromkeys(verbs, load_config(other))
+    monkeypatch.delenv(CONFIG_ENV)
+    monkeypatch.chdir(empty)  # neither: the built-in settings, data under ./work/
+    builtin = _config_each_verb_uses(monkeypatch)
+    assert builtin == dict.fromkeys(verbs, load_config(None))
+    assert builtin["ingest"].warehouse == str(empty.resolve() / "work" / "warehouse")
+    assert list(empty.iterdir()) == []
+
+
+def test_help_states_the_configuration_rule() -> None:
+    from pipelines.cli import build_parser
+
+    assert "$DCP_CDC_CONFIG, else ./conf/local.toml" in " ".join(
+        build_parser("decode").format_help().split()
+    )
+    for verb in [*JOB_VERBS, *CATALOG_VERBS]:
+        parser = build_parser(verb)
+        (sub,) = [a for a in parser._actions if a.dest == "command"]
+        text = " ".join(sub.choices[verb].format_help().split())  # type: ignore[attr-defined]
+        assert "--config FILE a TOML file (default: $DCP_CDC_CONFIG, else" in text, verb
+
+
+def test_the_demo_and_the_default_configuration_agree_on_the_quarantine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo checks its warehouse with the default configuration as it is: the malformed
+    frames it injects must be within that configuration's threshold, in a checkout and
+    outside one, or `dcp-cdc check` on the demo's warehouse fails where `dcp-cdc run` passed
+    (tests/e2e/test_run.py runs both)."""
+    from pipelines.run import demo_simulation
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    for folder in (REPO, REPO / "conf"):  # conf/local.toml; the built-in settings
+        monkeypatch.chdir(folder)
+        config = load_config(None)
+        injected = demo_simulation(config.buckets[0].name).inject_malformed
+        assert 0 < injected <= config.quality.quarantine_threshold
