@@ -25,3 +25,9 @@ class DataQualityError(DcpError):
 
 class BrowserError(DcpError):
     """No headless Chromium to open the report with, or it failed."""
+
+
+class LandingChangedError(DcpError):
+    """A capture file planned for an ingest run changed or vanished before the run wrote it:
+    its bytes are not those the plan bound to (size and digest). Nothing of the run's write
+    committed; the next attempt leaves the file out and reports it."""
