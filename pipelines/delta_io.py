@@ -268,6 +268,19 @@ def append_once(df: DataFrame, table: str, *, app_id: str, version: int) -> None
     faults.point("committed", table)
 
 
+def committed_version(spark: SparkSession, table: str, app_id: str) -> int | None:
+    """The latest ``txnVersion`` of ``app_id`` that committed to the Delta table ``table``
+    (the version :func:`append_once` skips at and below), or None if none did: what tells a
+    resumed run whether its killed attempt's write committed. Read from the table's snapshot
+    (its log's transaction actions), as Delta does before an idempotent write."""
+    jvm: Any = spark._jvm
+    location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]  # type: ignore[index]
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location)
+    nothing = jvm.scala.Option.empty()
+    found = delta_log.update(False, nothing, nothing).transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
+
+
 def metric(metrics: DataFrame | None, name: str) -> int:
     """One number of the metrics a MERGE, UPDATE or DELETE returns (0 when it returned none)."""
     if metrics is None:

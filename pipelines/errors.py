@@ -30,3 +30,9 @@ class BrowserError(DcpError):
 class TableLocationError(DcpError):
     """A table's location holds Delta data the catalog does not know, more than an interrupted
     creation leaves (which is cleared and created again): it is not ours to delete."""
+
+
+class LandingChangedError(DcpError):
+    """A capture file planned for an ingest run changed or vanished before the run wrote it:
+    its bytes are not those the plan bound to (size and digest). Nothing of the run's write
+    committed; the next attempt leaves the file out and reports it."""

@@ -15,8 +15,9 @@ No Spark import here: the module is pyarrow only and is used inside the executor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import urlparse
@@ -106,20 +107,105 @@ def _millis(mtime_ns: int) -> int:
     return int((mtime_ns // 1_000_000_000 + (mtime_ns % 1_000_000_000) * 1e-9) * 1000)
 
 
-def list_files(
-    location: str, suffix: str, settings: Mapping[str, str] | None = None
-) -> list[Listed]:
-    """Every file below ``location`` whose name ends with ``suffix``, sorted; none if
-    ``location`` does not exist."""
+@dataclass(frozen=True, order=True)
+class Skipped:
+    """An entry below the location with the files' suffix that is not a file to read: a
+    folder, a dangling link, an empty file, or a file that vanished."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What :func:`list_files` found: the files to read, sorted, and the entries skipped."""
+
+    files: list[Listed] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+_OBJECT_STORES = ("s3", "gcs")
+"""Filesystems (``FileSystem.type_name``) where a folder is only a prefix of keys."""
+
+
+def location_problem(location: str, settings: Mapping[str, str] | None = None) -> str | None:
+    """Why ``location`` cannot be listed as a landing folder, or None when it can.
+
+    It must be a folder. On an object store a folder is only the prefix of the keys below it
+    and exists once something landed there, so there the store's bucket must exist and an
+    absent prefix is an empty folder (a capture agent that has not written yet).
+    """
+    try:
+        fs, root = filesystem(location, settings)
+        kind = fs.get_file_info(root).type
+        if kind == pafs.FileType.Directory:
+            return None
+        if kind != pafs.FileType.NotFound:
+            return "is a file, not a folder"
+        if fs.type_name not in _OBJECT_STORES:
+            return "does not exist"
+        store_bucket = root.split("/", 1)[0]
+        if fs.get_file_info(store_bucket).type == pafs.FileType.Directory:
+            return None
+        return f"its bucket {store_bucket!r} does not exist"
+    except (OSError, ValueError) as exc:  # unreachable store, bad URI, no credentials
+        return f"cannot be listed ({type(exc).__name__}: {exc})"
+
+
+def list_files(location: str, suffix: str, settings: Mapping[str, str] | None = None) -> Listing:
+    """Every file below ``location`` whose name ends with ``suffix``, sorted, and the
+    entries with that suffix that are not files to read (:class:`Skipped`): folders,
+    dangling links and empty files. Nothing if ``location`` does not exist (callers check
+    it first with :func:`location_problem`)."""
     fs, root = filesystem(location, settings)
     if fs.get_file_info(root).type == pafs.FileType.NotFound:
-        return []
+        return Listing()
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    return sorted(
-        Listed(_location_of(location, info.path), info.size, _millis(info.mtime_ns))
-        for info in fs.get_file_info(selector)
-        if info.type == pafs.FileType.File and info.base_name.endswith(suffix)
-    )
+    files, skipped = [], []
+    for info in fs.get_file_info(selector):
+        if not info.base_name.endswith(suffix):
+            continue
+        path = _location_of(location, info.path)
+        if info.type == pafs.FileType.File and info.size:
+            files.append(Listed(path, info.size, _millis(info.mtime_ns)))
+        else:
+            skipped.append(Skipped(path, _SKIPPED.get(info.type, "not a regular file")))
+    if isinstance(fs, pafs.LocalFileSystem):  # pyarrow's listing leaves dangling links out
+        skipped += [
+            Skipped(_location_of(location, link), _SKIPPED[pafs.FileType.NotFound])
+            for link in _dangling_links(root, suffix)
+        ]
+    return Listing(sorted(files), sorted(set(skipped)))
+
+
+def _dangling_links(root: str, suffix: str) -> list[str]:
+    return [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.endswith(suffix) and not os.path.exists(os.path.join(folder, name))
+    ]
+
+
+_SKIPPED = {
+    pafs.FileType.File: "empty (0 bytes)",
+    pafs.FileType.Directory: "a folder, not a file",
+    pafs.FileType.NotFound: "a dangling link, or gone while listing",
+}
+
+
+def gone(location: str, settings: Mapping[str, str] | None = None) -> str | None:
+    """Why the file at ``location`` can no longer be read, after reading it failed: it
+    vanished or became a folder; None when a file is still there (the failure was
+    something else, which the caller raises)."""
+    fs, path = filesystem(location, settings)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.File:
+        return None
+    return "vanished" if kind == pafs.FileType.NotFound else "is no longer a file"
 
 
 def open_input(location: str, settings: Mapping[str, str] | None = None) -> BinaryIO:

@@ -130,12 +130,14 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         )
     buckets = [b.name for b in config.bucket(args.bucket)]
 
+    from pipelines.bronze.job import check_landing
     from pipelines.bronze.job import run as ingest
     from pipelines.catalog import bucket_overview
     from pipelines.quality.job import run as check
     from pipelines.silver.job import run as apply
     from pipelines.spark_session import session_for
 
+    check_landing(config, config.bucket(args.bucket), args.config)  # before Spark starts
     with _Step(
         out, next(number), total, f"starting Spark ({config.spark.master}) on {config.warehouse}"
     ):

@@ -162,10 +162,14 @@ INGEST_LOG = T.StructType(
         ("end_state", T.StringType()),
         ("message", T.StringType()),
         ("logged_at", T.TimestampType()),
+        ("digest", T.StringType()),  # last: added so to a log from before it
     )
 )
-"""``bronze.<bucket>_ingest_log``: ``planned`` then ``ingested`` per file and run; ``changed``
-when a file ingested before is found with another size or time."""
+"""``bronze.<bucket>_ingest_log``: ``planned`` (with the ``size`` and ``digest`` of the bytes
+planned, and the stream state the file ends in) then ``ingested`` per file and run;
+``changed`` when a file ingested before is found with another size or time. A planned file
+whose bytes changed (``changed``) or that vanished (``missing``) before the run wrote it is
+left out of the run, with a ``message``; the run's closing rows are appended in one commit."""
 
 FILES = T.StructType(
     _fields(

@@ -16,6 +16,7 @@ No Spark import here: it is plain pyarrow and numpy, and unit-testable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ import pyarrow.compute as pc
 from dcp_cdc.columnar import decode_batch, decode_frames, frame_starts
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.protocol import Opcode
-from pipelines.landing import open_input
+from pipelines.errors import LandingChangedError
+from pipelines.landing import gone, open_input
 
 MAX_ROWS_PER_BATCH = 65536
 SUMMARY_OP = "file_summary"
@@ -46,11 +48,23 @@ _STATE_OPCODES = [
 ]
 
 
+DIGEST = "sha256"
+"""The hash a run binds each planned file to: of the file's first ``size`` bytes (the size
+listed when it was planned), the header included."""
+
+
 class _Chunks:
-    """A capture file's frames in chunks of ``chunk_bytes``: ``(buffer, file offset of its
-    first byte, final)``. The caller sets ``consumed`` to the bytes of each buffer it framed;
-    the rest (a frame cut by the chunk boundary) starts the next buffer. ``storage``: the
-    Spark settings the landing filesystem is built from (:func:`pipelines.landing.filesystem`)."""
+    """The first ``file["size"]`` bytes of a capture file (those planned; the file may have
+    grown since) in chunks of ``chunk_bytes``: ``(buffer, file offset of its first byte,
+    final)``, hashed (:data:`DIGEST`) as they are read. The caller sets ``consumed`` to the
+    bytes of each buffer it framed; the rest (a frame cut by the chunk boundary) starts the
+    next buffer. ``storage``: the Spark settings the landing filesystem is built from
+    (:func:`pipelines.landing.filesystem`).
+
+    After the caller's last chunk, :meth:`finish` says whether the bytes were those planned.
+    A file that vanishes (or becomes a folder) ends the chunks early; an I/O error on a file
+    that is still there is raised.
+    """
 
     def __init__(
         self, file: dict[str, Any], chunk_bytes: int, storage: Mapping[str, str] | None = None
@@ -59,24 +73,70 @@ class _Chunks:
         self.chunk_bytes = chunk_bytes
         self.storage = storage
         self.consumed = 0
+        self.read_bytes = 0
+        self.hash = hashlib.new(DIGEST)
+        self.gone: str | None = None
+        self.digest = ""  # of all ``size`` bytes, once finished
+        self.grew = False  # the only difference: bytes past ``size`` (the planned are intact)
+        self._fh: Any = None
+
+    def _take(self, n: int) -> bytes:
+        if n <= 0 or self.gone is not None:
+            return b""
+        try:
+            if self._fh is None:
+                self._fh = open_input(self.file["path"], self.storage)
+            data: bytes = self._fh.read(n)
+        except OSError:
+            self.gone = gone(self.file["path"], self.storage)
+            if self.gone is None:  # still a file: an I/O error, not a change
+                raise
+            return b""
+        self.hash.update(data)
+        self.read_bytes += len(data)
+        return data
 
     def __iter__(self) -> Iterator[tuple[bytes, int, bool]]:
-        position = self.file["header_length"]
+        size = self.file["size"]
+        position = len(self._take(self.file["header_length"]))
         tail = b""
-        with open_input(self.file["path"], self.storage) as fh:
-            fh.read(position)
-            while True:
-                chunk = fh.read(self.chunk_bytes)
-                final = not chunk
-                buf = tail + chunk
-                if not buf:
-                    return
-                self.consumed = len(buf)
-                yield buf, position, final
-                if final:
-                    return
-                tail = buf[self.consumed :]
-                position += self.consumed
+        while True:
+            chunk = self._take(min(self.chunk_bytes, size - self.read_bytes))
+            final = not chunk
+            buf = tail + chunk
+            if not buf:
+                return
+            self.consumed = len(buf)
+            yield buf, position, final
+            if final:
+                return
+            tail = buf[self.consumed :]
+            position += self.consumed
+
+    def finish(self, planned_digest: str | None = None, *, growth: bool = True) -> str | None:
+        """After the caller's last chunk: how the bytes differ from those planned, or None.
+
+        Reads what the caller left (it stops at a frame it cannot frame), so that all
+        ``size`` bytes are hashed (:attr:`digest`) and compared with ``planned_digest`` (when
+        given); with ``growth``, bytes past ``size`` are a difference too. Closes the file.
+        """
+        size = self.file["size"]
+        try:
+            while self._take(min(self.chunk_bytes, size - self.read_bytes)):
+                pass
+            self.digest = self.hash.hexdigest()
+            more = growth and self.gone is None and bool(self._fh.read(1))
+        finally:
+            if self._fh is not None:
+                self._fh.close()
+        if self.gone is not None:
+            return self.gone
+        if self.read_bytes < size:
+            return f"has {self.read_bytes} bytes, not the {size} planned"
+        if planned_digest is not None and self.digest != planned_digest:
+            return f"its first {size} bytes are not those planned ({DIGEST} differs)"
+        self.grew = more
+        return f"grew past the {size} bytes planned" if more else None
 
 
 # --- stream state ----------------------------------------------------------------------------
@@ -284,12 +344,18 @@ class SessionOrder:
 @dataclass
 class FileScan:
     """What a file does to its session's streams: per vb_key, the state its last snapshot-
-    setting frame set and the vb uuid its last failover log set."""
+    setting frame set and the vb uuid its last failover log set. ``digest``: of the bytes
+    scanned (:data:`DIGEST`); ``problem``: why the file is not the one planned (it vanished,
+    shrank, grew or differs from ``planned_digest``), else None."""
 
     snapshots: dict[int, tuple[int | None, int | None, int | None, bool]] = field(
         default_factory=dict
     )
     uuids: dict[int, int] = field(default_factory=dict)
+    digest: str = ""
+    problem: str | None = None
+    missing: bool = False  # the problem is that the file vanished or is no longer a file
+    grew: bool = False  # the problem is only bytes past those planned
 
     def apply(self, before: dict[int, StreamState]) -> dict[int, StreamState]:
         """The session's stream states after this file, given those before it."""
@@ -302,9 +368,17 @@ class FileScan:
 
 
 def scan_file(
-    file: dict[str, Any], *, chunk_bytes: int, storage: Mapping[str, str] | None = None
+    file: dict[str, Any],
+    *,
+    chunk_bytes: int,
+    storage: Mapping[str, str] | None = None,
+    planned_digest: str | None = None,
+    growth: bool = True,
 ) -> FileScan:
-    """Frame one capture file and decode only its state-setting frames (:class:`FileScan`)."""
+    """Frame the first ``file["size"]`` bytes of one capture file, decode only its state-
+    setting frames (:class:`FileScan`) and hash them. A file that vanished, became a folder,
+    shrank, grew (with ``growth``), or whose bytes differ from ``planned_digest`` has a
+    ``problem``."""
     scan = FileScan()
     chunks = _Chunks(file, chunk_bytes, storage)
     for buf, position, final in chunks:
@@ -318,6 +392,8 @@ def scan_file(
             _fold_scan(scan, state_events(decoded))
         if fatal is not None and not isinstance(fatal, TruncatedFrameError):
             break  # nothing after an unframeable frame is decoded
+    scan.problem = chunks.finish(planned_digest, growth=growth)
+    scan.digest, scan.missing, scan.grew = chunks.digest, chunks.gone is not None, chunks.grew
     return scan
 
 
@@ -371,12 +447,17 @@ def decode_file(
     errors: bool = True,
     done: FileDone | None = None,
     storage: Mapping[str, str] | None = None,
+    planned_digest: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Every frame of one capture file, in order, as batches of ``schema``: its well-formed
     frames (``frames``) and its malformed ones as ``op = 'error'`` rows (``errors``).
 
     When ``schema`` has the session-order columns, each frame gets the state in force at it,
     starting from ``file["carry"]`` (JSON ``{vb_key: [start, end, flags, oso, vb_uuid]}``).
+
+    Only the first ``file["size"]`` bytes are read (those planned). When they are not those
+    planned (the file vanished or shrank, or they differ from ``planned_digest``), the task
+    fails with :class:`LandingChangedError` after its last batch, so its write commits nothing.
     """
     path = file["path"]
     order = None
@@ -425,6 +506,9 @@ def decode_file(
         if stop:
             break
         chunks.consumed = batch.consumed
+    problem = chunks.finish(planned_digest, growth=False)
+    if problem is not None:  # fails the task, so the run writes nothing
+        raise LandingChangedError(f"{path}: {problem}; nothing of its run was written")
     if done is not None:
         done(path, n_frames, n_errors)
 
@@ -483,8 +567,10 @@ def decode_files(
     errors: bool = True,
     done: FileDone | None = None,
     storage: Mapping[str, str] | None = None,
+    planned_digests: Mapping[str, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The ``mapInArrow`` function: rows of file descriptors in, frames out."""
+    """The ``mapInArrow`` function: rows of file descriptors in, frames out.
+    ``planned_digests``: by path, the digest each file's planned bytes must have."""
     for batch in batches:
         for file in batch.to_pylist():
             yield from decode_file(
@@ -496,7 +582,12 @@ def decode_files(
                 errors=errors,
                 done=done,
                 storage=storage,
+                planned_digest=(planned_digests or {}).get(file["path"]),
             )
+
+
+ScanDone = Callable[[str, FileScan], None]
+"""Told ``(file, scan)`` once a file is scanned."""
 
 
 def scan_files(
@@ -505,12 +596,25 @@ def scan_files(
     *,
     chunk_bytes: int,
     storage: Mapping[str, str] | None = None,
+    planned_digests: Mapping[str, str] | None = None,
+    growth: bool = True,
+    done: ScanDone | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The scan's ``mapInArrow`` function: rows of file descriptors in; out, per file and
-    stream it sets the state of, what its last state-setting frames set (``schemas.SCAN``)."""
+    stream it sets the state of, what its last state-setting frames set (``schemas.SCAN``).
+    ``done`` is told each file's scan (its digest and problem, :func:`scan_file`; compared
+    with ``planned_digests``, by path, when a file has one)."""
     for batch in batches:
         for file in batch.to_pylist():
-            scan = scan_file(file, chunk_bytes=chunk_bytes, storage=storage)
+            scan = scan_file(
+                file,
+                chunk_bytes=chunk_bytes,
+                storage=storage,
+                planned_digest=(planned_digests or {}).get(file["path"]),
+                growth=growth,
+            )
+            if done is not None:
+                done(file["path"], scan)
             rows = []
             for key in sorted(scan.snapshots.keys() | scan.uuids.keys()):
                 snapshot = scan.snapshots.get(key)

@@ -3,6 +3,7 @@ across chunks and files, the scan, and the counts handed back."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import OsoSnapshot, SnapshotMarker, StreamRequestResponse
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
-from pipelines.bronze.decode import StreamState, decode_file, scan_file
+from pipelines.bronze.decode import FileScan, StreamState, decode_file, scan_file
+from pipelines.errors import LandingChangedError
 
 SCHEMA = schemas.arrow_schema(schemas.DECODE_OUTPUT)
 
@@ -189,3 +191,62 @@ def test_counts_reach_the_caller(tmp_path: Path) -> None:
     assert len(errors) == len(result.expected_errors)
     frames = sum(1 for e in iter_capture(path) if not isinstance(e, MalformedFrameError))
     assert counted == [(str(path), frames, len(errors))]
+
+
+# --- the bytes a run planned ---------------------------------------------------------------
+
+
+@pytest.fixture
+def capture(tmp_path: Path) -> Path:
+    return simulate(tmp_path, scenario="basic", seed=8, vbuckets=2, docs=20, ops=60).files[0]
+
+
+def _scan(file: dict[str, object], digest: str | None = None, growth: bool = True) -> FileScan:
+    return scan_file(file, chunk_bytes=500, planned_digest=digest, growth=growth)
+
+
+def test_a_scan_hashes_exactly_the_planned_bytes(capture: Path) -> None:
+    data = capture.read_bytes()
+    whole = _scan(_file(capture))
+    assert whole.digest == hashlib.sha256(data).hexdigest() and whole.problem is None
+    assert _scan(_file(capture), whole.digest).problem is None
+    planned = _file(capture)
+    planned["size"] = len(data) - 100  # listed before its last 100 bytes landed
+    grown = _scan(planned)
+    assert grown.digest == hashlib.sha256(data[:-100]).hexdigest()
+    assert grown.problem == f"grew past the {len(data) - 100} bytes planned"
+    assert _scan(planned, grown.digest, growth=False).problem is None  # the plan's bytes are intact
+
+
+def test_a_scan_reports_a_file_that_changed_or_vanished(capture: Path) -> None:
+    file = _file(capture)
+    digest = _scan(file).digest
+    data = capture.read_bytes()
+    capture.write_bytes(data[:-7])
+    assert _scan(file, digest).problem == f"has {len(data) - 7} bytes, not the {len(data)} planned"
+    capture.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    changed = _scan(file, digest)
+    assert changed.problem == f"its first {len(data)} bytes are not those planned (sha256 differs)"
+    assert not changed.missing
+    capture.unlink()
+    gone = _scan(file, digest)
+    assert (gone.problem, gone.missing) == ("vanished", True)
+    capture.mkdir()
+    assert _scan(file, digest).problem == "is no longer a file"
+
+
+def test_a_decode_task_reads_the_planned_bytes_or_fails(capture: Path) -> None:
+    data = capture.read_bytes()
+    file = _file(capture)
+    digest = _scan(file).digest
+    before = list(decode_file(file, SCHEMA, chunk_bytes=500, raw_limit=64, planned_digest=digest))
+    with open(capture, "ab") as fh:  # grew after it was planned: the planned bytes are read
+        fh.write(data[file["header_length"] :])  # type: ignore[misc]
+    after = list(decode_file(file, SCHEMA, chunk_bytes=500, raw_limit=64, planned_digest=digest))
+    assert pa.Table.from_batches(after).equals(pa.Table.from_batches(before))
+    capture.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(LandingChangedError, match="sha256 differs"):
+        list(decode_file(file, SCHEMA, chunk_bytes=500, raw_limit=64, planned_digest=digest))
+    capture.unlink()
+    with pytest.raises(LandingChangedError, match="vanished"):
+        list(decode_file(file, SCHEMA, chunk_bytes=500, raw_limit=64, planned_digest=digest))

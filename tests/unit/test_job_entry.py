@@ -78,7 +78,9 @@ def test_a_job_prints_every_summary(
         'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n[[buckets]]\nname = "b"\n'
     )
     monkeypatch.setattr(
-        job, "run", lambda config, bucket=None: [Done(b.name) for b in config.bucket(bucket)]
+        job,
+        "run",
+        lambda config, bucket=None, **_: [Done(b.name) for b in config.bucket(bucket)],
     )
     assert job_main("ingest", ["--config", str(path)]) == 0
     assert capsys.readouterr().out.splitlines() == ["done a", "done b"]
@@ -106,3 +108,19 @@ def test_check_exits_1_naming_every_failed_error_expectation(
         assert captured.err.splitlines()[-1] == (
             "dcp-cdc check: failed error expectations: b: suite.one; b: suite.two"
         )
+
+
+@pytest.mark.parametrize("verb", ["ingest", "run"])
+def test_a_landing_folder_that_is_not_there_exits_2_before_spark(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_spark(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Spark session was started")
+
+    monkeypatch.setattr("pipelines.spark_session.session_for", no_spark)
+    path = tmp_path / "ok.toml"
+    path.write_text('landing = "missing"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
+    assert job_main(verb, ["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dcp-cdc {verb}: error: {path}: landing: the landing location ")
+    assert err.rstrip().endswith(f"{str(tmp_path / 'missing')!r} of bucket 'b' does not exist")

@@ -8,7 +8,15 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from pipelines.landing import filesystem, list_files, open_input, s3_options
+from pipelines.landing import (
+    Skipped,
+    filesystem,
+    gone,
+    list_files,
+    location_problem,
+    open_input,
+    s3_options,
+)
 
 
 @pytest.fixture
@@ -23,7 +31,8 @@ def landing(tmp_path: Path) -> Path:
 
 
 def test_local_path_lists_and_reads(landing: Path) -> None:
-    found = list_files(str(landing), ".dcpcap")
+    listing = list_files(str(landing), ".dcpcap")
+    found = listing.files
     assert [(f.path, f.size) for f in found] == [
         (str(landing / "a" / "b" / "two.dcpcap"), 11),
         (str(landing / "one.dcpcap"), 5),
@@ -36,7 +45,7 @@ def test_local_path_lists_and_reads(landing: Path) -> None:
 
 def test_relative_path_is_resolved(landing: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(landing.parent)
-    assert [f.path for f in list_files("landing", ".dcpcap")] == [
+    assert [f.path for f in list_files("landing", ".dcpcap").files] == [
         str(landing / "a" / "b" / "two.dcpcap"),
         str(landing / "one.dcpcap"),
     ]
@@ -44,7 +53,7 @@ def test_relative_path_is_resolved(landing: Path, monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("uri", ["file://{root}", "file:{root}"])
 def test_file_uris_list_as_hadoop_wrote_them_and_read_back(landing: Path, uri: str) -> None:
-    found = list_files(uri.format(root=landing), ".dcpcap")
+    found = list_files(uri.format(root=landing), ".dcpcap").files
     assert [f.path for f in found] == [
         f"file:{landing / 'a' / 'b' / 'two.dcpcap'}",
         f"file:{landing / 'one.dcpcap'}",
@@ -53,9 +62,54 @@ def test_file_uris_list_as_hadoop_wrote_them_and_read_back(landing: Path, uri: s
         assert fh.read() == b"first"
 
 
-def test_a_missing_location_has_no_files(tmp_path: Path) -> None:
-    assert list_files(str(tmp_path / "nothing"), ".dcpcap") == []
-    assert list_files(f"file://{tmp_path / 'nothing'}", ".dcpcap") == []
+def test_a_missing_location_has_no_files_and_is_a_problem(tmp_path: Path) -> None:
+    for location in (str(tmp_path / "nothing"), f"file://{tmp_path / 'nothing'}"):
+        assert list_files(location, ".dcpcap").files == []
+        assert location_problem(location) == "does not exist"
+    (tmp_path / "file").write_bytes(b"x")
+    assert location_problem(str(tmp_path / "file")) == "is a file, not a folder"
+    assert location_problem(str(tmp_path)) is None
+
+
+def test_odd_entries_are_skipped_and_reported(landing: Path) -> None:
+    (landing / "empty.dcpcap").touch()
+    (landing / "dangling.dcpcap").symlink_to(landing / "nowhere")
+    (landing / "linked.dcpcap").symlink_to(landing / "one.dcpcap")
+    listing = list_files(str(landing), ".dcpcap")
+    assert [Path(f.path).name for f in listing.files] == [
+        "two.dcpcap",
+        "linked.dcpcap",
+        "one.dcpcap",
+    ]
+    assert listing.skipped == [
+        Skipped(str(landing / "a" / "dir.dcpcap"), "a folder, not a file"),
+        Skipped(str(landing / "dangling.dcpcap"), "a dangling link, or gone while listing"),
+        Skipped(str(landing / "empty.dcpcap"), "empty (0 bytes)"),
+    ]
+    assert str(listing.skipped[2]) == f"{landing / 'empty.dcpcap'}: empty (0 bytes)"
+
+
+def test_why_a_listed_file_can_no_longer_be_read(landing: Path) -> None:
+    assert gone(str(landing / "one.dcpcap")) is None  # still a file
+    assert gone(str(landing / "vanished.dcpcap")) == "vanished"
+    assert gone(str(landing / "a" / "dir.dcpcap")) == "is no longer a file"
+
+
+def test_an_object_store_prefix_needs_only_its_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Store:  # what pyarrow's S3 filesystem says of a bucket and of an absent prefix
+        type_name = "s3"
+
+        def get_file_info(self, path: str) -> pafs.FileInfo:
+            known = {"landing": pafs.FileType.Directory, "landing/a/file": pafs.FileType.File}
+            return pafs.FileInfo(path, known.get(path, pafs.FileType.NotFound))
+
+    monkeypatch.setattr(
+        "pipelines.landing.filesystem",
+        lambda location, settings: (Store(), location.split("://", 1)[1]),
+    )
+    assert location_problem("s3a://landing/not/yet/written") is None
+    assert location_problem("s3a://landing/a/file") == "is a file, not a folder"
+    assert location_problem("s3a://typo/captures") == "its bucket 'typo' does not exist"
 
 
 def test_s3_options_come_from_sparks_s3a_settings() -> None:

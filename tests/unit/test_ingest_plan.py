@@ -1,0 +1,96 @@
+"""The bronze ingest's plan and resume decisions, without Spark: which run is open, which
+planned files are written, and a landing location that is not there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.errors import ConfigError
+from pipelines.bronze.job import (
+    CaptureFile,
+    IngestSummary,
+    LogState,
+    Problem,
+    check_landing,
+    settle,
+)
+
+
+def _row(
+    status: str, file: str, version: int, run_id: str | None = "r1", **more: Any
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "file": file,
+        "run_version": version,
+        "ingest_run_id": run_id,
+        "size": 10,
+        "modified_ms": 1,
+        "session_id": "s",
+        "file_sequence": 0,
+        **more,
+    }
+
+
+def test_a_run_is_open_until_it_has_closing_rows_of_its_own() -> None:
+    rows = [_row("planned", "a", 1), _row("ingested", "a", 1), _row("planned", "b", 2, "r2")]
+    state = LogState.of(rows)
+    assert [r["file"] for r in state.open_plan] == ["b"] and state.last_version == 2
+    assert set(state.ingested) == {"a"}
+    # a run whose files were all left out is closed by its changed / missing rows
+    for status in ("changed", "missing"):
+        assert LogState.of([*rows, _row(status, "b", 2, "r2")]).open_plan == []
+    # a file found changed after ingest (logged under the last version, without a run id)
+    # closes nothing
+    assert LogState.of([*rows, _row("changed", "a", 2, None)]).open_plan == state.open_plan
+
+
+def _file(path: str, session: str, sequence: int) -> CaptureFile:
+    return CaptureFile(path, 10, 1, session_id=session, file_sequence=sequence)
+
+
+def test_a_planned_file_left_out_holds_back_the_rest_of_its_session_only() -> None:
+    plan = [_file("a0", "a", 0), _file("a1", "a", 1), _file("a2", "a", 2), _file("b5", "b", 5)]
+    gone = Problem("missing", "vanished")
+    settled = settle(plan, {"a1": gone})
+    assert [f.path for f in settled.kept] == ["a0", "b5"]
+    assert settled.left_out == [(plan[1], gone)]
+    assert settled.waiting == ["a2 (session a sequence 2, needs sequence 1, left out, first)"]
+    assert settle(plan, {}).kept == plan
+
+
+def test_the_summary_reports_what_was_skipped_and_left_out() -> None:
+    summary = IngestSummary(
+        "b", skipped=["x.dcpcap: a folder, not a file"], left_out=["y.dcpcap: vanished"]
+    )
+    assert summary.render().splitlines() == [
+        "bronze ingest of bucket 'b': nothing new to ingest",
+        "  LEFT OUT (changed or gone since planned, not ingested): y.dcpcap: vanished",
+        "  skipped (not a file to read): x.dcpcap: a folder, not a file",
+    ]
+
+
+def test_a_landing_location_that_is_not_there_fails_naming_the_field(tmp_path: Path) -> None:
+    (tmp_path / "here").mkdir()
+    config = AppConfig(
+        landing=str(tmp_path / "nowhere"),
+        warehouse=str(tmp_path / "wh"),
+        buckets=[
+            BucketConfig(name="own", landing=str(tmp_path / "here")),
+            BucketConfig(name="shared"),
+            BucketConfig(name="typo", landing=str(tmp_path / "her")),
+        ],
+    )
+    check_landing(config, config.bucket("own"))
+    with pytest.raises(ConfigError) as shared:
+        check_landing(config, config.bucket("shared"), "conf/x.toml")
+    assert str(shared.value) == (
+        f"conf/x.toml: landing: the landing location {str(tmp_path / 'nowhere')!r} of bucket "
+        "'shared' does not exist"
+    )
+    with pytest.raises(ConfigError, match=r"^buckets\[2\]\.landing: .* 'typo' does not exist$"):
+        check_landing(config, config.bucket("typo"))
