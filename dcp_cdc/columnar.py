@@ -36,12 +36,14 @@ from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import (
     OPS,
+    AddStream,
     Deletion,
     Event,
     Expiration,
     Mutation,
     SeqnoAdvanced,
     SnapshotMarker,
+    StreamRequest,
     UnknownFrame,
 )
 from dcp_cdc.layouts import Layout
@@ -65,6 +67,7 @@ I32 = pa.int32()
 I16 = pa.int16()
 FAILOVER_ENTRY_TYPE = pa.struct([("vb_uuid", I64), ("seqno", I64)])
 XATTRS_TYPE = pa.map_(pa.string(), pa.string())
+FLAG_NAMES_TYPE = pa.list_(pa.string())
 
 # The decoded-frame columns, in order. Bronze adds lineage and session-order columns.
 COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -120,9 +123,11 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("vb_uuid", I64),
     ("snap_start_seqno", I64),
     ("snap_end_seqno", I64),
+    ("stream_flag_names", FLAG_NAMES_TYPE),
     ("status_name", pa.string()),
     ("failover_log", pa.list_(FAILOVER_ENTRY_TYPE)),
     ("rollback_seqno", I64),
+    ("stream_opaque", I64),
     ("buffer_bytes", I64),
     ("raw", pa.binary()),
 )
@@ -178,6 +183,8 @@ def raw_row(event: Event) -> dict[str, Any]:
             row[name] = value
     if "xattrs" in names:
         row["is_json"] = h.is_json
+    if isinstance(event, (StreamRequest, AddStream)):
+        row["stream_flag_names"] = list(event.flag_names)
     value = row.get("value")
     if isinstance(value, str):  # a stream request's JSON text
         row["value"] = value.encode()
@@ -461,6 +468,7 @@ class _Columns:
         self.xattr_rows = np.zeros(n, dtype=np.bool_)
         self.xattr_entries: list[tuple[Any, pa.Array, pa.Array]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
+        self.flag_names: tuple[list[int], list[list[str]]] = ([], [])
         self.extra = bytearray()
         self.pending: dict[str, tuple[list[int], list[Any]]] = {
             name: ([], []) for name, _ in COLUMNS
@@ -531,6 +539,9 @@ class _Columns:
             elif name == "failover_log":
                 signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
                 self.failover.extend(zip(rows, signed, strict=True))
+            elif name == "stream_flag_names":
+                self.flag_names[0].extend(rows)
+                self.flag_names[1].extend(values)
 
     def _add_xattr_dicts(self, rows: list[int], mappings: list[dict[str, str]]) -> None:
         entry_rows = np.repeat(np.array(rows, dtype=np.int64), [len(m) for m in mappings])
@@ -568,6 +579,7 @@ class _Columns:
                 arrays[name] = pa.nulls(n, pa.binary())
         arrays["xattrs"] = self._xattrs()
         arrays["failover_log"] = _sparse_list(n, self.failover)
+        arrays["stream_flag_names"] = _sparse_names(n, *self.flag_names)
         table = pa.table([arrays[c] for c, _ in COLUMNS], schema=ARROW_SCHEMA)
         return table if keep.all() else table.filter(_numeric(pa.bool_(), keep))
 
@@ -604,6 +616,23 @@ def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
     values = pa.array(texts, type=pa.string())
     return pa.DictionaryArray.from_arrays(_numeric(pa.int32(), indices, valid), values).cast(
         pa.string()
+    )
+
+
+def _sparse_names(n: int, rows: list[int], names: list[list[str]]) -> pa.Array:
+    """An n-row list-of-strings column holding ``names`` at ``rows`` and nulls elsewhere."""
+    if not rows:
+        return pa.nulls(n, FLAG_NAMES_TYPE)
+    counts = np.zeros(n, dtype=_I32)
+    counts[rows] = [len(v) for v in names]
+    valid = np.zeros(n, dtype=np.bool_)
+    valid[rows] = True
+    offsets = np.zeros(n + 1, dtype=_I32)
+    np.cumsum(counts, out=offsets[1:])
+    order = np.argsort(np.array(rows, dtype=np.int64), kind="stable")
+    values = pa.array([name for i in order.tolist() for name in names[i]], type=pa.string())
+    return pa.ListArray.from_arrays(
+        _numeric(pa.int32(), offsets), values, mask=_numeric(pa.bool_(), ~valid)
     )
 
 

@@ -18,6 +18,8 @@ from dcp_cdc import flatbuf, layouts
 from dcp_cdc.errors import DecoderUsageError, FieldError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import (
     Abort,
+    AddStream,
+    AddStreamResponse,
     BufferAck,
     Commit,
     Deletion,
@@ -578,6 +580,29 @@ def read_stream_request_response(
     return StreamRequestResponse(h, status_name(status), None, None, value)
 
 
+def read_add_stream(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
+    """4-byte extras of stream flags, no key, no value (add-stream.md)."""
+    _, (flags,) = _extras(ext, {4: layouts.ADD_STREAM})
+    _require_empty("key", key)
+    _require_empty("value", value)
+    return AddStream(h, flags)
+
+
+def read_add_stream_response(
+    h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool
+) -> Event:
+    """Success: 4-byte extras holding the new stream's opaque, nothing else (add-stream.md).
+    An error status may come without extras, and with a value (kept as it came)."""
+    status = h.vbucket_or_status
+    _require_empty("key", key)
+    if status == Status.SUCCESS:
+        _require_empty("value", value)
+    elif not ext:
+        return AddStreamResponse(h, status_name(status), None, value)
+    _, (stream_opaque,) = _extras(ext, {4: layouts.ADD_STREAM_RESPONSE})
+    return AddStreamResponse(h, status_name(status), stream_opaque, value)
+
+
 def read_failover_log_request(
     h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool
 ) -> Event:
@@ -615,6 +640,8 @@ READERS: Final[dict[tuple[bool, int], Reader]] = {
     (False, Opcode.DCP_SET_VBUCKET_STATE): read_set_vbucket_state,
     (False, Opcode.DCP_STREAM_REQ): read_stream_request,
     (True, Opcode.DCP_STREAM_REQ): read_stream_request_response,
+    (False, Opcode.DCP_ADD_STREAM): read_add_stream,
+    (True, Opcode.DCP_ADD_STREAM): read_add_stream_response,
     (False, Opcode.DCP_GET_FAILOVER_LOG): read_failover_log_request,
     (True, Opcode.DCP_GET_FAILOVER_LOG): read_failover_log_response,
     (False, Opcode.DCP_BUFFER_ACKNOWLEDGEMENT): read_buffer_ack,

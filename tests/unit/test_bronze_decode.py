@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dcp_cdc.capture import iter_capture, read_capture_header
+from dcp_cdc.capture import CaptureWriter, iter_capture, read_capture_header
 from dcp_cdc.columnar import to_signed64
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import OsoSnapshot, SnapshotMarker, StreamRequestResponse
@@ -189,3 +189,36 @@ def test_counts_reach_the_caller(tmp_path: Path) -> None:
     assert len(errors) == len(result.expected_errors)
     frames = sum(1 for e in iter_capture(path) if not isinstance(e, MalformedFrameError))
     assert counted == [(str(path), frames, len(errors))]
+
+
+def test_add_stream_frames_land_in_bronze_rows_by_name(tmp_path: Path) -> None:
+    """Issue 14: the seed's add-stream request and response (add-stream.md) were ``unknown``
+    rows. In bronze's columns: the request's flags by name, the response's stream opaque."""
+    request = bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
+    response = bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+    with CaptureWriter(tmp_path, bucket="b", session_id="s", collections=True) as writer:
+        for data in (request, response):
+            writer.write(data)
+    (path,) = writer.paths
+    _, length = read_capture_header(path)
+    file = {
+        "path": str(path),
+        "bucket": "b",
+        "session_id": "s",
+        "session_started_at": None,
+        "file_sequence": 0,
+        "collections": True,
+        "header_length": length,
+        "size": path.stat().st_size,
+        "carry": None,
+    }
+    rows = pa.Table.from_batches(
+        list(decode_file(file, EVENTS_SCHEMA, chunk_bytes=1 << 20, raw_limit=64)),
+        schema=EVENTS_SCHEMA,
+    ).to_pylist()
+    assert [r["op"] for r in rows] == ["add_stream", "add_stream_response"]
+    req, resp = rows
+    assert (req["vbucket"], req["opaque"], req["flags"]) == (5, 1, 1)
+    assert req["stream_flag_names"] == ["takeover"] and req["stream_opaque"] is None
+    assert (resp["status"], resp["status_name"], resp["stream_opaque"]) == (0, "success", 0x1000)
+    assert resp["stream_flag_names"] is None and resp["offset"] == length + len(request)

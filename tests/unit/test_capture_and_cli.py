@@ -164,6 +164,22 @@ def test_decode_command_reports_a_deeply_nested_value_and_goes_on(tmp_path: Path
     assert records[1]["offset"] == len(request) and records[1]["key"] == "hello"
 
 
+def test_decode_command_names_the_add_stream_messages(tmp_path: Path) -> None:
+    """Issue 14: the seed's two add-stream frames printed ``"op": "unknown"``."""
+    raw = tmp_path / "stream.bin"
+    raw.write_bytes(
+        bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
+        + bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+    )
+    out = io.StringIO()
+    assert main(["decode", "--raw", "--no-collections", str(raw)], out=out) == 0
+    request, response = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert request["op"] == "add_stream" and request["vbucket"] == 5
+    assert request["flags"] == 1 and request["stream_flag_names"] == ["takeover"]
+    assert response["op"] == "add_stream_response" and response["status"] == 0
+    assert response["status_name"] == "success" and response["stream_opaque"] == 0x1000
+
+
 def test_decode_command_raw_without_collections(tmp_path: Path) -> None:
     raw = tmp_path / "stream.bin"
     raw.write_bytes(MUTATION_8_2)

@@ -154,6 +154,27 @@ CASES = [
         "0",
     ),
     (
+        "add stream without flags",
+        frame(make_header(Opcode.DCP_ADD_STREAM), b"", b"", b""),
+        "extras length",
+        "4 bytes",
+        "0 bytes",
+    ),
+    (
+        "add stream with a value",
+        frame(make_header(Opcode.DCP_ADD_STREAM), bytes(4), b"", b"x"),
+        "unexpected value",
+        None,
+        None,
+    ),
+    (
+        "add stream success without stream opaque",
+        frame(make_header(Opcode.DCP_ADD_STREAM, status=0), b"", b"", b""),
+        "extras length",
+        "4 bytes",
+        "0 bytes",
+    ),
+    (
         "stream end with key",
         frame(make_header(Opcode.DCP_STREAM_END), bytes(4), b"k", b""),
         "unexpected key",
