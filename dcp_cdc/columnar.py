@@ -900,22 +900,66 @@ def decode_batch(
     base_offset: int = 0,
     final: bool = True,
     file: str | None = None,
+    max_expanded: int | None = None,
 ) -> DecodedBatch:
     """Decode every whole frame of ``buf`` (offsets reported as ``base_offset + position``).
 
     With ``final=False`` an incomplete last frame is left for the next call (``consumed``
     stops before it); with ``final=True`` it is reported as a truncated tail in ``fatal``.
+
+    ``max_expanded`` bounds what the batch decompresses: the Snappy values it decodes expand
+    to at most that many bytes in all, except that the first frame is always decoded (one
+    value expands to at most :data:`dcp_cdc.snappy.MAX_UNCOMPRESSED`). The frames past the
+    bound are left for the next call like an incomplete last frame (``consumed`` stops
+    before them, ``fatal`` is None). So the batch's memory is about ``2 * (len(buf) +
+    max(max_expanded, MAX_UNCOMPRESSED))``: its buffer, the decompressed values, and the
+    table's copy of both. None (the default): no bound.
     """
     if len(buf) >= 1 << 31:  # binary views address their buffers with int32 offsets
         raise DecoderUsageError(f"decode_batch takes at most 2 GiB at once, got {len(buf)} bytes")
     buf = bytes(buf)
     starts, consumed, fatal = frame_starts(buf, final=final, base_offset=base_offset)
+    if max_expanded is not None and len(starts):
+        cut = _expansion_cut(expanded_sizes(buf, starts), max_expanded)
+        if cut < len(starts):
+            starts, consumed, fatal = starts[:cut], int(starts[cut]), None
     if fatal is not None and file:
         fatal = fatal.with_file(file)
     table, errors = decode_frames(
         buf, starts, collections=collections, base_offset=base_offset, file=file
     )
     return DecodedBatch(table, errors, consumed, fatal)
+
+
+def expanded_sizes(buf: bytes, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """How many bytes the value of each whole frame at ``starts`` decompresses to: the
+    declared length of a Snappy value whose preamble is plausible (what decoding it will
+    allocate, :func:`dcp_cdc.snappy.preamble`), else 0."""
+    sizes = np.zeros(len(starts), dtype=np.int64)
+    head = _byte_view(buf, f"V{HEADER_LEN}")[starts].view(_HEADER_DTYPE)
+    rows = np.flatnonzero((head["datatype"] & _SNAPPY) != 0)
+    if not len(rows):
+        return sizes
+    head = head[rows]
+    alt = np.isin(head["magic"], _ALT)
+    keylen16 = head["key_len"].astype(np.int64)
+    fe_len = np.where(alt, keylen16 >> 8, 0)
+    key_len = np.where(alt, keylen16 & 0xFF, keylen16)
+    frame_end = starts[rows] + HEADER_LEN + head["body_len"].astype(np.int64)
+    value_start = starts[rows] + HEADER_LEN + fe_len + head["ext_len"].astype(np.int64) + key_len
+    value_len = frame_end - value_start
+    has_value = value_len > 0
+    rows, value_start, value_len = rows[has_value], value_start[has_value], value_len[has_value]
+    declared, _, ok = read_uleb128_many(buf, value_start, value_len)
+    ok &= snappy.plausible(declared, value_len)
+    sizes[rows] = np.where(ok, declared, 0)
+    return sizes
+
+
+def _expansion_cut(sizes: npt.NDArray[np.int64], limit: int) -> int:
+    """How many leading frames expand to at most ``limit`` bytes in all (at least one)."""
+    over = np.flatnonzero(np.cumsum(sizes) > limit)
+    return max(int(over[0]), 1) if len(over) else len(sizes)
 
 
 def decode_frames(

@@ -12,8 +12,10 @@ import pytest
 
 from dcp_cdc.capture import CaptureWriter, iter_capture, read_capture_header
 from dcp_cdc.columnar import to_signed64
+from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.errors import MalformedFrameError
-from dcp_cdc.events import OsoSnapshot, SnapshotMarker, StreamRequestResponse
+from dcp_cdc.events import Mutation, OsoSnapshot, SnapshotMarker, StreamRequestResponse
+from dcp_cdc.protocol import Datatype, Opcode
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
 from pipelines.bronze.decode import StreamState, decode_file, scan_file
@@ -222,3 +224,24 @@ def test_add_stream_frames_land_in_bronze_rows_by_name(tmp_path: Path) -> None:
     assert req["stream_flag_names"] == ["takeover"] and req["stream_opaque"] is None
     assert (resp["status"], resp["status_name"], resp["stream_opaque"]) == (0, "success", 0x1000)
     assert resp["stream_flag_names"] is None and resp["offset"] == length + len(request)
+
+
+def test_a_bounded_expansion_gives_the_same_rows_as_one_read(tmp_path: Path) -> None:
+    """Batches that stop at ``chunk_bytes`` of decompressed values (issue 14, item 9), values
+    larger than a chunk among them, and a cut tail: the rows of one unbounded read."""
+    events = []
+    for i, size in enumerate([100_000, 5, 3_000_000, 200_000, 7, 150_000] * 3):
+        h = make_header(Opcode.DCP_MUTATION, vbucket=i % 3, datatype=Datatype.SNAPPY)
+        body = bytes([97 + i % 26]) * size
+        events.append(Mutation(h, i + 1, 1, 0, 0, 0, 0, 0, None, b"k%d" % i, body, None))
+    with CaptureWriter(tmp_path, bucket="b", session_id="s", collections=False) as writer:
+        for event in events:
+            writer.write(encode(event))
+        writer.write_raw(encode(events[0])[:40])
+    (path,) = writer.paths
+    whole = _decode(path, 1 << 30).to_pylist()
+    bounded = _decode(path, 1 << 16).to_pylist()
+    assert bounded == whole
+    assert [r["op"] for r in whole] == ["mutation"] * len(events) + ["error"]
+    assert [len(r["value"]) for r in whole[:-1]] == [len(e.value) for e in events]
+    assert whole[-1]["error_truncated"]
