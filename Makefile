@@ -3,7 +3,7 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
-#   make test-long  silver against the truth over 200 simulator seeds
+#   make test-long  silver against the truth over 200 simulator seeds; 200,000 fuzzed frames
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
 # setup is stamp-driven: a second run with nothing changed does no work.
@@ -54,9 +54,11 @@ test: setup lint typecheck
 
 check: test
 
-# Silver against the simulator's truth over 200 seeds (CI runs 24).
+# Silver against the simulator's truth over 200 seeds (CI runs 24); both decoder faces over
+# 200,000 fuzzed inputs (make test runs 1,000).
 test-long: setup
 	DCP_CDC_SEEDS=200 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
