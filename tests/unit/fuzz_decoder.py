@@ -9,9 +9,11 @@ set to edge values, header lengths rewritten, cut, spliced, bytes inserted). For
 - the columnar face (``decode_batch``, whole, and batch after batch under a tight
   ``max_expanded``) raises nothing but ``DcpError`` and gives, row for row, the iterator's
   events, its skipped frames at the same offsets with the same reasons, and its fatal error
-  at the same offset. An input that frames whole (no unrecoverable error) goes through the
-  columnar face within a stream of up to :data:`GROUP` such inputs (both faces decode that
-  stream; one columnar call per input would cost most of the time); the others alone.
+  at the same offset. One columnar call per input would cost most of the time, so an input
+  goes through the columnar face within a stream of up to :data:`GROUP` inputs (both faces
+  decode that stream); an input that cannot be framed to its end is cut where framing stops
+  for that, and the columnar framing (``frame_starts``) must stop there with the same error.
+  Every 16th of those goes through the whole columnar path alone as well.
 
 Run ``python -m tests.unit.fuzz_decoder --inputs 1000000`` for a long campaign (it prints the
 counts, the time and every finding); ``tests/unit/test_decoder_fuzz.py`` runs a bounded one.
@@ -26,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row
+from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row, frame_starts
 from dcp_cdc.decoder import decode_frame, iter_decode
 from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DcpError, MalformedFrameError
@@ -191,6 +193,16 @@ def check(data: bytes, collections: bool, *, bounded: bool = False) -> None:
     _columnar_agrees(data, collections, _iterator_face(data, collections), bounded)
 
 
+def _same_fatal(data: bytes, fatal: MalformedFrameError) -> None:
+    _, consumed, error = frame_starts(data, final=True)
+    assert error is not None and (consumed, error.offset) == (fatal.offset, fatal.offset), (
+        "columnar framing stops elsewhere",
+        consumed,
+        error,
+    )
+    assert type(error) is type(fatal) and error.reason == fatal.reason, (error, fatal)
+
+
 GROUP = 64
 """Inputs that frame whole (no unrecoverable error) are also checked as one stream of up to
 this many, through both faces at once; a group that disagrees is checked input by input."""
@@ -213,11 +225,15 @@ class _Campaign:
         items = self._run(data, collections, lambda: _iterator_face(data, collections))
         if items is None:
             return
-        if any(isinstance(i, MalformedFrameError) and not i.recoverable for i in items):
+        fatal = [i for i in items if isinstance(i, MalformedFrameError) and not i.recoverable]
+        if fatal and n % 16 == 0:  # the whole columnar path, alone
             self._run(
-                data, collections, lambda: _columnar_agrees(data, collections, items, n % 8 == 0)
+                data, collections, lambda: _columnar_agrees(data, collections, items, n % 32 == 0)
             )
             return
+        if fatal:  # the columnar face's framing stops where the iterator's does
+            self._run(data, collections, lambda: _same_fatal(data, fatal[0]))
+            data = data[: fatal[0].offset]  # whole frames: their rows are checked in a group
         group = self.groups[collections]
         group.append(data)
         if len(group) == GROUP:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.unit.fuzz_decoder import REPRODUCERS, campaign, check
 
-INPUTS = int(os.environ.get("DCP_CDC_FUZZ_INPUTS", "1000"))
+INPUTS = int(os.environ.get("DCP_CDC_FUZZ_INPUTS", "2000"))
 
 
 @pytest.mark.parametrize("collections", [False, True])
