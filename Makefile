@@ -3,7 +3,8 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
-#   make test-long  silver against the truth over 200 simulator seeds; kill -9 at every step
+#   make test-long  silver against the truth over 200 simulator seeds; 200,000 fuzzed frames;
+#                   kill -9 at every step
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
@@ -55,9 +56,11 @@ test: setup lint typecheck
 
 check: test
 
-# Silver against the simulator's truth over 200 seeds (CI runs 24).
+# Silver against the simulator's truth over 200 seeds (CI runs 24); both decoder faces over
+# 200,000 fuzzed inputs (make test runs 2,000); kill -9 of ingest and apply at every step.
 test-long: setup
 	DCP_CDC_SEEDS=200 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 
 # kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.

@@ -36,12 +36,14 @@ from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import (
     OPS,
+    AddStream,
     Deletion,
     Event,
     Expiration,
     Mutation,
     SeqnoAdvanced,
     SnapshotMarker,
+    StreamRequest,
     UnknownFrame,
 )
 from dcp_cdc.layouts import Layout
@@ -65,6 +67,7 @@ I32 = pa.int32()
 I16 = pa.int16()
 FAILOVER_ENTRY_TYPE = pa.struct([("vb_uuid", I64), ("seqno", I64)])
 XATTRS_TYPE = pa.map_(pa.string(), pa.string())
+FLAG_NAMES_TYPE = pa.list_(pa.string())
 
 # The decoded-frame columns, in order. Bronze adds lineage and session-order columns.
 COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
@@ -120,9 +123,11 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("vb_uuid", I64),
     ("snap_start_seqno", I64),
     ("snap_end_seqno", I64),
+    ("stream_flag_names", FLAG_NAMES_TYPE),
     ("status_name", pa.string()),
     ("failover_log", pa.list_(FAILOVER_ENTRY_TYPE)),
     ("rollback_seqno", I64),
+    ("stream_opaque", I64),
     ("buffer_bytes", I64),
     ("raw", pa.binary()),
 )
@@ -178,6 +183,8 @@ def raw_row(event: Event) -> dict[str, Any]:
             row[name] = value
     if "xattrs" in names:
         row["is_json"] = h.is_json
+    if isinstance(event, (StreamRequest, AddStream)):
+        row["stream_flag_names"] = list(event.flag_names)
     value = row.get("value")
     if isinstance(value, str):  # a stream request's JSON text
         row["value"] = value.encode()
@@ -461,6 +468,7 @@ class _Columns:
         self.xattr_rows = np.zeros(n, dtype=np.bool_)
         self.xattr_entries: list[tuple[Any, pa.Array, pa.Array]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
+        self.flag_names: tuple[list[int], list[list[str]]] = ([], [])
         self.extra = bytearray()
         self.pending: dict[str, tuple[list[int], list[Any]]] = {
             name: ([], []) for name, _ in COLUMNS
@@ -531,6 +539,9 @@ class _Columns:
             elif name == "failover_log":
                 signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
                 self.failover.extend(zip(rows, signed, strict=True))
+            elif name == "stream_flag_names":
+                self.flag_names[0].extend(rows)
+                self.flag_names[1].extend(values)
 
     def _add_xattr_dicts(self, rows: list[int], mappings: list[dict[str, str]]) -> None:
         entry_rows = np.repeat(np.array(rows, dtype=np.int64), [len(m) for m in mappings])
@@ -568,6 +579,7 @@ class _Columns:
                 arrays[name] = pa.nulls(n, pa.binary())
         arrays["xattrs"] = self._xattrs()
         arrays["failover_log"] = _sparse_list(n, self.failover)
+        arrays["stream_flag_names"] = _sparse_names(n, *self.flag_names)
         table = pa.table([arrays[c] for c, _ in COLUMNS], schema=ARROW_SCHEMA)
         return table if keep.all() else table.filter(_numeric(pa.bool_(), keep))
 
@@ -604,6 +616,23 @@ def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
     values = pa.array(texts, type=pa.string())
     return pa.DictionaryArray.from_arrays(_numeric(pa.int32(), indices, valid), values).cast(
         pa.string()
+    )
+
+
+def _sparse_names(n: int, rows: list[int], names: list[list[str]]) -> pa.Array:
+    """An n-row list-of-strings column holding ``names`` at ``rows`` and nulls elsewhere."""
+    if not rows:
+        return pa.nulls(n, FLAG_NAMES_TYPE)
+    counts = np.zeros(n, dtype=_I32)
+    counts[rows] = [len(v) for v in names]
+    valid = np.zeros(n, dtype=np.bool_)
+    valid[rows] = True
+    offsets = np.zeros(n + 1, dtype=_I32)
+    np.cumsum(counts, out=offsets[1:])
+    order = np.argsort(np.array(rows, dtype=np.int64), kind="stable")
+    values = pa.array([name for i in order.tolist() for name in names[i]], type=pa.string())
+    return pa.ListArray.from_arrays(
+        _numeric(pa.int32(), offsets), values, mask=_numeric(pa.bool_(), ~valid)
     )
 
 
@@ -871,22 +900,66 @@ def decode_batch(
     base_offset: int = 0,
     final: bool = True,
     file: str | None = None,
+    max_expanded: int | None = None,
 ) -> DecodedBatch:
     """Decode every whole frame of ``buf`` (offsets reported as ``base_offset + position``).
 
     With ``final=False`` an incomplete last frame is left for the next call (``consumed``
     stops before it); with ``final=True`` it is reported as a truncated tail in ``fatal``.
+
+    ``max_expanded`` bounds what the batch decompresses: the Snappy values it decodes expand
+    to at most that many bytes in all, except that the first frame is always decoded (one
+    value expands to at most :data:`dcp_cdc.snappy.MAX_UNCOMPRESSED`). The frames past the
+    bound are left for the next call like an incomplete last frame (``consumed`` stops
+    before them, ``fatal`` is None). So the batch's memory is about ``2 * (len(buf) +
+    max(max_expanded, MAX_UNCOMPRESSED))``: its buffer, the decompressed values, and the
+    table's copy of both. None (the default): no bound.
     """
     if len(buf) >= 1 << 31:  # binary views address their buffers with int32 offsets
         raise DecoderUsageError(f"decode_batch takes at most 2 GiB at once, got {len(buf)} bytes")
     buf = bytes(buf)
     starts, consumed, fatal = frame_starts(buf, final=final, base_offset=base_offset)
+    if max_expanded is not None and len(starts):
+        cut = _expansion_cut(expanded_sizes(buf, starts), max_expanded)
+        if cut < len(starts):
+            starts, consumed, fatal = starts[:cut], int(starts[cut]), None
     if fatal is not None and file:
         fatal = fatal.with_file(file)
     table, errors = decode_frames(
         buf, starts, collections=collections, base_offset=base_offset, file=file
     )
     return DecodedBatch(table, errors, consumed, fatal)
+
+
+def expanded_sizes(buf: bytes, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """How many bytes the value of each whole frame at ``starts`` decompresses to: the
+    declared length of a Snappy value whose preamble is plausible (what decoding it will
+    allocate, :func:`dcp_cdc.snappy.preamble`), else 0."""
+    sizes = np.zeros(len(starts), dtype=np.int64)
+    head = _byte_view(buf, f"V{HEADER_LEN}")[starts].view(_HEADER_DTYPE)
+    rows = np.flatnonzero((head["datatype"] & _SNAPPY) != 0)
+    if not len(rows):
+        return sizes
+    head = head[rows]
+    alt = np.isin(head["magic"], _ALT)
+    keylen16 = head["key_len"].astype(np.int64)
+    fe_len = np.where(alt, keylen16 >> 8, 0)
+    key_len = np.where(alt, keylen16 & 0xFF, keylen16)
+    frame_end = starts[rows] + HEADER_LEN + head["body_len"].astype(np.int64)
+    value_start = starts[rows] + HEADER_LEN + fe_len + head["ext_len"].astype(np.int64) + key_len
+    value_len = frame_end - value_start
+    has_value = value_len > 0
+    rows, value_start, value_len = rows[has_value], value_start[has_value], value_len[has_value]
+    declared, _, ok = read_uleb128_many(buf, value_start, value_len)
+    ok &= snappy.plausible(declared, value_len)
+    sizes[rows] = np.where(ok, declared, 0)
+    return sizes
+
+
+def _expansion_cut(sizes: npt.NDArray[np.int64], limit: int) -> int:
+    """How many leading frames expand to at most ``limit`` bytes in all (at least one)."""
+    over = np.flatnonzero(np.cumsum(sizes) > limit)
+    return max(int(over[0]), 1) if len(over) else len(sizes)
 
 
 def decode_frames(

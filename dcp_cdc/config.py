@@ -57,7 +57,9 @@ class IngestConfig(_Model):
     """Bronze ingest of capture files."""
 
     chunk_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 64 << 20
-    """Bytes of a capture file decoded at once inside a task (bounds executor memory)."""
+    """Bytes of a capture file decoded at once inside a task, and of Snappy values one batch
+    may decompress: a task's memory peaks under 8 × `chunk_bytes` (8 × its largest value, at
+    most 64 MiB, when that is more)."""
     max_file_bytes: Annotated[int, Field(ge=1 << 10)] = 64 << 30
     """Capture files larger than this are reported and left alone."""
     quarantine_raw_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = 4096

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dcp_cdc import flatbuf, layouts
 from dcp_cdc.events import (
     Abort,
+    AddStream,
+    AddStreamResponse,
     BufferAck,
     Commit,
     Deletion,
@@ -259,6 +261,12 @@ def _stream_request_response(e: StreamRequestResponse) -> Sections:
     return b"", b"", e.value
 
 
+def _add_stream_response(e: AddStreamResponse) -> Sections:
+    if e.stream_opaque is None:
+        return b"", b"", e.value
+    return layouts.ADD_STREAM_RESPONSE.pack(stream_opaque=e.stream_opaque), b"", e.value
+
+
 def _failover_log_response(e: FailoverLogResponse) -> Sections:
     if e.failover_log is not None:
         return b"", b"", failover_log_bytes(e.failover_log)
@@ -285,6 +293,8 @@ _SECTIONS: dict[type, Callable[..., Sections]] = {
     ),
     StreamRequest: _stream_request,
     StreamRequestResponse: _stream_request_response,
+    AddStream: lambda e: (layouts.ADD_STREAM.pack(flags=e.flags), b"", b""),
+    AddStreamResponse: _add_stream_response,
     FailoverLogRequest: lambda e: (b"", b"", b""),
     FailoverLogResponse: _failover_log_response,
     BufferAck: lambda e: (layouts.BUFFER_ACK.pack(buffer_bytes=e.buffer_bytes), b"", b""),

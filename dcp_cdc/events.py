@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, get_args
 
-from dcp_cdc.protocol import HEADER_LEN, RESPONSE_MAGICS, Datatype, OsoFlag
+from dcp_cdc.protocol import HEADER_LEN, RESPONSE_MAGICS, Datatype, OsoFlag, stream_flag_names
 
 _RESPONSE_MAGICS = frozenset(int(m) for m in RESPONSE_MAGICS)
 _JSON = int(Datatype.JSON)
@@ -257,6 +257,36 @@ class StreamRequest:
     snap_end_seqno: int
     value: str
 
+    @property
+    def flag_names(self) -> tuple[str, ...]:
+        return stream_flag_names(self.flags)
+
+
+@dataclass(frozen=True, slots=True)
+class AddStream:
+    """DCP_ADD_STREAM 0x51: tells a consumer to open a stream of the header's vbucket
+    (add-stream.md; KV-internal replication, spec §5). ``flags`` are stream flags (§4.4)."""
+
+    op: ClassVar[str] = "add_stream"
+    header: FrameHeader
+    flags: int
+
+    @property
+    def flag_names(self) -> tuple[str, ...]:
+        return stream_flag_names(self.flags)
+
+
+@dataclass(frozen=True, slots=True)
+class AddStreamResponse:
+    """Reply to DCP_ADD_STREAM (add-stream.md): on success ``stream_opaque``, the opaque the
+    new stream's messages carry; on an error status the value the server sent, if any."""
+
+    op: ClassVar[str] = "add_stream_response"
+    header: FrameHeader
+    status_name: str
+    stream_opaque: int | None
+    value: bytes
+
 
 FailoverLog = tuple[tuple[int, int], ...]
 """``((vb_uuid, seqno), ...)``, newest entry first (spec §6.1)."""
@@ -330,6 +360,8 @@ Event = (
     | SetVbucketState
     | StreamRequest
     | StreamRequestResponse
+    | AddStream
+    | AddStreamResponse
     | FailoverLogRequest
     | FailoverLogResponse
     | BufferAck

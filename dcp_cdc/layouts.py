@@ -154,6 +154,10 @@ STREAM_REQUEST = _layout(
     ("snap_start_seqno", 32, 8), ("snap_end_seqno", 40, 8),
 )  # fmt: skip
 BUFFER_ACK = _layout("buffer_ack", 4, "§7.6", ("buffer_bytes", 0, 4))
+ADD_STREAM = _layout("add_stream", 4, "§4.4, add-stream.md", ("flags", 0, 4))
+"""DCP_ADD_STREAM 0x51 request: the stream flags (§4.4's flag bits)."""
+ADD_STREAM_RESPONSE = _layout("add_stream_response", 4, "add-stream.md", ("stream_opaque", 0, 4))
+"""Its response: the opaque the new stream's messages will carry."""
 
 # --- fixed value sections ------------------------------------------------------------------
 

@@ -113,16 +113,21 @@ class SnapshotFlag(IntFlag):
     MAY_CONTAIN_DUPLICATES = 0x20
 
 
-def snapshot_flag_names(flags: int) -> tuple[str, ...]:
-    """Names of the set bits, lowest first; unknown bits as ``0xNN``."""
-    names = [f.name.lower() for f in SnapshotFlag if f.value and flags & f.value and f.name]
-    unknown = flags & ~sum(int(f) for f in SnapshotFlag)
+def _flag_names(kind: type[IntFlag], flags: int) -> tuple[str, ...]:
+    """Names of the set bits of ``flags``, lowest first; unknown bits as ``0xNN``."""
+    names = [f.name.lower() for f in kind if f.value and flags & f.value and f.name]
+    unknown = flags & ~sum(int(f) for f in kind)
     bit = 1
     while unknown >= bit:
         if unknown & bit:
             names.append(f"0x{bit:02x}")
         bit <<= 1
     return tuple(names)
+
+
+def snapshot_flag_names(flags: int) -> tuple[str, ...]:
+    """Names of the set snapshot flags, lowest first; unknown bits as ``0xNN``."""
+    return _flag_names(SnapshotFlag, flags)
 
 
 class StreamEndReason(IntEnum):
@@ -190,16 +195,23 @@ class DcpOpenFlag(IntFlag):
 
 
 class StreamRequestFlag(IntFlag):
-    """DCP_STREAM_REQ flags (spec §4.4)."""
+    """Stream flags of DCP_STREAM_REQ and DCP_ADD_STREAM (spec §4.4, add-stream.md)."""
 
     TAKEOVER = 0x01
     DISK_ONLY = 0x02
     TO_LATEST = 0x04
+    NO_VALUE = 0x08  # removed in 5.0 (DCP_OPEN's NO_VALUE replaces it); still named
     ACTIVE_VB_ONLY = 0x10
     STRICT_VBUUID = 0x20
     FROM_LATEST = 0x40
     IGNORE_PURGED_TOMBSTONES = 0x80
     CACHE_TRANSFER = 0x100
+
+
+def stream_flag_names(flags: int) -> tuple[str, ...]:
+    """Names of the set stream flags (``takeover``, ``disk_only``, ...), lowest first;
+    unknown bits as ``0xNN``."""
+    return _flag_names(StreamRequestFlag, flags)
 
 
 STREAM_ID_FRAME_INFO = 2

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from dcp_cdc.capture import iter_capture, read_capture_header
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
-from dcp_cdc.events import Event, SnapshotMarker, UnknownFrame
+from dcp_cdc.events import AddStream, Event, SnapshotMarker, StreamRequest, UnknownFrame
 from dcp_cdc.protocol import snapshot_flag_names
 
 _SKIP = frozenset({"header", "nmeta"})
@@ -62,6 +62,8 @@ def event_to_json(event: Event, *, file: str | None = None) -> dict[str, Any]:
         out["is_json"] = h.is_json
     if isinstance(event, SnapshotMarker):
         out["snapshot_flag_names"] = list(snapshot_flag_names(event.snapshot_flags))
+    if isinstance(event, (StreamRequest, AddStream)):
+        out["stream_flag_names"] = list(event.flag_names)
     return out
 
 

@@ -1,8 +1,9 @@
 """The decode tasks of the bronze ingest: capture files in, Arrow batches of frames out.
 
 Runs inside Spark executors through ``mapInArrow``: one input row per capture file, read in
-chunks of ``chunk_bytes`` so that a file larger than a task's memory streams through. Each chunk
-goes through the columnar decoder once; malformed frames and cut tails become ``op = 'error'``
+chunks of ``chunk_bytes`` so that a file larger than a task's memory streams through, and each
+batch decompresses at most ``chunk_bytes`` of Snappy values (:data:`MEMORY_PER_CHUNK`). Each
+chunk goes through the columnar decoder once; malformed frames and cut tails become ``op = 'error'``
 rows for the quarantine, and the file ends with one ``op = 'file_summary'`` row (its counts).
 
 Session order is computed here too, since a file's frames are decoded in order: each frame
@@ -33,6 +34,12 @@ from pipelines.errors import LandingChangedError
 from pipelines.landing import gone, open_input
 
 MAX_ROWS_PER_BATCH = 65536
+MEMORY_PER_CHUNK = 8
+"""A decode task's memory peaks under this many times ``chunk_bytes`` (or times its largest
+Snappy value, at most 64 MiB, when that is larger): a batch decompresses at most
+``chunk_bytes`` of values (:func:`dcp_cdc.columnar.decode_batch`'s ``max_expanded``), and its
+buffer, those values and the Arrow copies of both are what it holds. Measured: 4 to 5.5
+times (tests/unit/test_decode_memory.py); without the bound, 70 times."""
 SUMMARY_OP = "file_summary"
 """The last row a file's task emits: ``frame_index`` holds the file's well-formed frames,
 ``error_frame_length`` its quarantined records (neither an event nor an error)."""
@@ -57,8 +64,10 @@ class _Chunks:
     """The first ``file["size"]`` bytes of a capture file (those planned; the file may have
     grown since) in chunks of ``chunk_bytes``: ``(buffer, file offset of its first byte,
     final)``, hashed (:data:`DIGEST`) as they are read. The caller sets ``consumed`` to the
-    bytes of each buffer it framed; the rest (a frame cut by the chunk boundary) starts the
-    next buffer. ``storage``: the Spark settings the landing filesystem is built from
+    bytes of each buffer it framed; the rest (a frame cut by the chunk boundary, or frames a
+    batch left for later) starts the next buffer, topped up to ``chunk_bytes`` only. So a
+    buffer is at most one chunk, unless it holds no whole frame (one frame is at most 64 MiB,
+    spec §1.1). ``storage``: the Spark settings the landing filesystem is built from
     (:func:`pipelines.landing.filesystem`).
 
     After the caller's last chunk, :meth:`finish` says whether the bytes were those planned.
@@ -100,15 +109,21 @@ class _Chunks:
         size = self.file["size"]
         position = len(self._take(self.file["header_length"]))
         tail = b""
+        final = False
         while True:
-            chunk = self._take(min(self.chunk_bytes, size - self.read_bytes))
-            final = not chunk
-            buf = tail + chunk
+            # a tail without a whole frame needs a whole chunk more; any other tail (a cut
+            # frame, or frames a batch left for later) a top-up to one chunk
+            want = self.chunk_bytes - len(tail) if self.consumed else self.chunk_bytes
+            if not final and want > 0:
+                chunk = self._take(min(want, size - self.read_bytes))
+                final = not chunk
+                tail += chunk
+            buf = tail
             if not buf:
                 return
             self.consumed = len(buf)
             yield buf, position, final
-            if final:
+            if final and (self.consumed == len(buf) or not self.consumed):
                 return
             tail = buf[self.consumed :]
             position += self.consumed
@@ -468,7 +483,12 @@ def decode_file(
     chunks = _Chunks(file, chunk_bytes, storage)
     for buf, position, final in chunks:
         batch = decode_batch(
-            buf, collections=file["collections"], base_offset=position, final=final, file=path
+            buf,
+            collections=file["collections"],
+            base_offset=position,
+            final=final,
+            file=path,
+            max_expanded=chunk_bytes,
         )
         error_rows = [
             _error_row(

@@ -66,6 +66,7 @@ REQUIRED: dict[str, tuple[str, ...] | None] = {
         "oso_snapshot",
         "stream_end",
         "stream_request",
+        "add_stream",
     ),
     "by_seqno": (*DATA_OPS, "system_event", "seqno_advanced"),
     "start_seqno": ("snapshot_marker", "stream_request"),
@@ -74,7 +75,7 @@ REQUIRED: dict[str, tuple[str, ...] | None] = {
     "event": ("system_event",),
     "oso_flags": ("oso_snapshot",),
     "reason_code": ("stream_end",),
-    "status": ("stream_request_response",),
+    "status": ("stream_request_response", "add_stream_response"),
 }
 """Bronze columns that must not be null: for every frame (``None``) or for the ops named."""
 

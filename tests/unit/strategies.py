@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.events import (
     Abort,
+    AddStream,
+    AddStreamResponse,
     BufferAck,
     Commit,
     Deletion,
@@ -296,6 +298,20 @@ def stream_request_responses(draw: st.DrawFn) -> StreamRequestResponse:
     return StreamRequestResponse(h, "not_my_vbucket", None, None, draw(st.binary(max_size=20)))
 
 
+@st.composite
+def add_stream_responses(draw: st.DrawFn) -> AddStreamResponse:
+    """Success with the stream's opaque; an error with or without it, and maybe a value."""
+    opaque = draw(u32)
+    if draw(st.booleans()):
+        h = make_header(Opcode.DCP_ADD_STREAM, status=Status.SUCCESS, opaque=opaque)
+        return AddStreamResponse(h, "success", draw(u32), b"")
+    status = draw(st.sampled_from([Status.KEY_EEXISTS, Status.EINVAL, Status.NOT_MY_VBUCKET]))
+    h = make_header(Opcode.DCP_ADD_STREAM, status=status, opaque=opaque)
+    return AddStreamResponse(
+        h, status.name.lower(), draw(st.none() | u32), draw(st.binary(max_size=20))
+    )
+
+
 def any_event(collections: bool) -> st.SearchStrategy[Event]:
     return st.one_of(
         mutations(collections),
@@ -320,6 +336,8 @@ def any_event(collections: bool) -> st.SearchStrategy[Event]:
         st.builds(SetVbucketState, header(Opcode.DCP_SET_VBUCKET_STATE), st.integers(1, 4)),
         stream_requests(),
         stream_request_responses(),
+        st.builds(AddStream, header(Opcode.DCP_ADD_STREAM), u32),
+        add_stream_responses(),
         st.builds(FailoverLogRequest, header(Opcode.DCP_GET_FAILOVER_LOG)),
         failover_logs().map(
             lambda log: FailoverLogResponse(

@@ -11,10 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from dcp_cdc.capture import iter_capture, read_capture_header
+from dcp_cdc.capture import CaptureWriter, iter_capture, read_capture_header
 from dcp_cdc.columnar import to_signed64
+from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.errors import MalformedFrameError
-from dcp_cdc.events import OsoSnapshot, SnapshotMarker, StreamRequestResponse
+from dcp_cdc.events import Mutation, OsoSnapshot, SnapshotMarker, StreamRequestResponse
+from dcp_cdc.protocol import Datatype, Opcode
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
 from pipelines.bronze.decode import FileScan, StreamState, decode_file, scan_file
@@ -250,3 +252,57 @@ def test_a_decode_task_reads_the_planned_bytes_or_fails(capture: Path) -> None:
     capture.unlink()
     with pytest.raises(LandingChangedError, match="vanished"):
         list(decode_file(file, SCHEMA, chunk_bytes=500, raw_limit=64, planned_digest=digest))
+
+
+def test_add_stream_frames_land_in_bronze_rows_by_name(tmp_path: Path) -> None:
+    """Issue 14: the seed's add-stream request and response (add-stream.md) were ``unknown``
+    rows. In bronze's columns: the request's flags by name, the response's stream opaque."""
+    request = bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
+    response = bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+    with CaptureWriter(tmp_path, bucket="b", session_id="s", collections=True) as writer:
+        for data in (request, response):
+            writer.write(data)
+    (path,) = writer.paths
+    _, length = read_capture_header(path)
+    file = {
+        "path": str(path),
+        "bucket": "b",
+        "session_id": "s",
+        "session_started_at": None,
+        "file_sequence": 0,
+        "collections": True,
+        "header_length": length,
+        "size": path.stat().st_size,
+        "carry": None,
+    }
+    rows = pa.Table.from_batches(
+        list(decode_file(file, EVENTS_SCHEMA, chunk_bytes=1 << 20, raw_limit=64)),
+        schema=EVENTS_SCHEMA,
+    ).to_pylist()
+    assert [r["op"] for r in rows] == ["add_stream", "add_stream_response"]
+    req, resp = rows
+    assert (req["vbucket"], req["opaque"], req["flags"]) == (5, 1, 1)
+    assert req["stream_flag_names"] == ["takeover"] and req["stream_opaque"] is None
+    assert (resp["status"], resp["status_name"], resp["stream_opaque"]) == (0, "success", 0x1000)
+    assert resp["stream_flag_names"] is None and resp["offset"] == length + len(request)
+
+
+def test_a_bounded_expansion_gives_the_same_rows_as_one_read(tmp_path: Path) -> None:
+    """Batches that stop at ``chunk_bytes`` of decompressed values (issue 14, item 9), values
+    larger than a chunk among them, and a cut tail: the rows of one unbounded read."""
+    events = []
+    for i, size in enumerate([100_000, 5, 3_000_000, 200_000, 7, 150_000] * 3):
+        h = make_header(Opcode.DCP_MUTATION, vbucket=i % 3, datatype=Datatype.SNAPPY)
+        body = bytes([97 + i % 26]) * size
+        events.append(Mutation(h, i + 1, 1, 0, 0, 0, 0, 0, None, b"k%d" % i, body, None))
+    with CaptureWriter(tmp_path, bucket="b", session_id="s", collections=False) as writer:
+        for event in events:
+            writer.write(encode(event))
+        writer.write_raw(encode(events[0])[:40])
+    (path,) = writer.paths
+    whole = _decode(path, 1 << 30).to_pylist()
+    bounded = _decode(path, 1 << 16).to_pylist()
+    assert bounded == whole
+    assert [r["op"] for r in whole] == ["mutation"] * len(events) + ["error"]
+    assert [len(r["value"]) for r in whole[:-1]] == [len(e.value) for e in events]
+    assert whole[-1]["error_truncated"]

@@ -17,8 +17,10 @@ from dcp_cdc.capture import (
     parse_header,
     read_capture_header,
 )
+from dcp_cdc.encoder import frame, make_header
 from dcp_cdc.errors import CaptureFormatError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation
+from dcp_cdc.protocol import Opcode
 from pipelines.cli import main
 from tests.unit.sample_session import sample_events, write_sample_capture
 
@@ -145,6 +147,37 @@ def test_decode_command_reports_errors_and_exits_non_zero(tmp_path: Path) -> Non
     assert [r["op"] for r in records] == ["mutation", "error", "error"]
     assert records[1]["offset"] == len(MUTATION_8_2) and "extras length" in records[1]["reason"]
     assert records[2]["truncated"] is True and records[2]["offset"] == 2 * len(MUTATION_8_2)
+
+
+def test_decode_command_reports_a_deeply_nested_value_and_goes_on(tmp_path: Path) -> None:
+    """Issue 14: a stream request whose JSON value nests 1,000 deep printed a traceback and
+    the frame after it was never printed."""
+    deep = ("[" * 1000 + "]" * 1000).encode()
+    request = frame(make_header(Opcode.DCP_STREAM_REQ), bytes(48), b"", deep)
+    raw = tmp_path / "stream.bin"
+    raw.write_bytes(request + MUTATION_8_2)
+    out = io.StringIO()
+    assert main(["decode", "--raw", "--collections", str(raw)], out=out) == 1
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["op"] for r in records] == ["error", "mutation"]
+    assert records[0]["offset"] == 0 and "nests too deep" in records[0]["reason"]
+    assert records[1]["offset"] == len(request) and records[1]["key"] == "hello"
+
+
+def test_decode_command_names_the_add_stream_messages(tmp_path: Path) -> None:
+    """Issue 14: the seed's two add-stream frames printed ``"op": "unknown"``."""
+    raw = tmp_path / "stream.bin"
+    raw.write_bytes(
+        bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
+        + bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+    )
+    out = io.StringIO()
+    assert main(["decode", "--raw", "--no-collections", str(raw)], out=out) == 0
+    request, response = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert request["op"] == "add_stream" and request["vbucket"] == 5
+    assert request["flags"] == 1 and request["stream_flag_names"] == ["takeover"]
+    assert response["op"] == "add_stream_response" and response["status"] == 0
+    assert response["status_name"] == "success" and response["stream_opaque"] == 0x1000
 
 
 def test_decode_command_raw_without_collections(tmp_path: Path) -> None:

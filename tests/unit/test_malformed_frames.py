@@ -154,6 +154,27 @@ CASES = [
         "0",
     ),
     (
+        "add stream without flags",
+        frame(make_header(Opcode.DCP_ADD_STREAM), b"", b"", b""),
+        "extras length",
+        "4 bytes",
+        "0 bytes",
+    ),
+    (
+        "add stream with a value",
+        frame(make_header(Opcode.DCP_ADD_STREAM), bytes(4), b"", b"x"),
+        "unexpected value",
+        None,
+        None,
+    ),
+    (
+        "add stream success without stream opaque",
+        frame(make_header(Opcode.DCP_ADD_STREAM, status=0), b"", b"", b""),
+        "extras length",
+        "4 bytes",
+        "0 bytes",
+    ),
+    (
         "stream end with key",
         frame(make_header(Opcode.DCP_STREAM_END), bytes(4), b"k", b""),
         "unexpected key",
@@ -268,3 +289,46 @@ def test_error_message_names_what_and_where() -> None:
         "malformed frame at landing/s-00001.dcpcap@40, opcode 0x57: extras length does not fit "
         "the opcode (expected 31 bytes, got 30 bytes)"
     )
+
+
+def _stream_request(value: str) -> bytes:
+    return frame(make_header(Opcode.DCP_STREAM_REQ), bytes(48), b"", value.encode())
+
+
+@pytest.mark.parametrize("depth", [65, 1_000, 100_000])
+def test_deeply_nested_stream_request_value_is_a_typed_error(depth: int) -> None:
+    """Issue 14: a value nested ~1,000 deep raised RecursionError in both faces, and the
+    frame after it was lost. Now a fixed depth limit judges it alike in both faces."""
+    bad = _stream_request("[" * depth + "]" * depth)
+    stream = MUTATION_8_2 + bad + MUTATION_8_2
+    items = list(iter_decode(stream, collections=True))
+    assert [type(i).__name__ for i in items] == ["Mutation", "MalformedFrameError", "Mutation"]
+    err = items[1]
+    assert isinstance(err, MalformedFrameError)
+    assert (err.offset, err.opcode, err.frame_length) == (len(MUTATION_8_2), 0x53, len(bad))
+    assert "nests too deep" in err.reason and err.got == f"{depth} levels"
+    batch = decode_batch(stream, collections=True)
+    assert batch.table.column("op").to_pylist() == ["mutation", "mutation"]
+    assert [(e.offset, e.reason) for e in batch.errors] == [(err.offset, err.reason)]
+
+
+def test_json_depth_limit_is_exact_and_ignores_brackets_in_strings() -> None:
+    at_limit = '{"a":' * 63 + '["[[[[{{{{"]' + "}" * 63  # 64 levels; brackets in a string
+    event = decode_frame(_stream_request(at_limit), collections=False)
+    assert event.value == at_limit  # type: ignore[union-attr]
+    beyond = "[" * 65 + "]" * 65
+    with pytest.raises(MalformedFrameError, match="nests too deep"):
+        decode_frame(_stream_request(beyond), collections=False)
+    with pytest.raises(MalformedFrameError, match="not JSON"):
+        decode_frame(_stream_request('{"a": [}'), collections=False)
+
+
+@pytest.mark.parametrize("cut", range(len(MUTATION_8_2)))
+def test_decode_frame_on_a_short_buffer_is_a_truncated_frame(cut: int) -> None:
+    """Issue 14: ``decode_frame`` returned a truncated mutation (cut inside the value) or
+    raised IndexError / struct.error (cut inside the header)."""
+    with pytest.raises(TruncatedFrameError) as info:
+        decode_frame(MUTATION_8_2[:cut], collections=True, base_offset=7)
+    err = info.value
+    assert (err.offset, err.available) == (7, cut)
+    assert err.needed == (len(MUTATION_8_2) if cut >= 24 else None)

@@ -422,6 +422,22 @@ EXAMPLES += [
         {"status": 0x07},
         {"status_name": "not_my_vbucket", "rollback_seqno": None, "failover_log": None},
     ),
+    Example(  # the seed's add-stream document (add-stream.md), its two example frames
+        "add stream request, takeover",
+        "80510000040000050000000400000001000000000000000000000001",
+        True,
+        "add_stream",
+        {"vbucket": 5, "opaque": 1, "ext_len": 4, "body_len": 4, "status": None},
+        {"flags": 0x01, "flag_names": ("takeover",)},
+    ),
+    Example(
+        "add stream response, stream opaque 0x1000",
+        "81510000040000000000000400000001000000000000000000001000",
+        True,
+        "add_stream_response",
+        {"status": 0, "vbucket": None, "opaque": 1, "ext_len": 4, "body_len": 4},
+        {"status_name": "success", "stream_opaque": 0x1000, "value": b""},
+    ),
     Example(
         "6.2 get failover log",
         "805400000000021000000000000000990000000000000000",
@@ -543,3 +559,43 @@ def test_spec_8_8_scope_comes_before_collection() -> None:
     """Errata E6: scope_id at value offset 8, collection_id at 12."""
     event = decode_frame(bytes.fromhex(EXAMPLES[8].hex), collections=True)
     assert (event.scope_id, event.collection_id) == (0, 8)  # type: ignore[union-attr]
+
+
+ADD_STREAM_SEED = bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
+ADD_STREAM_RESPONSE_SEED = bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+
+
+def test_add_stream_flags_by_name() -> None:
+    """Every stream flag of add-stream.md by name, lowest bit first; an unknown bit by value."""
+    data = bytearray(ADD_STREAM_SEED)
+    data[24:28] = (0x3FF).to_bytes(4, "big")
+    event = decode_frame(bytes(data), collections=False)
+    assert event.flag_names == (  # type: ignore[union-attr]
+        "takeover",
+        "disk_only",
+        "to_latest",
+        "no_value",
+        "active_vb_only",
+        "strict_vbuuid",
+        "from_latest",
+        "ignore_purged_tombstones",
+        "cache_transfer",
+        "0x200",
+    )
+    (row,) = decode_batch(bytes(data), collections=False).table.to_pylist()
+    assert row["op"] == "add_stream" and row["flags"] == 0x3FF
+    assert row["stream_flag_names"] == list(event.flag_names)  # type: ignore[union-attr]
+    assert row["vbucket"] == 5 and row["stream_opaque"] is None
+
+
+def test_add_stream_error_response_without_extras() -> None:
+    """An error reply (here NOT_MY_VBUCKET) may come without the 4-byte extras."""
+    data = bytes.fromhex("815100000000000700000000000000010000000000000000")
+    event = decode_frame(data, collections=False)
+    assert (event.op, event.status_name, event.stream_opaque) == (  # type: ignore[union-attr]
+        "add_stream_response",
+        "not_my_vbucket",
+        None,
+    )
+    (row,) = decode_batch(data, collections=False).table.to_pylist()
+    assert (row["status"], row["status_name"], row["stream_opaque"]) == (7, "not_my_vbucket", None)
