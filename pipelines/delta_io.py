@@ -215,6 +215,20 @@ def clear_interrupted_creation(spark: SparkSession, table: str, location: str) -
     return True
 
 
+def add_missing_columns(spark: SparkSession, table: str, schema: StructType) -> None:
+    """``table``, made by an earlier version, gets the columns of ``schema`` it lacks, at the
+    end (Delta appends match columns by name, so their place does not matter)."""
+    have = set(spark.table(table).columns)
+    missing = [f for f in schema.fields if f.name not in have]
+    if missing:
+        columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in missing)
+        catalog_step(
+            table,
+            lambda: spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})"),
+            race="FIELD_ALREADY_EXISTS",
+        )
+
+
 def catalog_step(name: str, step: Callable[[], object], race: str) -> None:
     """A catalog change a concurrent run may make first: its ``race`` error (the other run's
     effect) means done; a second such error in a row fails with a clear message. A fault

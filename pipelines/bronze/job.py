@@ -50,7 +50,6 @@ from pipelines.tables import BucketTables
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 # pyspark, and the modules that import it (pipelines.schemas, pipelines.bronze.transforms), are
 # imported where used: the command line imports this module to print its help without Spark.
@@ -230,22 +229,10 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
     ):
         clustering = EVENTS_CLUSTERING if table == names.events else ()
         delta_io.create_table(spark, table, schema, config.tables.properties, cluster_by=clustering)
-    _add_missing_columns(spark, names.ingest_log, schemas.INGEST_LOG)
+        # a table made by an earlier version: an ingest log without ``digest``, events
+        # without ``stream_flag_names`` and ``stream_opaque``
+        delta_io.add_missing_columns(spark, table, schema)
     return names
-
-
-def _add_missing_columns(spark: SparkSession, table: str, schema: StructType) -> None:
-    """A table made by an earlier version (an ingest log without ``digest``) gets the columns
-    it lacks, at the end, as they are in ``schema``."""
-    have = set(spark.table(table).columns)
-    missing = [f for f in schema.fields if f.name not in have]
-    if missing:
-        columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in missing)
-        delta_io.catalog_step(
-            table,
-            lambda: spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})"),
-            race="FIELD_ALREADY_EXISTS",
-        )
 
 
 CLOSING = ("ingested", "changed", "missing")

@@ -206,10 +206,13 @@ def test_landing_folder_torture(
             data = original[replaced]
             by_name[replaced].write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
 
-    log_table = BucketTables(bucket).ingest_log  # as the version before digests made it
-    delta_io.ensure_database(spark, log_table)
+    names = BucketTables(bucket)  # the ingest log and events as the version before made them
+    delta_io.ensure_database(spark, names.ingest_log)
     old_log = StructType([f for f in schemas.INGEST_LOG.fields if f.name != "digest"])
-    delta_io.create_table(spark, log_table, old_log, {})
+    delta_io.create_table(spark, names.ingest_log, old_log, {})
+    added = ("stream_flag_names", "stream_opaque")
+    old_events = StructType([f for f in schemas.EVENTS.fields if f.name not in added])
+    delta_io.create_table(spark, names.events, old_events, {})
 
     monkeypatch.setattr(job, "list_captures", list_then_change)
     config = _config(landing, spark_warehouse, bucket)
@@ -245,3 +248,4 @@ def test_landing_folder_torture(
     assert sorted(Path(r["file"]).name for r in ingested) == sorted(set(expected) - {vanishing})
     assert all(r["digest"] and r["frames"] == expected[Path(r["file"]).name] for r in ingested)
     assert _ingest(spark, config).run_version is None  # nothing left, nothing twice
+    assert set(added) <= set(spark.table(names.events).columns)
