@@ -14,12 +14,13 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row, frame_starts
+from dcp_cdc.columnar import decode_batch, frame_starts
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame, iter_decode
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import Event, SystemEvent
 
+from .fuzz_decoder import reference_rows
 from .strategies import any_event, frames
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,18 +77,7 @@ def test_chunked_stream_equals_whole(case: tuple[bool, list[bytes]], chunk: int)
 
 
 def _reference_rows(data: bytes, collections: bool) -> list[dict[str, Any]]:
-    rows = []
-    for item in iter_decode(data, collections=collections):
-        if isinstance(item, MalformedFrameError):
-            continue
-        row = {name: None for name, _ in COLUMNS}
-        row.update(event_to_row(item))
-        if row["xattrs"] is not None:
-            row["xattrs"] = list(row["xattrs"].items())
-        if row["failover_log"] is not None:
-            row["failover_log"] = [{"vb_uuid": u, "seqno": s} for u, s in row["failover_log"]]
-        rows.append(row)
-    return rows
+    return reference_rows(list(iter_decode(data, collections=collections)))
 
 
 @FAST
