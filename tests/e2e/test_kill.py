@@ -2,9 +2,11 @@
 point of :mod:`pipelines.faults`), then the job again: it succeeds with no manual step, bronze
 holds every frame once, silver equals the truth and no published version moved a key back.
 
-``make test`` runs the step the issue found wedged (the first commit of a table, before its
-catalog entry); ``DCP_CDC_KILL_ALL=1`` (``make test-long``) runs every targeted step of both
-jobs. Random instants: ``benchmarks/kill_trials.py``.
+Each case starts fresh JVMs for the killed run and the one after (over a minute each), so
+they run in ``make test-long`` (``DCP_CDC_KILL_ALL=1``): every targeted step of both jobs.
+``make test`` keeps the in-process cases (``tests/spark/test_kill_resume.py``: a creation
+killed between its first commit and its catalog entry, a re-run after a killed apply).
+Random instants: ``benchmarks/kill_trials.py``.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ import pytest
 
 from tests import kill_harness as kh
 
-pytestmark = pytest.mark.e2e
 EVERY_STEP = os.environ.get("DCP_CDC_KILL_ALL") == "1"
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not EVERY_STEP, reason="make test-long (DCP_CDC_KILL_ALL=1)"),
+]
 
-INGEST_STEPS = ["create-committed:*_events"]
-INGEST_STEPS += (
-    ["databased:bronze", "create-committed:*_ingest_log", "commit:*_events", "committed:*_events"]
-    if EVERY_STEP
-    else []
-)
+INGEST_STEPS = [
+    "create-committed:*_events",  # the step the issue found wedged
+    "databased:bronze",
+    "create-committed:*_ingest_log",
+    "commit:*_events",
+    "committed:*_events",
+]
 APPLY_STEPS = [
     "create-committed:silver.*_all",
     "cataloged:silver.*",
@@ -51,7 +57,6 @@ def test_ingest_killed_at_a_step_then_run_again(tmp_path: Path, step: str) -> No
     assert len(bronze["quarantine"]) == len(set(bronze["quarantine"])) == 1  # the injected one
 
 
-@pytest.mark.skipif(not EVERY_STEP, reason="make test-long (DCP_CDC_KILL_ALL=1)")
 @pytest.mark.parametrize("step", APPLY_STEPS)
 def test_apply_killed_at_a_step_then_run_again(tmp_path: Path, step: str) -> None:
     setup = kh.prepare(tmp_path)
