@@ -131,3 +131,38 @@ class FieldError(DcpError):
         self.expected = expected
         self.got = got
         super().__init__(reason)
+
+
+class ProtocolError(DcpError):
+    """The other side of a connection broke the protocol: a reply that does not fit the
+    request, a frame the consumer or producer cannot accept in its state. Raised by the
+    sans-I/O cores, which do not know the node; drivers re-raise it as a
+    :class:`CaptureConnectionError` naming it."""
+
+
+class ScramError(ProtocolError):
+    """A SCRAM message that does not parse, or a proof or signature that does not match."""
+
+
+class CaptureConnectionError(DcpError):
+    """A data node could not be reached, refused us, or broke the connection.
+
+    ``node`` is ``host:port``; ``cause`` says what happened. Never carries a secret.
+    """
+
+    def __init__(self, node: str, cause: str) -> None:
+        self.node = node
+        self.cause = cause
+        super().__init__(f"{node}: {cause}")
+
+
+class AuthenticationError(CaptureConnectionError):
+    """SASL authentication failed (wrong user or password, no common mechanism)."""
+
+
+class TlsError(CaptureConnectionError):
+    """The TLS handshake failed: an untrusted or mismatched certificate, a bad CA file."""
+
+
+class CheckpointError(DcpError):
+    """A capture checkpoint that cannot be read or does not fit the capture it resumes."""

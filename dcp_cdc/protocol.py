@@ -92,6 +92,11 @@ class Status(IntEnum):
     ETMPFAIL = 0x0086
     UNKNOWN_COLLECTION = 0x0088
     DCP_STREAM_ID_INVALID = 0x008D
+    NO_BUCKET = 0x0008
+    AUTH_ERROR = 0x0020
+    AUTH_CONTINUE = 0x0021
+    UNKNOWN_COMMAND = 0x0081
+    NOT_INITIALIZED = 0x0025
 
 
 def status_name(status: int) -> str:
@@ -222,3 +227,53 @@ STREAM_ID_TAG = STREAM_ID_FRAME_INFO << 4 | STREAM_ID_LEN
 
 NO_END_SEQNO = 0xFFFF_FFFF_FFFF_FFFF
 """End seqno meaning "stream forever" (spec §4.4)."""
+
+
+class ClientOpcode(IntEnum):
+    """Connection-level commands a DCP consumer sends besides the DCP ones (kv_engine
+    include/mcbp/protocol/opcode.h; docs/BinaryProtocol.md). They never reach a capture file."""
+
+    NOOP = 0x0A
+    HELLO = 0x1F
+    SASL_LIST_MECHS = 0x20
+    SASL_AUTH = 0x21
+    SASL_STEP = 0x22
+    GET_ALL_VB_SEQNOS = 0x48
+    SELECT_BUCKET = 0x89
+    GET_CLUSTER_CONFIG = 0xB5
+    GET_COLLECTIONS_MANIFEST = 0xBA
+    GET_ERROR_MAP = 0xFE
+
+
+class ServerOpcode(IntEnum):
+    """Requests the server pushes over a duplex connection (magic 0x82)."""
+
+    CLUSTERMAP_CHANGE_NOTIFICATION = 0x01
+
+
+class HelloFeature(IntEnum):
+    """HELLO (0x1f) feature codes (spec §4.1; kv_engine include/mcbp/protocol/feature.h)."""
+
+    TLS = 0x02
+    TCPNODELAY = 0x03
+    MUTATION_SEQNO = 0x04
+    XATTR = 0x06
+    XERROR = 0x07
+    SELECT_BUCKET = 0x08
+    SNAPPY = 0x0A
+    JSON = 0x0B
+    DUPLEX = 0x0C
+    CLUSTERMAP_CHANGE_NOTIFICATION = 0x0D
+    UNORDERED_EXECUTION = 0x0E
+    ALT_REQUEST = 0x10
+    SYNC_REPLICATION = 0x11
+    COLLECTIONS = 0x12
+
+
+class VbucketState(IntEnum):
+    """vbucket states (GET_ALL_VB_SEQNOS' filter, DCP_SET_VBUCKET_STATE; spec §6.13)."""
+
+    ACTIVE = 1
+    REPLICA = 2
+    PENDING = 3
+    DEAD = 4
