@@ -58,13 +58,14 @@ def _seqno(item: Version | SystemEvent) -> int:
 
 
 def capture_files(landing: Path) -> list[Path]:
-    """Capture files in session order: by session id, then file sequence."""
+    """Capture files in session order, as bronze orders them: by the session's start time,
+    session id, then file sequence."""
     paths = sorted(landing.glob("*.dcpcap"))
     keyed = []
     for p in paths:
         header, _ = read_capture_header(p)
-        keyed.append((header.session_id, header.sequence, p))
-    return [p for _, _, p in sorted(keyed)]
+        keyed.append((header.started_at or "", header.session_id, header.sequence, p))
+    return [p for *_, p in sorted(keyed)]
 
 
 class ReferenceConsumer:
