@@ -161,10 +161,11 @@ class EventMaker:
         return items
 
     def backfill_marker(
-        self, vb: VBucket, start: int, *, opaque: int | None = None
+        self, vb: VBucket, start: int, *, end: int | None = None, opaque: int | None = None
     ) -> SnapshotMarker:
-        """The marker of a disk snapshot from ``start`` to the vbucket's high seqno."""
-        end = vb.high_seqno
+        """The marker of a disk snapshot from ``start`` to ``end`` (default: the vbucket's
+        high seqno; a stream's end seqno below it clamps it)."""
+        end = vb.high_seqno if end is None else end
         flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
         h = self.header(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid, opaque=opaque)
         if self.options.marker_v2_2 and vb.purge_seqno:
