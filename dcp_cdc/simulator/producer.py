@@ -145,6 +145,8 @@ class ProducerCluster:
         self.uuid = f"{self.rng.getrandbits(128):032x}"
         self._config_cache: dict[tuple[int, int], bytes] = {}
         self.sessions: list[dict[str, object]] = []
+        self.peak_unacked = 0
+        """The most unacknowledged bytes any flow-controlled connection had out (§7.6)."""
         sim.feed = self
 
     # --- users -----------------------------------------------------------------------------
@@ -431,6 +433,8 @@ class ProducerConnection:
             self.frames_sent += 1
         if self.buffer_size:
             self.unacked += sent
+            if self.unacked > self.cluster.peak_unacked:
+                self.cluster.peak_unacked = self.unacked
         if self._closing and not data:
             self.closed = True
         payload = b"".join(out)
