@@ -708,9 +708,8 @@ class ProducerConnection:
         if start > end or not snap_start <= start <= snap_end:
             self._reply(req, Status.ERANGE)
             return
-        try:
-            wanted = self._filter(value)
-        except _UnknownCollection:
+        known, wanted = self._filter(value)
+        if not known:
             self._reply(req, Status.UNKNOWN_COLLECTION)
             return
         rollback = rollback_point(vb, start, vb_uuid, snap_start)
@@ -727,25 +726,24 @@ class ProducerConnection:
         if start >= end:
             self._queue_end(stream, StreamEndReason.OK)
 
-    def _filter(self, value: bytes) -> tuple[int, ...] | None:
+    def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
+        """The stream request's collection filter (spec §4.4): (known, collection ids)."""
         if not value:
-            return None
+            return True, None
         try:
             doc = json.loads(value)
-        except ValueError as exc:
-            raise _UnknownCollection from exc
+        except ValueError:
+            return False, None
         b = self.cluster.bucket
         if "collections" in doc:
             ids = tuple(int(c, 16) for c in doc["collections"])
-            if any(i not in b.collections or b.collections[i].dropped_uid is not None for i in ids):
-                raise _UnknownCollection
-            return ids
+            dead = [i for i in ids if i not in b.collections or b.collections[i].dropped_uid]
+            return not dead, ids
         if "scope" in doc:
             sid = int(doc["scope"], 16)
-            if sid not in b.scopes:
-                raise _UnknownCollection
-            return tuple(c.collection_id for c in b.live_collections() if c.scope_id == sid)
-        return None
+            ids = tuple(c.collection_id for c in b.live_collections() if c.scope_id == sid)
+            return sid in b.scopes, ids
+        return True, None
 
     def _close_stream(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
         vbid = req[5]
@@ -885,10 +883,6 @@ class ProducerConnection:
         ):
             return [self._end_frame(stream, StreamEndReason.FILTER_EMPTY)]
         return []
-
-
-class _UnknownCollection(Exception):
-    pass
 
 
 _BEFORE_AUTH = frozenset(
