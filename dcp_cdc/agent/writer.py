@@ -19,10 +19,11 @@ from typing import BinaryIO
 
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.capture import CaptureHeader, capture_file_name, encode_header
+from dcp_cdc.config import CAPTURE_DIR
 from dcp_cdc.errors import CheckpointError
 
 PARTIAL_SUFFIX = ".partial"
-STAGING_DIR = ".dcp-cdc-capture"
+STAGING_DIR = CAPTURE_DIR
 """The default staging folder (and checkpoint folder) inside a landing folder: the same file
 system, so the rename into landing is atomic."""
 CHECKPOINT_FORMAT = "dcp-cdc-capture-checkpoint/1"
