@@ -13,12 +13,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 from dcp_cdc.agent.positions import VbPosition
-from dcp_cdc.capture import CaptureHeader, capture_file_name, encode_header
+from dcp_cdc.capture import EXTENSION, CaptureHeader, capture_file_name, encode_header
 from dcp_cdc.config import CAPTURE_DIR
 from dcp_cdc.errors import CheckpointError
 
@@ -286,15 +287,40 @@ class CheckpointStore:
         return CheckpointError(f"checkpoint {self.path} {problem}")
 
 
-def clear_staging(staging: Path, *, prefix: str = "") -> list[Path]:
-    """Delete the partial files ``<prefix>*.partial`` a killed run left in ``staging`` and
-    return them. Their frames were never renamed into landing, so no checkpoint covers them:
-    the next session captures them again. Agents that share a staging folder pass their own
-    session-id prefix (``<bucket>-<agent_id>-``) so as not to delete each other's open files."""
+_STAMP = r"[0-9]{8}T[0-9]{6}\.[0-9]{6}Z"
+
+
+def session_id(bucket: str, agent_id: str, started: float, node_index: int, counter: int) -> str:
+    """``<bucket>-<agent_id>-<YYYYmmddTHHMMSS.ffffffZ>-<node_index>-<counter>``: session ids
+    (and so capture file names) sort by start time; ``started`` is seconds since the epoch."""
+    stamp = dt.datetime.fromtimestamp(started, dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"{bucket}-{agent_id}-{stamp}-{node_index}-{counter}"
+
+
+def clear_staging(
+    staging: Path, *, bucket: str | None = None, agent_id: str | None = None
+) -> list[Path]:
+    """Delete the partial capture files a killed run left in ``staging`` and return them.
+
+    Their frames were never renamed into landing, so no checkpoint covers them: the next
+    session captures them again. Agents share a staging folder when they share a landing
+    folder, so with ``bucket`` and ``agent_id`` only that agent's sessions (:func:`session_id`)
+    are deleted, not another agent's open file."""
     folder = Path(staging)
     if not folder.is_dir():
         return []
-    removed = sorted(folder.glob(f"{prefix}*{PARTIAL_SUFFIX}"))
+    if (bucket is None) != (agent_id is None):
+        raise ValueError("give both bucket and agent_id, or neither")
+    mine = (
+        re.compile(rf"{re.escape(bucket)}-{re.escape(agent_id)}-{_STAMP}-")
+        if bucket is not None and agent_id is not None
+        else None
+    )
+    removed = sorted(
+        path
+        for path in folder.glob(f"*{EXTENSION}{PARTIAL_SUFFIX}")
+        if mine is None or mine.match(path.name)
+    )
     for path in removed:
         path.unlink(missing_ok=True)
     return removed

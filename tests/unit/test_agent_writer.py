@@ -25,6 +25,7 @@ from dcp_cdc.agent.writer import (
     SessionWriter,
     clear_staging,
     rfc3339,
+    session_id,
 )
 from dcp_cdc.capture import iter_capture, read_capture_header
 from dcp_cdc.encoder import encode, make_header
@@ -142,19 +143,56 @@ def test_rotation_by_age_counts_from_the_first_write(tmp_path: Path) -> None:
     assert [seqnos(p) for p in (first, second)] == [[(0, 1), (0, 2)], [(0, 3)]]
 
 
-def test_clear_staging_drops_partials_of_a_killed_run(tmp_path: Path) -> None:
+def test_a_failed_close_publishes_nothing_and_ends_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = session(tmp_path)
+    writer.write(mutation(0, 1), T0)
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        writer.close_file()
+    monkeypatch.undo()
+    landing = tmp_path / "landing"
+    assert list(landing.glob("*.dcpcap")) == []
+    assert [p.name for p in (landing / ".dcp-cdc-capture").iterdir()] == [
+        "b-agent-20260101T000000.000000Z-0-0-00000.dcpcap.partial"
+    ]
+    with pytest.raises(OSError, match=r"failed earlier .*No space left.*start a new session"):
+        writer.write(mutation(0, 2), T0)
+    with pytest.raises(OSError, match="failed earlier"):
+        writer.close_file()
+
+
+def test_session_ids_sort_by_start() -> None:
+    assert session_id("b", "east", T0 + 0.25, 2, 7) == "b-east-20260101T000000.250000Z-2-7"
+    ids = [session_id("b", "a", T0 + t, 0, 0) for t in (9.5, 10.0, 100.0, 86400.0)]
+    assert sorted(ids) == ids
+
+
+def test_clear_staging_drops_only_this_agents_partials(tmp_path: Path) -> None:
     writer = session(tmp_path)
     writer.write(mutation(0, 1), T0)
     writer.abandon()
     staging = tmp_path / "landing" / ".dcp-cdc-capture"
-    other = staging / "b-other-20260101T000000.000000Z-0-0-00000.dcpcap.partial"
-    other.write_bytes(b"another agent's open file")
+    mine = staging / "b-agent-20260101T000000.000000Z-0-0-00000.dcpcap.partial"
+    assert mine.is_file()
+    # another agent of the same bucket, and bucket "b-agent" (sharing the landing folder)
+    others = [
+        staging / "b-west-20260101T000000.000000Z-0-0-00000.dcpcap.partial",
+        staging / "b-agent-x-20260101T000000.000000Z-0-0-00000.dcpcap.partial",
+    ]
+    for other in others:
+        other.write_bytes(b"another agent's open file")
     keep = staging / "b.agent.checkpoint.json"
     keep.write_text("{}")
-    removed = clear_staging(staging, prefix="b-agent-")
-    assert [p.name for p in removed] == ["b-agent-20260101T000000.000000Z-0-0-00000.dcpcap.partial"]
-    assert sorted(p.name for p in staging.iterdir()) == sorted([keep.name, other.name])
-    assert clear_staging(staging) == [other]
+    assert clear_staging(staging, bucket="b", agent_id="agent") == [mine]
+    assert sorted(staging.iterdir()) == sorted([keep, *others])
+    assert clear_staging(staging) == sorted(others)
+    assert list(staging.iterdir()) == [keep]
     assert clear_staging(tmp_path / "absent") == []
 
 
@@ -249,7 +287,7 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 from dcp_cdc.agent.positions import VbPosition
-from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, clear_staging, rfc3339
+from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, clear_staging, rfc3339, session_id
 from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.events import Mutation
 from dcp_cdc.protocol import Opcode
@@ -257,14 +295,15 @@ from dcp_cdc.protocol import Opcode
 
 def capture(landing, trial):
     staging = landing / ".dcp-cdc-capture"
-    clear_staging(staging, prefix="b-agent-")
+    clear_staging(staging, bucket="b", agent_id="agent")
     store = CheckpointStore(staging / "b.agent.checkpoint.json", bucket="b", bucket_uuid="u1")
     positions = store.load()
     last = {vb: positions[vb].seqno if vb in positions else 0 for vb in range(4)}
+    started = time.time()
     writer = SessionWriter(
-        landing, staging, bucket="b", session_id=f"b-agent-{trial:04d}-0-0", collections=False,
-        features=(), source="test", started_at=rfc3339(time.time()), rotate_bytes=4096,
-        rotate_seconds=0.02,
+        landing, staging, bucket="b", session_id=session_id("b", "agent", started, 0, trial),
+        collections=False, features=(), source="test", started_at=rfc3339(started),
+        rotate_bytes=4096, rotate_seconds=0.02,
     )
     n = 0
     while True:
@@ -330,6 +369,8 @@ def test_sigkill_at_random_moments_never_leaves_a_checkpoint_ahead_of_landing(
             status = int(zygote.stdout.readline())  # reaped: it writes no more
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
             found = _landed(landing)
+            # each start drops the partial files of the run killed before it
+            assert len(list((landing / ".dcp-cdc-capture").glob("*.dcpcap.partial"))) <= 2
             checkpoint = CheckpointStore(
                 landing / ".dcp-cdc-capture" / "b.agent.checkpoint.json",
                 bucket="b",
