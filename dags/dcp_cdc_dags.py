@@ -3,7 +3,10 @@
 The file is ``$DCP_CDC_CONFIG`` (default: ``conf/local.toml`` of the checkout, else of the
 working directory). For every configured bucket a pipeline DAG ``dcp_cdc__<bucket>``::
 
-    ingest_bronze >> apply_silver >> check_quality
+    [capture >>] ingest_bronze >> apply_silver >> check_quality
+
+(``capture``, ``dcp-cdc capture --until now``, when the bucket has a ``[buckets.capture]``
+section: the agent streams the cluster up to now, then the jobs run on what it wrote)
 
 and one maintenance DAG ``dcp_cdc_maintenance`` with a ``maintain__<bucket>`` task per bucket
 (OPTIMIZE, VACUUM, tombstone purge, quality-results retention), one after the other.
@@ -33,6 +36,7 @@ from pipelines.airflow_tasks import (
     BACKFILL_PARAM,
     BACKFILL_PATTERN,
     MAINTENANCE_DAG_ID,
+    capture,
     config_path,
     default_args,
     start_date,
@@ -71,6 +75,8 @@ def pipeline_dag(config: AppConfig, path: Path, bucket: str) -> DAG:
         # It is not retried: the same data would fail the same way.
         check = submit("check_quality", "quality/job.py", args, retries=0, **common)
         ingest >> apply >> check
+        if config.bucket(bucket)[0].capture is not None:
+            capture(bucket, config=config, config_path=path) >> ingest
     return dag
 
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.util
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from dcp_cdc.config import CONFIG_ENV, LOCAL_CONFIG, AppConfig, find_config, load_config
 from dcp_cdc.errors import ConfigError
@@ -189,3 +192,57 @@ def submit(
         name=f"dcp-cdc-{task_id}",
         **kwargs,
     )
+
+
+class DcpCaptureOperator(BaseOperator):
+    """``dcp-cdc capture --until now`` of one bucket: every vbucket streamed to the high seqno
+    it had when the task started, then closed cleanly (the capture files renamed into the
+    landing folder, the checkpoint committed), so the ingest task after it reads them.
+
+    It runs the command line in a child process of this worker's Python: the agent needs no
+    Spark and no JVM, and a kill of the task leaves what the agent made durable (a retry
+    resumes from its checkpoint). The password is read by the agent from the environment
+    variable or file the configuration names; it never passes through Airflow.
+    """
+
+    template_fields = ()
+
+    def __init__(self, *, config_path: str, bucket: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.bucket = bucket
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "capture",
+            "--config",
+            self.config_path,
+            "--bucket",
+            self.bucket,
+            "--until",
+            "now",
+        ]
+
+    def execute(self, context: Context) -> None:
+        with subprocess.Popen(
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as child:
+            assert child.stdout is not None
+            for line in child.stdout:
+                self.log.info("%s", line.rstrip("\n"))
+        if child.returncode:
+            raise RuntimeError(
+                f"dcp-cdc capture of bucket {self.bucket!r} failed (exit {child.returncode}); "
+                "its output is above"
+            )
+
+
+def capture(bucket: str, *, config: AppConfig, config_path: Path) -> DcpCaptureOperator:
+    """The task that captures ``bucket`` up to now (its ``[buckets.capture]`` section)."""
+    return DcpCaptureOperator(task_id="capture", config_path=str(config_path), bucket=bucket)
