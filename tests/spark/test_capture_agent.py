@@ -1,0 +1,208 @@
+"""The capture agent end to end: the test producer (4 nodes, 64 vbuckets, a mixed live
+workload) → ``dcp_cdc.agent`` → capture files → bronze → silver, equal to the simulator's truth.
+
+- One run per fault the issue names (a node's connections cut mid-snapshot, failovers with
+  rollbacks, rebalances with NOT_MY_VBUCKET and ``state_changed``, ``too_slow`` stream ends,
+  a collection dropped while streaming): the agent follows the workload, is stopped, then
+  captures ``--until now``; the captures are ingested and applied.
+- kill -9 trials: the real command line is killed at random moments while the producer's
+  workload runs (with failovers and rebalances between kills) and restarted each time; no
+  partly written file is ever in the landing folder, and silver ends equal to the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from dcp_cdc.agent.driver import CaptureSettings, capture
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.simulator import SimConfig
+from dcp_cdc.simulator.server import ProducerServer
+from pipelines.bronze.job import ingest_bucket
+from pipelines.silver.job import apply_bucket
+from tests.capture_harness import (
+    PASSWORD,
+    USER,
+    agent_command,
+    agent_env,
+    assert_captures_equal_truth,
+    assert_landing_whole,
+    producer,
+    write_config,
+)
+from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+
+FAULTS = ("cut_node", "failover", "rebalance", "too_slow", "drop_collection")
+KILLS = int(os.environ.get("DCP_CDC_CAPTURE_KILLS", "20"))
+
+
+def _inject(server: ProducerServer, fault: str, rng: random.Random) -> None:
+    vbs = rng.sample(range(64), 6)
+    if fault == "cut_node":
+        server.cut_node(1)
+    elif fault == "failover":
+        for vb in vbs:
+            server.failover(vb)
+    elif fault == "rebalance":
+        for vb in vbs:
+            server.rebalance(vb, (server.cluster.vbmap[vb] + 1) % 4)
+    elif fault == "too_slow":
+        for vb in vbs:
+            server.too_slow(vb)
+    else:
+        server.drop_collection(server.colls[1].collection_id)
+
+
+async def _capture_with_fault(out: Path, bucket: str, fault: str, seed: int) -> dict[str, Any]:
+    config = SimConfig(scenario="mixed", seed=seed, bucket=bucket, vbuckets=64, docs=640, ops=2400)
+    async with ProducerServer(config, nodes=4, users={USER: PASSWORD}) as server:
+        settings = CaptureSettings(
+            connection_string=server.connection_string,
+            bucket=bucket,
+            username=USER,
+            password=PASSWORD,
+            landing=out / "landing",
+            staging=out / "landing" / ".dcp-cdc-capture",
+            state_dir=out / "state",
+            buffer_bytes=64 * 1024,
+            rotate_bytes=128 * 1024,
+            rotate_seconds=0.5,
+            backoff_s=0.05,
+        )
+        stop = asyncio.Event()
+        follow = asyncio.create_task(capture(settings, mode="follow", stop=stop))
+        workload = asyncio.create_task(server.run_workload(2400, batch=100, pause_s=0.01))
+        while server.ops_done < 1200:
+            await asyncio.sleep(0.01)
+        _inject(server, fault, random.Random(seed))
+        await workload
+        await asyncio.sleep(0.3)
+        stop.set()
+        followed = await asyncio.wait_for(follow, 120)
+        bounded = await asyncio.wait_for(capture(settings, mode="until-now"), 120)
+        server.write_truth(out)
+    return {"follow": followed, "until_now": bounded}
+
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str, Any]]:
+    runs = {}
+    for i, fault in enumerate(FAULTS):
+        out = tmp_path_factory.mktemp(fault)
+        bucket = f"cap{uuid.uuid4().hex[:6]}"
+        summary = asyncio.run(_capture_with_fault(out, bucket, fault, seed=40 + i))
+        runs[fault] = (out, bucket, summary)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_fault_while_capturing_still_gives_silver_equal_to_the_truth(
+    spark: SparkSession, spark_warehouse: Path, fault_runs: dict[str, Any], fault: str
+) -> None:
+    out, bucket, summary = fault_runs[fault]
+    followed, bounded = summary["follow"], summary["until_now"]
+    if fault == "failover":
+        assert followed.rollbacks > 0
+    if fault in ("rebalance", "cut_node"):
+        assert followed.moves + followed.reconnects > 0
+    assert len(bounded.done) + len(bounded.filter_empty) == 64
+    assert_landing_whole(out / "landing")
+    assert assert_captures_equal_truth(out / "landing", out) > 500
+    config = AppConfig(
+        landing=str(out / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    try:
+        ingest_bucket(spark, config, config.buckets[0])
+        apply_bucket(spark, config, config.buckets[0])
+        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=out))  # type: ignore[arg-type]
+    finally:
+        _drop_all(spark, bucket)
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_agent_at_random_moments_loses_nothing(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """``DCP_CDC_CAPTURE_KILLS`` (20) SIGKILLs of ``dcp-cdc capture --follow``, each restarted
+    at once; after each, every landed file is whole. Then ``--until now``, ingest, apply."""
+    rng = random.Random(7)
+    bucket = f"kill{uuid.uuid4().hex[:6]}"
+    landing = tmp_path / "landing"
+    with producer(
+        tmp_path,
+        bucket=bucket,
+        nodes=4,
+        vbuckets=64,
+        docs=800,
+        ops=400 * KILLS,
+        batch=40,
+        pause=0.08,
+        seed=3,
+    ) as prod:
+        config = write_config(
+            tmp_path / "conf" / "capture.toml",
+            landing=landing,
+            warehouse=spark_warehouse,
+            bucket=bucket,
+            connection_string=prod.info["connection_string"],
+            buffer_bytes=65536,
+            rotate_bytes=65536,
+            rotate_seconds=0.3,
+        )
+        seen: set[Path] = set()
+        faults = {
+            KILLS // 4: "failover 5",
+            KILLS // 2: "rebalance 9 2",
+            3 * KILLS // 4: "too_slow 11",
+        }
+        for trial in range(KILLS):
+            agent = subprocess.Popen(
+                agent_command(config, "--follow"),
+                env=agent_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            time.sleep(rng.uniform(0.4, 1.6))
+            if trial in faults:
+                prod.control(faults[trial])
+            assert agent.poll() is None, agent.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            agent.send_signal(signal.SIGKILL)
+            agent.wait()
+            assert_landing_whole(landing, seen)
+        prod.wait_workload()
+        prod.control("truth")  # the bucket after the last fault, whenever that came
+        done = subprocess.run(
+            agent_command(config, "--until", "now"),
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        assert_landing_whole(landing, seen)
+        truth_out = prod.truth_out
+    assert assert_captures_equal_truth(landing, truth_out) > 500
+    app = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    try:
+        ingest_bucket(spark, app, app.buckets[0])
+        apply_bucket(spark, app, app.buckets[0])
+        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
+    finally:
+        _drop_all(spark, bucket)
