@@ -133,6 +133,12 @@ def iter_stream(
             return
 
 
+def capture_file_name(session_id: str, sequence: int) -> str:
+    """``<session_id>-<sequence:05d>.dcpcap``: the name of a session's file ``sequence``, so
+    that a session's files sort in order."""
+    return f"{session_id}-{sequence:05d}{EXTENSION}"
+
+
 class CaptureWriter:
     """Writes one session's frames into files that rotate by size.
 
@@ -174,7 +180,7 @@ class CaptureWriter:
         self.close()
         self.sequence += 1
         header = CaptureHeader(**self._fields, sequence=self.sequence)
-        path = self.directory / f"{header.session_id}-{self.sequence:05d}{EXTENSION}"
+        path = self.directory / capture_file_name(header.session_id, self.sequence)
         self._fh = open(path, "wb")  # noqa: SIM115 - closed by close()
         self._size = self._fh.write(encode_header(header))
         self.paths.append(path)

@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -44,6 +45,229 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+CAPTURE_DIR = ".dcp-cdc-capture"
+"""The capture agent's folder inside a landing folder: its staging files (``*.partial``, never
+listed by bronze; the same file system, so the rename into landing is atomic) and, by default,
+its checkpoints."""
+MAX_VBUCKET = 1023
+DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207}
+_CONNECTION = re.compile(r"^(couchbases?)://([^/?#]+)/?$")
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::([0-9]{1,5}))?$")
+_VBUCKETS = re.compile(r"^\s*([0-9]{1,4})\s*-\s*([0-9]{1,4})\s*$")
+_COLLECTION_NAME = r"[A-Za-z0-9_%-]{1,251}"
+_COLLECTION = re.compile(rf"^{_COLLECTION_NAME}\.{_COLLECTION_NAME}$")
+_MANAGER_PORTS = {8091, 18091}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_connection_string(text: str) -> tuple[bool, tuple[tuple[str, int], ...]]:
+    """``(tls, ((host, port), ...))`` of ``couchbase://h1,h2:11210`` or ``couchbases://...``;
+    a host without a port gets the data service's (11210, 11207 with TLS). IPv6 hosts are
+    written in brackets. :class:`ValueError` says what is wrong."""
+    if "@" in text:
+        raise ValueError(
+            "credentials do not belong in the connection string: set username, and "
+            "password_env or password_file"
+        )
+    match = _CONNECTION.match(text.strip())
+    if not match:
+        raise ValueError(
+            f"expected couchbase://host[:port][,host[:port]...] or couchbases://..., got {text!r}"
+        )
+    scheme, hosts = match.groups()
+    seeds = []
+    for item in hosts.split(","):
+        host = _HOST.match(item.strip())
+        if not host:
+            raise ValueError(f"{item.strip()!r} is not a host or host:port")
+        port = int(host.group(2)) if host.group(2) else DEFAULT_PORTS[scheme]
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port {port} of {item.strip()!r} is not 1..65535")
+        if port in _MANAGER_PORTS:
+            raise ValueError(
+                f"port {port} is the cluster manager's HTTP port; the agent talks to the data "
+                f"service (11210, or 11207 with couchbases://)"
+            )
+        seeds.append((host.group(1).strip("[]"), port))
+    return scheme == "couchbases", tuple(seeds)
+
+
+def parse_vbucket_range(text: str) -> tuple[int, int]:
+    """``(first, last)`` of ``"A-B"``, both within 0..1023 and ``A <= B``."""
+    match = _VBUCKETS.match(text)
+    if not match:
+        raise ValueError(f"expected a range of vbuckets like '0-511', got {text!r}")
+    first, last = int(match.group(1)), int(match.group(2))
+    if last > MAX_VBUCKET or first > last:
+        raise ValueError(f"expected 0 <= A <= B <= {MAX_VBUCKET} in 'A-B', got {text!r}")
+    return first, last
+
+
+class CaptureConfig(_Model):
+    """The capture agent of this bucket (``dcp-cdc capture``): a DCP consumer that records the
+    bucket's changes into capture files in its landing folder. The password is never written
+    here: ``password_env`` or ``password_file`` says where it is read from, when it is used."""
+
+    connection_string: str
+    """``couchbase://host1,host2`` or ``couchbases://...`` (TLS): the cluster's data nodes to
+    start from, each ``host`` or ``host:port`` (default 11210, 11207 with TLS; IPv6 in
+    brackets). The agent learns the other nodes from the cluster map."""
+    username: Annotated[str, Field(min_length=1)]
+    """The user the agent authenticates as; it needs the Data DCP Reader role on the bucket."""
+    password_env: str | None = None
+    """The environment variable holding the password (exactly one of ``password_env`` and
+    ``password_file``)."""
+    password_file: str | None = None
+    """A file holding the password (one trailing newline is ignored); relative to the
+    configuration file's folder."""
+    tls_ca_file: str | None = None
+    """With ``couchbases://``: the PEM file of the CA that signed the cluster's certificates
+    (default: the system's trust store); relative to the configuration file's folder."""
+    buffer_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 16 << 20
+    """DCP flow control: the bytes a node may send before the agent acknowledges them
+    (``connection_buffer_size``). The agent's memory is about this × the number of nodes."""
+    noop_interval_s: Annotated[int, Field(ge=1, le=3600)] = 120
+    """Seconds between the nodes' DCP_NOOPs (``set_noop_interval``): a node that hears no
+    reply in time drops the connection, and the agent reconnects."""
+    rotate_bytes: Annotated[int, Field(ge=1 << 12)] = 64 << 20
+    """A capture file is closed (made durable and renamed into landing) once it holds this
+    many bytes."""
+    rotate_seconds: Annotated[float, Field(ge=0.01)] = 300.0
+    """A capture file is also closed this many seconds after its first frame: the longest a
+    change waits in staging before an ingest can see it."""
+    vbuckets: str | None = None
+    """``"A-B"`` (within 0–1023): capture only these vbuckets, so that several agents (each
+    its own ``agent_id``) share a bucket. Default: every vbucket."""
+    collections: list[str] | None = None
+    """Capture only these collections, ``["scope.collection", ...]``. Default: all."""
+    state_dir: str | None = None
+    """Where the checkpoint ``<bucket>.<agent_id>.checkpoint.json`` is kept. Default:
+    ``<landing>/.dcp-cdc-capture``; relative to the configuration file's folder."""
+    agent_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")] = "agent"
+    """Names this agent's checkpoint and capture sessions; agents splitting a bucket need
+    different ids."""
+    connect_timeout_s: Annotated[float, Field(ge=0.1, le=600)] = 10.0
+    """Seconds to connect, handshake and authenticate with a node before giving up on it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_literal_password(cls, data: object) -> object:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError(
+                "password: a password is never written in the configuration; put it in an "
+                "environment variable (password_env) or a file (password_file)"
+            )
+        return data
+
+    @field_validator("connection_string")
+    @classmethod
+    def _connection_string(cls, value: str) -> str:
+        parse_connection_string(value)
+        return value
+
+    @field_validator("password_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            # not echoed: a password pasted here by mistake must not reach the message
+            raise ValueError("expected an environment variable's name (letters, digits, _)")
+        return value
+
+    @field_validator("password_file")
+    @classmethod
+    def _file_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("tls_ca_file")
+    @classmethod
+    def _ca_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        connection = info.data.get("connection_string")
+        if connection is not None and not parse_connection_string(connection)[0]:
+            raise ValueError("set, but the connection string is not couchbases://")
+        if not Path(value).expanduser().is_file():
+            raise ValueError(f"{value} is not a file")
+        return value
+
+    @field_validator("vbuckets")
+    @classmethod
+    def _vbuckets(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_vbucket_range(value)
+        return value
+
+    @field_validator("collections")
+    @classmethod
+    def _collections(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("list at least one collection, or leave collections out for all")
+        bad = [name for name in value if not _COLLECTION.match(name)]
+        if bad:
+            raise ValueError(f"expected 'scope.collection' names, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_secret_source(self) -> CaptureConfig:
+        if (self.password_env is None) == (self.password_file is None):
+            raise ValueError(
+                "password_env, password_file: set exactly one (the environment variable or "
+                "the file the password is read from)"
+            )
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """True for ``couchbases://``."""
+        return parse_connection_string(self.connection_string)[0]
+
+    @property
+    def seed_nodes(self) -> tuple[tuple[str, int], ...]:
+        """The connection string's ``(host, port)`` pairs, default ports filled in."""
+        return parse_connection_string(self.connection_string)[1]
+
+    def vbucket_range(self) -> tuple[int, int] | None:
+        """``(first, last)`` of ``vbuckets``; None: every vbucket."""
+        return None if self.vbuckets is None else parse_vbucket_range(self.vbuckets)
+
+    def password(self) -> str:
+        """The password, read now from ``password_env`` or ``password_file``. A
+        :class:`ConfigError` names the variable or the file, never the secret."""
+        if self.password_env is not None:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(
+                    f"capture password: the environment variable {self.password_env} "
+                    "(password_env) is not set"
+                )
+            where = f"the environment variable {self.password_env}"
+        else:
+            assert self.password_file is not None
+            where = f"password_file {self.password_file}"
+            try:
+                raw = Path(self.password_file).expanduser().read_bytes()
+            except FileNotFoundError:
+                raise ConfigError(f"capture password: {where} not found") from None
+            except OSError as exc:
+                raise ConfigError(
+                    f"capture password: {where} cannot be read ({exc.strerror})"
+                ) from None
+            try:
+                value = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ConfigError(f"capture password: {where} is not UTF-8 text") from None
+            value = (
+                value.removesuffix("\r\n") if value.endswith("\r\n") else value.removesuffix("\n")
+            )
+        if not value:
+            raise ConfigError(f"capture password: {where} is empty")
+        return value
+
+
 class BucketConfig(_Model):
     """One Couchbase bucket whose captures land in the landing location."""
 
@@ -51,6 +275,9 @@ class BucketConfig(_Model):
     """The bucket's name; the capture headers' ``bucket`` must match it."""
     landing: str | None = None
     """Where this bucket's captures land; default: the global landing location."""
+    capture: CaptureConfig | None = None
+    """The capture agent that records this bucket from a Couchbase cluster: the
+    ``[buckets.capture]`` table below. Default: none (captures arrive some other way)."""
 
 
 class IngestConfig(_Model):
@@ -351,6 +578,18 @@ class AppConfig(_Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _capture_lands_locally(self) -> AppConfig:
+        for index, bucket in enumerate(self.buckets):
+            landing = self.landing_for(bucket)
+            if bucket.capture is not None and is_uri(landing) and not landing.startswith("file:"):
+                raise ValueError(
+                    f"buckets[{index}].capture: landing {landing!r} is not a local path; the "
+                    "capture agent makes its files durable with fsync and an atomic rename, so "
+                    "it writes to a local (or mounted) folder"
+                )
+        return self
+
     def bucket(self, name: str | None) -> list[BucketConfig]:
         """The buckets a command works on: all of them, or the one named."""
         if name is None:
@@ -363,6 +602,15 @@ class AppConfig(_Model):
 
     def landing_for(self, bucket: BucketConfig) -> str:
         return bucket.landing or self.landing
+
+    def capture_dirs(self, bucket: BucketConfig) -> tuple[Path, Path, Path]:
+        """``(landing, staging, state_dir)`` of ``bucket``'s capture agent: staging is
+        ``<landing>/.dcp-cdc-capture``, the state folder ``capture.state_dir`` or the same."""
+        landing = self.landing_for(bucket)
+        folder = Path(landing.removeprefix("file://").removeprefix("file:"))
+        staging = folder / CAPTURE_DIR
+        state = bucket.capture.state_dir if bucket.capture is not None else None
+        return folder, staging, Path(state).expanduser() if state else staging
 
 
 def _anchored(location: object, folder: Path) -> object:
@@ -443,6 +691,11 @@ def load_config(path: str | Path | None, **overrides: object) -> AppConfig:
     for bucket in raw.get("buckets", []) if isinstance(raw.get("buckets"), list) else []:
         if isinstance(bucket, dict) and "landing" in bucket:
             bucket["landing"] = _anchored(bucket["landing"], folder)
+        capture = bucket.get("capture") if isinstance(bucket, dict) else None
+        if isinstance(capture, dict):
+            for key in ("password_file", "tls_ca_file", "state_dir"):
+                if key in capture:
+                    capture[key] = _anchored(capture[key], folder)
     thrift = raw.get("thrift")
     if isinstance(thrift, dict) and "kerberos_keytab" in thrift:
         thrift["kerberos_keytab"] = _anchored(thrift["kerberos_keytab"], folder)
@@ -460,9 +713,17 @@ def _validated(raw: dict[str, object], source: str) -> AppConfig:
 def _problems(exc: ValidationError, *section: str) -> str:
     """Each error of ``exc`` as ``field.path: message`` (inside ``section``), joined by ``; ``."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in (*section, *err['loc'])) or '(top level)'}: {err['msg']}"
+        f"{_location((*section, *err['loc'])) or '(top level)'}: {err['msg']}"
         for err in exc.errors()
     )
+
+
+def _location(path: tuple[object, ...]) -> str:
+    """``buckets[0].capture.username``: a field's place, list items by index."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
 
 
 def thrift_settings(config: AppConfig, **overrides: object) -> ThriftConfig:
@@ -530,6 +791,14 @@ def _bounds(info: FieldInfo) -> str:
     return f" (≥ {low})" if low is not None else ""
 
 
+def _table_model(annotation: object) -> type[_Model] | None:
+    """The model of an optional table (``CaptureConfig | None``); None for anything else."""
+    if get_origin(annotation) in (UnionType, Union):
+        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, _Model)]
+        return models[0] if len(models) == 1 else None
+    return None
+
+
 def _rows(model: type[_Model], prefix: str) -> list[str]:
     rows = []
     for name, info in model.model_fields.items():
@@ -549,8 +818,13 @@ def _rows(model: type[_Model], prefix: str) -> list[str]:
                     if sub_info.is_required()
                     else _toml_value(sub_info.get_default(call_default_factory=True))
                 )
+                kind = (
+                    "table"
+                    if _table_model(sub_info.annotation)
+                    else _type_name(sub_info.annotation)
+                )
                 rows.append(
-                    f"| `[[{name}]] {sub}` | {_type_name(sub_info.annotation)}{_bounds(sub_info)} "
+                    f"| `[[{name}]] {sub}` | {kind}{_bounds(sub_info)} "
                     f"| {sub_default} "
                     f"| {_prose(sub_info.description)} |"
                 )
@@ -566,6 +840,14 @@ def reference_markdown() -> str:
     """The configuration reference, generated from the models (the README holds a copy)."""
     head = ["| key | type | default | meaning |", "|---|---|---|---|"]
     lines = [*head, *_rows(AppConfig, "")]
+    for name, info in AppConfig.model_fields.items():
+        item = get_args(info.annotation)[0] if get_origin(info.annotation) is list else None
+        if isinstance(item, type) and issubclass(item, _Model):
+            for sub, sub_info in item.model_fields.items():
+                table = _table_model(sub_info.annotation)
+                if table is not None:
+                    lines += ["", f"`[{name}.{sub}]` — {_prose(table.__doc__)}", "", *head]
+                    lines += _rows(table, "")
     for name, info in AppConfig.model_fields.items():
         section = info.annotation
         if isinstance(section, type) and issubclass(section, _Model):

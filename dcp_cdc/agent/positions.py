@@ -45,12 +45,12 @@ class VbPosition:
     purge_seqno: int = 0
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict; uuids are strings (they exceed JavaScript's safe integers)."""
+        """A JSON-ready dict (uuids are u64 integers; from_json also takes decimal strings)."""
         return {
             "vbucket": self.vbucket,
             "seqno": self.seqno,
-            "vb_uuid": str(self.vb_uuid),
-            "failover_log": [[str(uuid), seqno] for uuid, seqno in self.failover_log],
+            "vb_uuid": self.vb_uuid,
+            "failover_log": [[uuid, seqno] for uuid, seqno in self.failover_log],
             "manifest_uid": self.manifest_uid,
             "purge_seqno": self.purge_seqno,
         }
@@ -104,9 +104,11 @@ def _u(
     *,
     default: int | None = None,
 ) -> int:
-    where = name if vbucket is None else f"vbucket {vbucket}: {name}"
+    where = f"position field {name!r}"
     if name not in data:
         if default is not None:
             return default
-        raise CheckpointError(f"{where} is missing")
+        raise CheckpointError(
+            f"{where} is missing" + (f" (vbucket {vbucket})" if vbucket is not None else "")
+        )
     return _int(data[name], where, limit)

@@ -148,15 +148,15 @@ def test_failover_log_rules() -> None:
 def test_position_json_round_trip() -> None:
     pos = VbPosition(5, 120, 2**63 + 5, ((2**63 + 5, 100), (7, 0)), manifest_uid=3, purge_seqno=9)
     data = json.loads(json.dumps(pos.to_json()))
-    assert data["vb_uuid"] == str(2**63 + 5)
+    assert data["vb_uuid"] == 2**63 + 5
     assert VbPosition.from_json(data) == pos
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"seqno": 1, "vb_uuid": "0"}, "vbucket is missing"),
-        ({"vbucket": 1, "seqno": -1, "vb_uuid": "0"}, "vbucket 1: seqno"),
+        ({"seqno": 1, "vb_uuid": "0"}, "'vbucket' is missing"),
+        ({"vbucket": 1, "seqno": -1, "vb_uuid": "0"}, "position field 'seqno'"),
         ({"vbucket": 1, "seqno": 1, "vb_uuid": "x"}, "vb_uuid"),
         ({"vbucket": 1, "seqno": 1, "vb_uuid": "0", "failover_log": [[1]]}, "failover_log"),
         ({"vbucket": True, "seqno": 1, "vb_uuid": "0"}, "vbucket"),

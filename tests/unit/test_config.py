@@ -24,7 +24,7 @@ def test_shipped_configurations_load(name: str) -> None:
     [
         ('warehouse = "w"\n[[buckets]]\nname = "b"\n', "landing: Field required"),
         ('landing = "l"\nwarehouse = "w"\nbuckets = []\n', "buckets: List should have at least 1"),
-        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b c"\n', "buckets.0.name"),
+        ('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b c"\n', r"buckets\[0\].name"),
         (
             'landing = "l"\nwarehouse = "w"\ncolour = 1\n[[buckets]]\nname = "b"\n',
             "colour: Extra inputs",

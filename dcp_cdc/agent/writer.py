@@ -1,0 +1,300 @@
+"""The capture agent's durable output: rotating capture files and the resume checkpoint.
+
+Durable means fsync'd and renamed. A session's frames go to ``<staging>/<name>.dcpcap.partial``
+(a name bronze never lists); :meth:`SessionWriter.close_file` flushes, fsyncs, renames the
+file into landing as ``<name>.dcpcap`` and fsyncs the landing folder, so a reader never sees a
+half-written file. The driver commits a checkpoint only after the file holding the frames it
+covers is renamed: a kill between the two replays those frames at the next start, never skips
+them. No clocks in here: times come from the caller (``now``, seconds since the epoch).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.capture import CaptureHeader, capture_file_name, encode_header
+from dcp_cdc.config import CAPTURE_DIR
+from dcp_cdc.errors import CheckpointError
+
+PARTIAL_SUFFIX = ".partial"
+STAGING_DIR = CAPTURE_DIR
+"""The default staging folder (and checkpoint folder) inside a landing folder: the same file
+system, so the rename into landing is atomic."""
+CHECKPOINT_FORMAT = "dcp-cdc-capture-checkpoint/1"
+
+
+def rfc3339(now: float) -> str:
+    """``now`` (seconds since the epoch) as RFC 3339 UTC with microseconds, the form of the
+    capture headers' times and the session ids: ``2026-01-02T03:04:05.123456Z``."""
+    return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make the entries of ``folder`` (a rename into it) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SessionWriter:
+    """One DCP session's frames into capture files, rotated by size and age.
+
+    ``write`` appends whole frames (a run of them, as the consumer hands them out) to the open
+    file, opening one lazily; a run is never split, so a file ends on a frame boundary and may
+    pass ``rotate_bytes`` by the last run. ``due`` says when the driver should ``close_file``.
+    Every file's header carries the session's ``started_at`` (bronze orders a vbucket's frames
+    by session start, session id, file sequence, offset) and its own ``opened_at``.
+    """
+
+    def __init__(
+        self,
+        landing: Path,
+        staging: Path,
+        *,
+        bucket: str,
+        session_id: str,
+        collections: bool,
+        features: tuple[str, ...],
+        source: str,
+        started_at: str,
+        rotate_bytes: int,
+        rotate_seconds: float,
+    ) -> None:
+        if rotate_bytes < 1 or rotate_seconds <= 0:
+            raise ValueError("rotate_bytes and rotate_seconds must be positive")
+        self.landing = Path(landing)
+        self.staging = Path(staging)
+        self.landing.mkdir(parents=True, exist_ok=True)
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.bucket = bucket
+        self.session_id = session_id
+        self.collections = collections
+        self.features = tuple(features)
+        self.source = source
+        self.started_at = started_at
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.sequence = 0
+        """The sequence of the next file to open."""
+        self.closed_paths: list[Path] = []
+        """Files renamed into landing, in order."""
+        self._fh: BinaryIO | None = None
+        self._name = ""
+        self._size = 0
+        self._frame_bytes = 0
+        self._opened_at = 0.0
+        self._failed: OSError | None = None
+
+    @property
+    def open_bytes(self) -> int:
+        """Frame bytes in the open file (0 when none is open)."""
+        return self._frame_bytes
+
+    def write(self, frames: bytes, now: float) -> None:
+        """Append ``frames`` (whole frames only) to the open file, opening one first if needed.
+
+        An ``OSError`` (a full disk) leaves the file in staging, never renamed: the writer is
+        then unusable and the next start drops the file (:func:`clear_staging`)."""
+        if not frames:
+            return
+        self._usable()
+        try:
+            if self._fh is None:
+                self._open(now)
+            assert self._fh is not None
+            self._fh.write(frames)
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        self._size += len(frames)
+        self._frame_bytes += len(frames)
+
+    def due(self, now: float) -> bool:
+        """True when the open file reached ``rotate_bytes``, or ``rotate_seconds`` passed since
+        its first write."""
+        return self._fh is not None and (
+            self._size >= self.rotate_bytes or now - self._opened_at >= self.rotate_seconds
+        )
+
+    def close_file(self) -> Path | None:
+        """Make the open file durable and visible: flush, fsync, rename into landing, fsync
+        the landing folder. Returns its landing path; None when no file is open."""
+        self._usable()
+        if self._fh is None:
+            return None
+        fh, self._fh = self._fh, None
+        partial = self.staging / (self._name + PARTIAL_SUFFIX)
+        final = self.landing / self._name
+        try:
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+            os.replace(partial, final)
+            fsync_dir(self.landing)
+        except OSError as exc:
+            fh.close()
+            self._fail(exc)
+            raise
+        self.sequence += 1
+        self._size = self._frame_bytes = 0
+        self.closed_paths.append(final)
+        return final
+
+    def abandon(self) -> None:
+        """Close the open file without publishing it (it stays in staging as a partial)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def _open(self, now: float) -> None:
+        header = CaptureHeader(
+            bucket=self.bucket,
+            collections=self.collections,
+            session_id=self.session_id,
+            sequence=self.sequence,
+            features=self.features,
+            source=self.source,
+            started_at=self.started_at,
+            opened_at=rfc3339(now),
+        )
+        self._name = capture_file_name(self.session_id, self.sequence)
+        path = self.staging / (self._name + PARTIAL_SUFFIX)
+        fh = open(path, "wb")  # noqa: SIM115 - closed by close_file() or abandon()
+        self._fh = fh
+        self._size = fh.write(encode_header(header))
+        self._frame_bytes = 0
+        self._opened_at = now
+
+    def _fail(self, exc: OSError) -> None:
+        self._failed = exc
+        self.abandon()
+
+    def _usable(self) -> None:
+        if self._failed is not None:
+            raise OSError(
+                f"capture session {self.session_id} failed earlier ({self._failed}); "
+                "start a new session"
+            ) from self._failed
+
+
+class CheckpointStore:
+    """The agent's resume positions, one JSON file per agent (bucket and vbucket range):
+    ``{format, bucket, bucket_uuid, agent, updated_at, vbuckets: {"<vb>": position}}``.
+
+    :meth:`commit` merges positions into the stored map and replaces the file atomically
+    (temporary file, fsync, rename, fsync of the folder); a kill leaves the old file or the
+    new one, never a mix. A file of another bucket (or of the same name recreated: another
+    ``bucket_uuid``) is refused, not resumed from."""
+
+    def __init__(
+        self, path: Path, *, bucket: str, bucket_uuid: str | None, agent: str = "agent"
+    ) -> None:
+        self.path = Path(path)
+        self.bucket = bucket
+        self.bucket_uuid = bucket_uuid
+        """None while unknown; once known, a stored different uuid is refused."""
+        self.agent = agent
+        self._positions: dict[int, VbPosition] | None = None
+
+    def load(self) -> dict[int, VbPosition]:
+        """The stored positions; ``{}`` when there is no checkpoint yet."""
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            self._positions = {}
+            return {}
+        except OSError as exc:
+            raise self._error(f"cannot be read: {exc.strerror or exc}") from None
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise self._error(f"is not JSON ({exc})") from None
+        self._positions = self._parse(raw)
+        return dict(self._positions)
+
+    def commit(self, positions: Mapping[int, VbPosition], *, updated_at: str | None = None) -> None:
+        """Merge ``positions`` into the stored map and write it durably."""
+        stored = self._positions if self._positions is not None else self.load()
+        merged = dict(stored)
+        for vbucket, position in positions.items():
+            if position.vbucket != vbucket:
+                raise ValueError(f"position of vbucket {position.vbucket} given as {vbucket}")
+            merged[vbucket] = position
+        document: dict[str, object] = {
+            "format": CHECKPOINT_FORMAT,
+            "bucket": self.bucket,
+            "bucket_uuid": self.bucket_uuid,
+            "agent": self.agent,
+        }
+        if updated_at is not None:
+            document["updated_at"] = updated_at
+        document["vbuckets"] = {str(vb): merged[vb].to_json() for vb in sorted(merged)}
+        data = json.dumps(document, indent=1, sort_keys=False).encode() + b"\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+        self._positions = merged
+
+    def _parse(self, raw: object) -> dict[int, VbPosition]:
+        if not isinstance(raw, dict):
+            raise self._error("is not a JSON object")
+        if raw.get("format") != CHECKPOINT_FORMAT:
+            raise self._error(f"format {raw.get('format')!r}, expected {CHECKPOINT_FORMAT!r}")
+        if raw.get("bucket") != self.bucket:
+            raise self._error(f"belongs to bucket {raw.get('bucket')!r}, not {self.bucket!r}")
+        stored_uuid = raw.get("bucket_uuid")
+        if stored_uuid is not None and not isinstance(stored_uuid, str):
+            raise self._error(f"bucket_uuid must be a string, got {stored_uuid!r}")
+        if self.bucket_uuid is not None and stored_uuid not in (None, self.bucket_uuid):
+            raise self._error(
+                f"was written for bucket uuid {stored_uuid}, but bucket {self.bucket!r} now has "
+                f"uuid {self.bucket_uuid} (recreated?): its positions do not apply; move the "
+                "file away to capture the new bucket from the start"
+            )
+        vbuckets = raw.get("vbuckets")
+        if not isinstance(vbuckets, dict):
+            raise self._error("lacks the 'vbuckets' object")
+        positions: dict[int, VbPosition] = {}
+        for key, value in vbuckets.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise self._error(f"vbuckets key {key!r} is not a vbucket number")
+            if not isinstance(value, dict):
+                raise self._error(f"vbuckets[{key}] is not an object")
+            try:
+                position = VbPosition.from_json(value)
+            except CheckpointError as exc:
+                raise self._error(f"vbuckets[{key}]: {exc}") from None
+            if position.vbucket != int(key):
+                raise self._error(f"vbuckets[{key}] holds vbucket {position.vbucket}")
+            positions[position.vbucket] = position
+        return positions
+
+    def _error(self, problem: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {self.path} {problem}")
+
+
+def clear_staging(staging: Path, *, prefix: str = "") -> list[Path]:
+    """Delete the partial files ``<prefix>*.partial`` a killed run left in ``staging`` and
+    return them. Their frames were never renamed into landing, so no checkpoint covers them:
+    the next session captures them again. Agents that share a staging folder pass their own
+    session-id prefix (``<bucket>-<agent_id>-``) so as not to delete each other's open files."""
+    folder = Path(staging)
+    if not folder.is_dir():
+        return []
+    removed = sorted(folder.glob(f"{prefix}*{PARTIAL_SUFFIX}"))
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed

@@ -1,0 +1,178 @@
+"""``[buckets.capture]``: validated before any socket opens; the password never shows."""
+
+from __future__ import annotations
+
+import re
+import traceback
+from pathlib import Path
+
+import pytest
+
+from dcp_cdc.config import load_config
+from dcp_cdc.errors import ConfigError
+
+SECRET = "s3cr3t-Σ-pa55"
+HEAD = 'landing = "landing"\nwarehouse = "warehouse"\n[[buckets]]\nname = "travel"\n'
+GOOD = 'connection_string = "couchbase://n1,n2:12000"\nusername = "dcp"\npassword_env = "CB_PW"\n'
+
+
+def write(tmp_path: Path, capture: str, head: str = HEAD) -> Path:
+    path = tmp_path / "conf.toml"
+    path.write_text(f"{head}[buckets.capture]\n{capture}")
+    return path
+
+
+def test_a_capture_section_loads_with_its_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, GOOD))
+    [bucket] = config.buckets
+    capture = bucket.capture
+    assert capture is not None
+    assert capture.seed_nodes == (("n1", 11210), ("n2", 12000))
+    assert capture.tls is False and capture.vbucket_range() is None
+    assert (capture.buffer_bytes, capture.noop_interval_s) == (16 << 20, 120)
+    assert (capture.rotate_bytes, capture.rotate_seconds) == (64 << 20, 300.0)
+    assert (capture.agent_id, capture.connect_timeout_s, capture.collections) == (
+        "agent",
+        10.0,
+        None,
+    )
+    landing, staging, state = config.capture_dirs(bucket)
+    assert landing == tmp_path / "landing"
+    assert staging == state == tmp_path / "landing" / ".dcp-cdc-capture"
+
+
+def test_tls_ranges_collections_and_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    text = (
+        'connection_string = "couchbases://[::1],10.0.0.2:11999,db.example.com"\n'
+        'username = "dcp"\npassword_file = "secrets/pw"\ntls_ca_file = "ca.pem"\n'
+        'vbuckets = "512-1023"\ncollections = ["inventory.hotel", "_default._default"]\n'
+        'state_dir = "state"\nagent_id = "east_2"\n'
+    )
+    config = load_config(write(tmp_path, text))
+    capture = config.buckets[0].capture
+    assert capture is not None
+    assert capture.tls is True
+    assert capture.seed_nodes == (("::1", 11207), ("10.0.0.2", 11999), ("db.example.com", 11207))
+    assert capture.vbucket_range() == (512, 1023)
+    assert capture.password_file == str(tmp_path / "secrets" / "pw")
+    assert capture.tls_ca_file == str(tmp_path / "ca.pem")
+    assert config.capture_dirs(config.buckets[0])[2] == tmp_path / "state"
+
+
+@pytest.mark.parametrize(
+    ("capture", "field", "message"),
+    [
+        (GOOD.replace("couchbase://", "http://"), "connection_string", "expected couchbase://"),
+        (GOOD.replace("n2:12000", "n2:70000"), "connection_string", "port 70000"),
+        (GOOD.replace("n2:12000", "n2:8091"), "connection_string", "cluster manager's HTTP"),
+        (GOOD.replace("n1,n2", "n1,,n2"), "connection_string", "not a host"),
+        (GOOD + 'password_file = "pw"\n', "password_env, password_file", "exactly one"),
+        (GOOD.replace('password_env = "CB_PW"\n', ""), "password_env, password_file", "exactly"),
+        (GOOD + 'tls_ca_file = "ca.pem"\n', "tls_ca_file", "not couchbases://"),
+        (
+            GOOD.replace("couchbase://", "couchbases://") + 'tls_ca_file = "none.pem"\n',
+            "tls_ca_file",
+            "none.pem is not a file",
+        ),
+        (GOOD + 'vbuckets = "5-2"\n', "vbuckets", "A <= B"),
+        (GOOD + 'vbuckets = "0-1024"\n', "vbuckets", "<= 1023"),
+        (GOOD + 'vbuckets = "all"\n', "vbuckets", "like '0-511'"),
+        (GOOD + 'collections = ["hotel"]\n', "collections", "'scope.collection'"),
+        (GOOD + "collections = []\n", "collections", "at least one"),
+        (GOOD + 'agent_id = "a b"\n', "agent_id", "should match pattern"),
+        (GOOD + "rotate_bytes = 10\n", "rotate_bytes", "greater than or equal to 4096"),
+        (GOOD + "buffer_bytes = 1\n", "buffer_bytes", "greater than or equal"),
+        (GOOD + "noop_interval_s = 0\n", "noop_interval_s", "greater than or equal"),
+        (GOOD + "colour = 1\n", "colour", "Extra inputs"),
+        (GOOD.replace('username = "dcp"\n', ""), "username", "Field required"),
+    ],
+)
+def test_a_bad_value_names_the_field_and_the_file(
+    tmp_path: Path, capture: str, field: str, message: str
+) -> None:
+    path = write(tmp_path, capture)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert str(path) in text
+    where = "buckets[0].capture" + ("" if "," in field else f".{field}")
+    assert where in text and field in text and message in text, text
+
+
+def test_capture_needs_a_local_landing(tmp_path: Path) -> None:
+    head = HEAD.replace('"landing"', '"s3a://lake/landing"')
+    with pytest.raises(ConfigError, match=r"buckets\[0\]\.capture: landing 's3a://lake/landing'"):
+        load_config(write(tmp_path, GOOD, head=head))
+
+
+def _everything_shown(config_or_error: object) -> str:
+    if isinstance(config_or_error, BaseException):
+        return "".join(traceback.format_exception(config_or_error)) + repr(config_or_error)
+    return repr(config_or_error) + str(config_or_error)
+
+
+@pytest.mark.parametrize(
+    "capture",
+    [
+        GOOD + f'password = "{SECRET}"\n',
+        GOOD.replace('password_env = "CB_PW"', f'password_env = "{SECRET}"'),
+        GOOD.replace("couchbase://n1", f"couchbase://dcp:{SECRET}@n1"),
+        GOOD + f'pasword = "{SECRET}"\n',
+    ],
+)
+def test_a_secret_written_in_the_file_is_refused_without_being_shown(
+    tmp_path: Path, capture: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, capture))
+    assert SECRET not in _everything_shown(info.value)
+    if "password =" in capture:
+        assert "password_env" in str(info.value) and "password_file" in str(info.value)
+        assert "never written in the configuration" in str(info.value)
+
+
+def test_the_password_is_read_at_use_time_and_never_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CB_PW", raising=False)
+    config = load_config(write(tmp_path, GOOD))  # loads without the secret around
+    capture = config.buckets[0].capture
+    assert capture is not None
+    with pytest.raises(
+        ConfigError, match=r"environment variable CB_PW \(password_env\) is not set"
+    ):
+        capture.password()
+    monkeypatch.setenv("CB_PW", SECRET)
+    assert capture.password() == SECRET
+    for shown in (_everything_shown(config), config.model_dump_json(), _everything_shown(capture)):
+        assert SECRET not in shown
+    monkeypatch.setenv("CB_PW", "")
+    with pytest.raises(ConfigError, match="CB_PW is empty"):
+        capture.password()
+
+
+def test_a_password_file_loses_one_trailing_newline(tmp_path: Path) -> None:
+    text = GOOD.replace('password_env = "CB_PW"', 'password_file = "pw"')
+    capture = load_config(write(tmp_path, text)).buckets[0].capture
+    assert capture is not None
+    with pytest.raises(
+        ConfigError, match=re.escape(f"password_file {tmp_path / 'pw'} not found")
+    ) as info:
+        capture.password()
+    pw = tmp_path / "pw"
+    for content, expected in (
+        (SECRET + "\n", SECRET),
+        (SECRET + "\r\n", SECRET),
+        (SECRET + "\n\n", SECRET + "\n"),
+        (" " + SECRET, " " + SECRET),
+    ):
+        pw.write_text(content, encoding="utf-8", newline="")
+        assert capture.password() == expected
+    pw.write_bytes(b"\xff" + SECRET.encode())
+    with pytest.raises(ConfigError, match="is not UTF-8 text") as info:
+        capture.password()
+    pw.write_text("\n")
+    with pytest.raises(ConfigError, match="is empty") as info:
+        capture.password()
+    assert SECRET not in _everything_shown(info.value)
