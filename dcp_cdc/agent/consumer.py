@@ -81,6 +81,13 @@ class HighSeqnos:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectionsManifest:
+    """GET_COLLECTIONS_MANIFEST: the bucket's scopes and collections (uids as hex strings)."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class StreamOpened:
     vbucket: int
     failover_log: FailoverEntries
@@ -129,6 +136,7 @@ AgentEvent = (
     Ready
     | ClusterConfig
     | HighSeqnos
+    | CollectionsManifest
     | StreamOpened
     | StreamRolledBack
     | NotMyVbucket
@@ -474,6 +482,13 @@ class ConsumerConnection:
             extras=_U32.pack(VbucketState.ACTIVE),
         )
 
+    def request_collections_manifest(self) -> None:
+        """GET_COLLECTIONS_MANIFEST (→ :class:`CollectionsManifest`)."""
+        self._require_ready("request_collections_manifest")
+        self._command(
+            "get_collections_manifest", self._manifest, ClientOpcode.GET_COLLECTIONS_MANIFEST
+        )
+
     # --- receiving --------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
@@ -747,6 +762,16 @@ class ConsumerConnection:
         self._check(status, "GET_CLUSTER_CONFIG")
         config = _parse_config(value, "GET_CLUSTER_CONFIG")
         self._events.append(ClusterConfig(config, _config_rev(config)))
+
+    def _manifest(self, status: int, extras: bytes, value: bytes) -> None:
+        self._check(status, "GET_COLLECTIONS_MANIFEST")
+        try:
+            manifest = json.loads(value)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError("GET_COLLECTIONS_MANIFEST: the manifest is not JSON") from None
+        if not isinstance(manifest, dict):
+            raise ProtocolError("GET_COLLECTIONS_MANIFEST: the manifest is not a JSON object")
+        self._events.append(CollectionsManifest(manifest))
 
     def _high_seqnos(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "GET_ALL_VB_SEQNOS")
