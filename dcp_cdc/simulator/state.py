@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import ConfigError
@@ -35,6 +36,13 @@ SCENARIOS = (
 
 COLLECTION_NAMES = ("airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport")
 START = dt.datetime(2026, 1, 5, 9, 30, tzinfo=dt.UTC)
+
+
+class ChangeFeed(Protocol):
+    """Who hears every change as the bucket makes it, besides the capture session: the test
+    producer (:mod:`dcp_cdc.simulator.producer`) feeds its open streams from it."""
+
+    def on_change(self, vb: VBucket, item: Item) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class Simulation:
         self.counts: Counter[str] = Counter()
         self.sessions: list[Session] = []
         self.session: Session | None = None
+        self.feed: ChangeFeed | None = None
         self.keys: dict[int, list[bytes]] = {}
         self.key_seq: Counter[int] = Counter()
         self.thresholds: dict[int, int] = {}
@@ -140,6 +149,8 @@ class Simulation:
                 session.backfill(vb)
 
     def _notify(self, doc: Doc) -> None:
+        if self.feed is not None:
+            self.feed.on_change(self.bucket.vbuckets[doc.vbucket], Item(doc.seqno, doc=doc))
         if self.session is not None:
             vb = self.bucket.vbuckets[doc.vbucket]
             self.session.on_change(vb, Item(doc.seqno, doc=doc))
@@ -147,6 +158,11 @@ class Simulation:
 
     def _notify_sys(self, before: list[int]) -> None:
         """Queue the system events a manifest change just added to every vbucket."""
+        if self.feed is not None:
+            for vb in self.bucket.vbuckets:
+                for ev in vb.sys_events:
+                    if ev.seqno > before[vb.vbid]:
+                        self.feed.on_change(vb, Item(ev.seqno, sys=ev))
         if self.session is None:
             return
         for vb in self.bucket.vbuckets:

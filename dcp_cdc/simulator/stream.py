@@ -88,6 +88,224 @@ class SessionOptions:
         return tuple(names)
 
 
+def rollback_point(vb: VBucket, start: int, vb_uuid: int, snap_start: int) -> int | None:
+    """The server's rollback decision for a stream request (rollback.md, spec §7.5): None to
+    accept it, else the seqno the consumer must roll back to."""
+    if start == 0:
+        return None
+    if 0 < snap_start < vb.purge_seqno or start < vb.purge_seqno:
+        return 0  # tombstones the consumer never saw are purged
+    for i, (uuid, _branch_start) in enumerate(vb.failover_log):
+        if uuid != vb_uuid:
+            continue
+        branch_end = vb.failover_log[i - 1][1] if i > 0 else vb.high_seqno
+        if start > branch_end:
+            return branch_end
+        return None
+    return 0  # the consumer's history is unknown here
+
+
+class EventMaker:
+    """The encoding of bucket items into DCP events for one connection's options: shared by
+    :class:`Session` (capture files) and the test producer (:mod:`dcp_cdc.simulator.producer`).
+
+    ``opaque`` is the stream's opaque (the consumer's STREAM_REQ opaque); None means the wire
+    vbucket, as the capture sessions use.
+    """
+
+    def __init__(self, bucket: Bucket, options: SessionOptions, rng: random.Random) -> None:
+        self.bucket = bucket
+        self.options = options
+        self.rng = rng
+
+    def header(
+        self, opcode: int, vbid: int, *, cas: int = 0, datatype: int = 0, opaque: int | None = None
+    ) -> FrameHeader:
+        vbid += self.options.vbucket_offset  # the vbucket as the wire shows it
+        sid = vbid + 1 if self.options.stream_ids else None
+        return make_header(
+            opcode,
+            vbucket=vbid,
+            opaque=vbid if opaque is None else opaque,
+            cas=cas,
+            datatype=datatype,
+            stream_id=sid,
+        )
+
+    def visible(self, item: Item, collection_filter: tuple[int, ...] | None = None) -> bool:
+        """Whether this connection receives the item (collections, filter, FlatBuffers)."""
+        opts = self.options
+        wanted = opts.collection_filter if collection_filter is None else collection_filter
+        if item.doc is not None:
+            cid = item.doc.collection_id
+            if not opts.collections and cid != 0:
+                return False
+            return wanted is None or cid in wanted
+        assert item.sys is not None
+        if not opts.collections:
+            return False
+        if item.sys.kind == "modify_collection" and not opts.flatbuffers:
+            return False  # a seqno-advanced stands in for it (spec §6.7)
+        if wanted is not None:
+            return item.sys.collection_id in wanted
+        return True
+
+    # --- snapshots (spec §6.3) -------------------------------------------------------------
+
+    def backfill_items(self, vb: VBucket, start: int) -> list[Item]:
+        """A disk backfill's items above ``start``: current documents (tombstones included,
+        one per key) and system events, in seqno order."""
+        items = [Item(d.seqno, doc=d) for d in vb.docs.values() if d.seqno > start]
+        items += [Item(e.seqno, sys=e) for e in vb.sys_events if e.seqno > start]
+        items.sort(key=lambda i: i.seqno)
+        return items
+
+    def backfill_marker(
+        self, vb: VBucket, start: int, *, end: int | None = None, opaque: int | None = None
+    ) -> SnapshotMarker:
+        """The marker of a disk snapshot from ``start`` to ``end`` (default: the vbucket's
+        high seqno; a stream's end seqno below it clamps it)."""
+        end = vb.high_seqno if end is None else end
+        flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
+        h = self.header(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid, opaque=opaque)
+        if self.options.marker_v2_2 and vb.purge_seqno:
+            return SnapshotMarker(h, "2.2", start, end, flags, end, 0, vb.purge_seqno, 0)
+        return SnapshotMarker(h, "2.0", start, end, flags, end, 0)
+
+    def memory_snapshot(
+        self, vb: VBucket, items: list[Item], *, opaque: int | None = None
+    ) -> tuple[SnapshotMarker, list[Item]]:
+        """Queued changes as one memory snapshot: deduplicated unless a history collection
+        keeps every version (change streams: flags 0x10|0x20)."""
+        start, end = items[0].seqno, items[-1].seqno
+        history = self.options.change_streams and any(
+            i.doc is not None and self.bucket.collections[i.doc.collection_id].history
+            for i in items
+        )
+        flags = SnapshotFlag.MEMORY | SnapshotFlag.CHECKPOINT
+        if history:
+            flags |= SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
+        else:
+            items = _dedup(items)
+        h = self.header(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid, opaque=opaque)
+        return SnapshotMarker(h, "1", start, end, flags), items
+
+    def snapshot_events(
+        self,
+        vbid: int,
+        marker: SnapshotMarker,
+        items: list[Item],
+        *,
+        disk: bool,
+        opaque: int | None = None,
+        collection_filter: tuple[int, ...] | None = None,
+    ) -> list[Event] | None:
+        """The marker, the visible items and a seqno-advanced when the last visible item is
+        below the marker's end; None when a non-collection stream just sees a gap."""
+        visible = [i for i in items if self.visible(i, collection_filter)]
+        if not visible and not self.options.collections:
+            return None
+        events: list[Event] = [marker]
+        events += [self.item_event(vbid, i, disk=disk, opaque=opaque) for i in visible]
+        last = visible[-1].seqno if visible else -1
+        if last != marker.end_seqno and self.options.collections:
+            h = self.header(Opcode.DCP_SEQNO_ADVANCED, vbid, opaque=opaque)
+            events.append(SeqnoAdvanced(h, marker.end_seqno))
+        return events
+
+    # --- items -----------------------------------------------------------------------------
+
+    def item_event(self, vbid: int, item: Item, *, disk: bool, opaque: int | None = None) -> Event:
+        if item.doc is not None:
+            return self.doc_event(vbid, item.doc, disk=disk, opaque=opaque)
+        assert item.sys is not None
+        return self.sys_event(vbid, item.sys, opaque=opaque)
+
+    def doc_event(self, vbid: int, doc: Doc, *, disk: bool, opaque: int | None = None) -> Event:
+        opts = self.options
+        cid = doc.collection_id if opts.collections else None
+        xattrs = doc.xattrs if opts.xattrs and doc.xattrs else None
+        if not doc.deleted:
+            datatype = (Datatype.JSON if doc.is_json else 0) | (Datatype.XATTR if xattrs else 0)
+            if opts.snappy and len(doc.body) >= SNAPPY_MIN_BYTES:
+                datatype |= Datatype.SNAPPY
+            h = self.header(
+                Opcode.DCP_MUTATION, vbid, cas=doc.cas, datatype=datatype, opaque=opaque
+            )
+            return Mutation(
+                h,
+                doc.seqno,
+                doc.rev_seqno,
+                doc.flags,
+                doc.expiry,
+                0,
+                0,
+                self.rng.randrange(3),
+                cid,
+                doc.key,
+                doc.body,
+                xattrs,
+            )
+        datatype = Datatype.XATTR if xattrs else 0  # a tombstone keeps system xattrs only
+        delete_time = doc.delete_time if disk else 0
+        if doc.change == "expire" and opts.expiry_opcode and opts.delete_times:
+            h = self.header(
+                Opcode.DCP_EXPIRATION, vbid, cas=doc.cas, datatype=datatype, opaque=opaque
+            )
+            return Expiration(h, doc.seqno, doc.rev_seqno, delete_time, cid, doc.key, b"", xattrs)
+        h = self.header(Opcode.DCP_DELETION, vbid, cas=doc.cas, datatype=datatype, opaque=opaque)
+        return Deletion(
+            h,
+            doc.seqno,
+            doc.rev_seqno,
+            delete_time if opts.delete_times else None,
+            cid,
+            doc.key,
+            b"",
+            xattrs,
+        )
+
+    def sys_event(self, vbid: int, ev: SysEvent, *, opaque: int | None = None) -> Event:
+        h = self.header(Opcode.DCP_SYSTEM_EVENT, vbid, opaque=opaque)
+        ids = {
+            "create_collection": SystemEventId.BEGIN_COLLECTION,
+            "flush_collection": SystemEventId.BEGIN_COLLECTION,
+            "drop_collection": SystemEventId.END_COLLECTION,
+            "create_scope": SystemEventId.CREATE_SCOPE,
+            "drop_scope": SystemEventId.DROP_SCOPE,
+            "modify_collection": SystemEventId.MODIFY_COLLECTION,
+        }
+        event_id = ids[ev.kind]
+        name = "create_collection" if ev.kind == "flush_collection" else ev.kind
+        if self.options.flatbuffers:
+            version = 2
+        elif event_id == SystemEventId.BEGIN_COLLECTION and ev.max_ttl:
+            version = 1
+        else:
+            version = 0
+        named = ev.kind in (
+            "create_collection",
+            "flush_collection",
+            "create_scope",
+            "modify_collection",
+        )
+        return SystemEvent(
+            h,
+            ev.seqno,
+            event_id,
+            version,
+            name,
+            ev.manifest_uid,
+            ev.scope_id,
+            ev.collection_id,
+            ev.name if named else None,
+            ev.max_ttl if version else None,
+            b"",
+            ev.flush_uid if version == 2 else None,
+            ev.history if version == 2 else None,
+        )
+
+
 @dataclass
 class StreamState:
     """The consumer's view of one vbucket stream."""
@@ -137,6 +355,7 @@ class Session:
             started_at=_rfc3339(bucket.clock_ns),
             max_file_bytes=options.max_file_bytes,
         )
+        self.events = EventMaker(bucket, options, rng)
         self.streams = {vb.vbid: StreamState(vb.vbid) for vb in bucket.vbuckets}
         self.frames = 0
         self._unacked = 0
@@ -170,11 +389,19 @@ class Session:
         self.frames += 1
 
     def _hdr(self, opcode: int, vbid: int, *, cas: int = 0, datatype: int = 0) -> FrameHeader:
-        vbid += self.options.vbucket_offset  # the vbucket as the wire shows it
-        sid = vbid + 1 if self.options.stream_ids else None
-        return make_header(
-            opcode, vbucket=vbid, opaque=vbid, cas=cas, datatype=datatype, stream_id=sid
-        )
+        return self.events.header(opcode, vbid, cas=cas, datatype=datatype)
+
+    def _visible(self, item: Item) -> bool:
+        return self.events.visible(item)
+
+    def _item_event(self, vbid: int, item: Item, *, disk: bool) -> Event:
+        return self.events.item_event(vbid, item, disk=disk)
+
+    def doc_event(self, vbid: int, doc: Doc, *, disk: bool) -> Event:
+        return self.events.doc_event(vbid, doc, disk=disk)
+
+    def _sys_event(self, vbid: int, ev: SysEvent) -> Event:
+        return self.events.sys_event(vbid, ev)
 
     # --- stream set-up (spec §4.4, §6.1, §7.5) -----------------------------------------
 
@@ -244,19 +471,7 @@ class Session:
 
     @staticmethod
     def _rollback_point(vb: VBucket, start: int, vb_uuid: int, snap_start: int) -> int | None:
-        """The server's rollback decision (rollback.md, spec §7.5)."""
-        if start == 0:
-            return None
-        if 0 < snap_start < vb.purge_seqno or start < vb.purge_seqno:
-            return 0  # tombstones the consumer never saw are purged
-        for i, (uuid, _branch_start) in enumerate(vb.failover_log):
-            if uuid != vb_uuid:
-                continue
-            branch_end = vb.failover_log[i - 1][1] if i > 0 else vb.high_seqno
-            if start > branch_end:
-                return branch_end
-            return None
-        return 0  # the consumer's history is unknown here
+        return rollback_point(vb, start, vb_uuid, snap_start)
 
     def open_all(
         self, checkpoints: dict[int, Checkpoint] | None = None, *, end: int = NO_END_SEQNO
@@ -278,51 +493,13 @@ class Session:
 
     # --- backfill (disk snapshots, spec §6.3) ------------------------------------------
 
-    def _visible(self, item: Item) -> bool:
-        """Whether this connection receives the item (collections, filter, FlatBuffers)."""
-        opts = self.options
-        if item.doc is not None:
-            cid = item.doc.collection_id
-            if not opts.collections and cid != 0:
-                return False
-            return opts.collection_filter is None or cid in opts.collection_filter
-        assert item.sys is not None
-        if not opts.collections:
-            return False
-        if item.sys.kind == "modify_collection" and not opts.flatbuffers:
-            return False  # a seqno-advanced stands in for it (spec §6.7)
-        if opts.collection_filter is not None:
-            return item.sys.collection_id in opts.collection_filter
-        return True
-
     def backfill(self, vb: VBucket) -> None:
         """A disk snapshot from the stream's start to the vbucket's high seqno (deduplicated)."""
-        state = self.streams[vb.vbid]
-        start = state.sent_upto
+        start = self.streams[vb.vbid].sent_upto
         if vb.high_seqno <= start:
             return
-        items = [Item(d.seqno, doc=d) for d in vb.docs.values() if d.seqno > start]
-        items += [Item(e.seqno, sys=e) for e in vb.sys_events if e.seqno > start]
-        items.sort(key=lambda i: i.seqno)
-        end = vb.high_seqno
-        flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
-        if self.options.marker_v2_2 and vb.purge_seqno:
-            marker = SnapshotMarker(
-                self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid),
-                "2.2",
-                start,
-                end,
-                flags,
-                end,
-                0,
-                vb.purge_seqno,
-                0,
-            )
-        else:
-            marker = SnapshotMarker(
-                self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "2.0", start, end, flags, end, 0
-            )
-        self._snapshot(vb, marker, items, disk=True)
+        marker = self.events.backfill_marker(vb, start)
+        self._snapshot(vb, marker, self.events.backfill_items(vb, start), disk=True)
 
     def oso_backfill(self, vb: VBucket) -> None:
         """An OSO backfill: the filtered collection in key order, then seqno-advanced (§6.9)."""
@@ -359,41 +536,22 @@ class Session:
         state = self.streams[vb.vbid]
         if not state.pending:
             return
-        items = state.pending
+        marker, items = self.events.memory_snapshot(vb, state.pending)
         state.pending = []
-        start, end = items[0].seqno, items[-1].seqno
-        history = self.options.change_streams and any(
-            i.doc is not None and self.bucket.collections[i.doc.collection_id].history
-            for i in items
-        )
-        flags = SnapshotFlag.MEMORY | SnapshotFlag.CHECKPOINT
-        if history:
-            flags |= SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
-        else:
-            items = _dedup(items)
-        marker = SnapshotMarker(
-            self._hdr(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid), "1", start, end, flags
-        )
         self._snapshot(vb, marker, items, disk=False)
 
     def _snapshot(
         self, vb: VBucket, marker: SnapshotMarker, items: list[Item], *, disk: bool
     ) -> None:
         state = self.streams[vb.vbid]
-        visible = [i for i in items if self._visible(i)]
-        if not visible and not self.options.collections:
+        events = self.events.snapshot_events(vb.vbid, marker, items, disk=disk)
+        if events is None:
             state.sent_upto = state.consistent = marker.end_seqno
             self.bucket.trim_undo(vb, marker.end_seqno)
             return  # a non-collection stream just sees a gap
-        self.write(marker)
         state.snap_start, state.snap_end = marker.start_seqno, marker.end_seqno
-        for item in visible:
-            self.write(self._item_event(vb.vbid, item, disk=disk))
-        last = visible[-1].seqno if visible else -1
-        if last != marker.end_seqno and self.options.collections:
-            self.write(
-                SeqnoAdvanced(self._hdr(Opcode.DCP_SEQNO_ADVANCED, vb.vbid), marker.end_seqno)
-            )
+        for event in events:
+            self.write(event)
         state.sent_upto = state.consistent = marker.end_seqno
         self.bucket.trim_undo(vb, marker.end_seqno)
         if marker.end_seqno >= state.end_seqno:
@@ -440,92 +598,6 @@ class Session:
         self.writer.close()
 
     # --- events ----------------------------------------------------------------------------
-
-    def _item_event(self, vbid: int, item: Item, *, disk: bool) -> Event:
-        if item.doc is not None:
-            return self.doc_event(vbid, item.doc, disk=disk)
-        assert item.sys is not None
-        return self._sys_event(vbid, item.sys)
-
-    def doc_event(self, vbid: int, doc: Doc, *, disk: bool) -> Event:
-        opts = self.options
-        cid = doc.collection_id if opts.collections else None
-        xattrs = doc.xattrs if opts.xattrs and doc.xattrs else None
-        if not doc.deleted:
-            datatype = (Datatype.JSON if doc.is_json else 0) | (Datatype.XATTR if xattrs else 0)
-            if opts.snappy and len(doc.body) >= SNAPPY_MIN_BYTES:
-                datatype |= Datatype.SNAPPY
-            h = self._hdr(Opcode.DCP_MUTATION, vbid, cas=doc.cas, datatype=datatype)
-            return Mutation(
-                h,
-                doc.seqno,
-                doc.rev_seqno,
-                doc.flags,
-                doc.expiry,
-                0,
-                0,
-                self.rng.randrange(3),
-                cid,
-                doc.key,
-                doc.body,
-                xattrs,
-            )
-        datatype = Datatype.XATTR if xattrs else 0  # a tombstone keeps system xattrs only
-        delete_time = doc.delete_time if disk else 0
-        if doc.change == "expire" and opts.expiry_opcode and opts.delete_times:
-            h = self._hdr(Opcode.DCP_EXPIRATION, vbid, cas=doc.cas, datatype=datatype)
-            return Expiration(h, doc.seqno, doc.rev_seqno, delete_time, cid, doc.key, b"", xattrs)
-        h = self._hdr(Opcode.DCP_DELETION, vbid, cas=doc.cas, datatype=datatype)
-        return Deletion(
-            h,
-            doc.seqno,
-            doc.rev_seqno,
-            delete_time if opts.delete_times else None,
-            cid,
-            doc.key,
-            b"",
-            xattrs,
-        )
-
-    def _sys_event(self, vbid: int, ev: SysEvent) -> Event:
-        h = self._hdr(Opcode.DCP_SYSTEM_EVENT, vbid)
-        ids = {
-            "create_collection": SystemEventId.BEGIN_COLLECTION,
-            "flush_collection": SystemEventId.BEGIN_COLLECTION,
-            "drop_collection": SystemEventId.END_COLLECTION,
-            "create_scope": SystemEventId.CREATE_SCOPE,
-            "drop_scope": SystemEventId.DROP_SCOPE,
-            "modify_collection": SystemEventId.MODIFY_COLLECTION,
-        }
-        event_id = ids[ev.kind]
-        name = "create_collection" if ev.kind == "flush_collection" else ev.kind
-        if self.options.flatbuffers:
-            version = 2
-        elif event_id == SystemEventId.BEGIN_COLLECTION and ev.max_ttl:
-            version = 1
-        else:
-            version = 0
-        named = ev.kind in (
-            "create_collection",
-            "flush_collection",
-            "create_scope",
-            "modify_collection",
-        )
-        return SystemEvent(
-            h,
-            ev.seqno,
-            event_id,
-            version,
-            name,
-            ev.manifest_uid,
-            ev.scope_id,
-            ev.collection_id,
-            ev.name if named else None,
-            ev.max_ttl if version else None,
-            b"",
-            ev.flush_uid if version == 2 else None,
-            ev.history if version == 2 else None,
-        )
 
 
 def _dedup(items: list[Item]) -> list[Item]:

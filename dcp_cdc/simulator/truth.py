@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,18 @@ def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
     return rec
 
 
-def write_truth(sim: Simulation, out: Path) -> Path:
+def write_truth(
+    sim: Simulation,
+    out: Path,
+    *,
+    consistent: Mapping[int, int] | None = None,
+    sessions: list[dict[str, object]] | None = None,
+) -> Path:
+    """Write ``out/truth/documents.jsonl`` and ``summary.json`` from the bucket model.
+
+    ``consistent`` (vbucket -> last consistent seqno) and ``sessions`` default to what the
+    simulation's own capture sessions saw; the test producer passes its own.
+    """
     bucket = sim.bucket
     folder = out / "truth"
     folder.mkdir(parents=True, exist_ok=True)
@@ -63,7 +75,18 @@ def write_truth(sim: Simulation, out: Path) -> Path:
             live_counts[doc.collection_id] = live_counts.get(doc.collection_id, 0) + 1
             fh.write(json.dumps(document_record(sim, doc), ensure_ascii=False, sort_keys=True))
             fh.write("\n")
-    last = sim.sessions[-1]
+    if consistent is None:
+        last = sim.sessions[-1]
+        consistent = {vbid: state.consistent for vbid, state in last.streams.items()}
+    if sessions is None:
+        sessions = [
+            {
+                "session_id": s.options.session_id,
+                "files": [p.name for p in s.writer.paths],
+                "features": list(s.options.features()),
+            }
+            for s in sim.sessions
+        ]
     collections = []
     for coll in bucket.collections.values():
         if streamed is not None and coll.collection_id not in streamed:
@@ -99,7 +122,7 @@ def write_truth(sim: Simulation, out: Path) -> Path:
                 "vbucket": vb.vbid + sim.config.vbucket_offset,
                 "vb_uuid": vb.uuid,
                 "failover_log": [list(e) for e in vb.failover_log],
-                "last_consistent_seqno": last.streams[vb.vbid].consistent,
+                "last_consistent_seqno": consistent[vb.vbid],
                 "high_seqno": vb.high_seqno,
                 "purge_seqno": vb.purge_seqno,
                 "manifest_uid": vb.manifest_uid,
@@ -109,14 +132,7 @@ def write_truth(sim: Simulation, out: Path) -> Path:
         "event_counts": dict(sorted(sim.counts.items())),
         "expected_errors": sim.expected_errors,
         "open_snapshots": sim.open_snapshots,
-        "sessions": [
-            {
-                "session_id": s.options.session_id,
-                "files": [p.name for p in s.writer.paths],
-                "features": list(s.options.features()),
-            }
-            for s in sim.sessions
-        ],
+        "sessions": sessions,
     }
     path = folder / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -1,0 +1,903 @@
+"""The server side of DCP, sans-I/O: a test producer serving a simulated bucket (spec §4–§7).
+
+:class:`ProducerCluster` holds what every node shares: the simulated bucket, the vbucket map
+(its revision grows on every change), the users and the faults a test asks for.
+:class:`ProducerConnection` is one client connection to one node: bytes in
+(:meth:`~ProducerConnection.receive_data`), bytes out (:meth:`~ProducerConnection.data_to_send`),
+no sockets, no clocks (the driver passes ``now`` to :meth:`~ProducerConnection.on_timer`).
+:mod:`dcp_cdc.simulator.server` drives them over asyncio TCP.
+
+Documents and system events become DCP events through the simulator's
+:class:`~dcp_cdc.simulator.stream.EventMaker`, and stream requests get the simulator's rollback
+decision (:func:`~dcp_cdc.simulator.stream.rollback_point`): one copy of each rule.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dcp_cdc.encoder import encode, failover_log_bytes, frame, make_header
+from dcp_cdc.errors import ProtocolError, ScramError
+from dcp_cdc.events import SeqnoAdvanced, StreamEnd
+from dcp_cdc.protocol import (
+    HEADER_LEN,
+    MAX_BODY_LEN,
+    ClientOpcode,
+    Datatype,
+    DcpOpenFlag,
+    HelloFeature,
+    Magic,
+    Opcode,
+    ServerOpcode,
+    Status,
+    StreamEndReason,
+    StreamRequestFlag,
+    VbucketState,
+    stream_end_reason_name,
+)
+from dcp_cdc.scram import MECHANISMS, ScramServer, StoredCredential, new_nonce
+from dcp_cdc.simulator.model import Item, VBucket
+from dcp_cdc.simulator.state import Simulation
+from dcp_cdc.simulator.stream import EventMaker, SessionOptions, rollback_point
+
+_HEADER = struct.Struct(">BBHBBHIIQ")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_STREAM_REQ = struct.Struct(">IIQQQQQ")
+_VB_SEQNO = struct.Struct(">HQ")
+KEY_ENOENT = 0x0001  # CLOSE_STREAM without v7 status codes (spec §6.15)
+
+SUPPORTED_FEATURES = frozenset(
+    {
+        HelloFeature.TCPNODELAY,
+        HelloFeature.XATTR,
+        HelloFeature.XERROR,
+        HelloFeature.SELECT_BUCKET,
+        HelloFeature.SNAPPY,
+        HelloFeature.JSON,
+        HelloFeature.DUPLEX,
+        HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION,
+        HelloFeature.COLLECTIONS,
+    }
+)
+REQUIRED_CONTROLS = frozenset(
+    {
+        "enable_noop",
+        "set_noop_interval",
+        "connection_buffer_size",
+        "enable_expiry_opcode",
+        "send_stream_end_on_client_close_stream",
+    }
+)
+OPTIONAL_CONTROLS = frozenset(
+    {
+        "v7_dcp_status_codes",
+        "supports_cursor_dropping",
+        "max_marker_version",
+        "enable_out_of_order_snapshots",
+        "change_streams",
+        "flatbuffers_system_events",
+        "force_value_compression",
+        "set_priority",
+        "backfill_order",
+    }
+)
+CHUNK_ITEMS = 512
+"""Items a stream encodes at a time: a backfill is encoded as flow control lets it out."""
+MAX_WRITE = 4 << 20
+"""Bytes handed out per call when the consumer asked for no flow control."""
+
+
+@dataclass
+class ProducerStream:
+    """One open stream on one connection."""
+
+    vbid: int
+    opaque: int
+    end_seqno: int
+    collection_filter: tuple[int, ...] | None
+    sent_upto: int
+    backfill: list[Item] = field(default_factory=list)
+    backfill_end: int = 0
+    pending: list[Item] = field(default_factory=list)
+    frames: deque[bytes] = field(default_factory=deque)
+    marker_sent: bool = False
+    ended: bool = False
+
+
+class ProducerCluster:
+    """The nodes' shared state: the bucket, the vbucket map, users, and the faults."""
+
+    def __init__(
+        self,
+        sim: Simulation,
+        *,
+        nodes: int,
+        users: Mapping[str, str],
+        refuse_optional_controls: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.sim = sim
+        self.bucket = sim.bucket
+        self.nodes = nodes
+        self.ports = [0] * nodes
+        self.tls_ports: list[int | None] = [None] * nodes
+        nvb = len(self.bucket.vbuckets)
+        self.vbmap = [vb * nodes // nvb for vb in range(nvb)]
+        self.rev = 1
+        self.refuse_optional_controls = refuse_optional_controls
+        self.rng = random.Random(seed ^ 0x5EED)
+        self._passwords = dict(users)
+        self._credentials: dict[str, dict[str, StoredCredential]] = {
+            user: {
+                mech: StoredCredential.make(mech, password, self.rng.randbytes(16), 4096)
+                for mech in MECHANISMS
+            }
+            for user, password in users.items()
+        }
+        self.connections: list[ProducerConnection] = []
+        self.uuid = f"{self.rng.getrandbits(128):032x}"
+        self._config_cache: dict[tuple[int, int], bytes] = {}
+        self.sessions: list[dict[str, object]] = []
+        self.peak_unacked = 0
+        """The most unacknowledged bytes any flow-controlled connection had out (§7.6)."""
+        sim.feed = self
+
+    # --- users -----------------------------------------------------------------------------
+
+    def credential(self, mechanism: str) -> Callable[[str], StoredCredential | None]:
+        return lambda user: self._credentials.get(user, {}).get(mechanism)
+
+    def plain_ok(self, user: str, password: str) -> bool:
+        return user in self._passwords and self._passwords[user] == password
+
+    # --- the cluster map -------------------------------------------------------------------
+
+    def owner(self, vbid: int) -> int:
+        return self.vbmap[vbid]
+
+    def config(self, node: int) -> bytes:
+        """The bucket config as GET_CLUSTER_CONFIG returns it (``$HOST`` for the host).
+
+        gocbcore needs a ``mgmt`` port in every ``nodesExt`` entry and a ``nodes`` array as
+        long as ``nodesExt`` (research dcp-clients.md §3); nothing listens on ``mgmt``.
+        """
+        cached = self._config_cache.get((self.rev, node))
+        if cached is not None:
+            return cached
+        nodes_ext = []
+        for i, port in enumerate(self.ports):
+            services = {"mgmt": 18091 + i, "kv": port}
+            if self.tls_ports[i] is not None:
+                services["kvSSL"] = self.tls_ports[i]  # type: ignore[assignment]
+            entry: dict[str, object] = {"services": services, "hostname": "$HOST"}
+            if i == node:
+                entry["thisNode"] = True
+            nodes_ext.append(entry)
+        cfg = {
+            "rev": self.rev,
+            "revEpoch": 1,
+            "name": self.bucket.name,
+            "uuid": self.uuid,
+            "nodeLocator": "vbucket",
+            "bucketCapabilitiesVer": "",
+            "bucketCapabilities": ["collections", "dcp", "cbhello", "xattr", "snappy", "json"],
+            "nodes": [
+                {"hostname": f"$HOST:{18091 + i}", "ports": {"direct": port}}
+                for i, port in enumerate(self.ports)
+            ],
+            "nodesExt": nodes_ext,
+            "vBucketServerMap": {
+                "hashAlgorithm": "CRC",
+                "numReplicas": 0,
+                "serverList": [f"$HOST:{port}" for port in self.ports],
+                "vBucketMap": [[owner] for owner in self.vbmap],
+            },
+        }
+        data = json.dumps(cfg).encode()
+        self._config_cache[(self.rev, node)] = data
+        return data
+
+    def manifest(self) -> bytes:
+        """GET_COLLECTIONS_MANIFEST's reply: live scopes and collections, ids in hex."""
+        b = self.bucket
+        scopes = []
+        for scope in b.scopes.values():
+            if scope.dropped_uid is not None:
+                continue
+            colls = []
+            for c in b.live_collections():
+                if c.scope_id != scope.scope_id:
+                    continue
+                entry: dict[str, object] = {"name": c.name, "uid": format(c.collection_id, "x")}
+                if c.max_ttl:
+                    entry["maxTTL"] = c.max_ttl
+                colls.append(entry)
+            scopes.append(
+                {"name": scope.name, "uid": format(scope.scope_id, "x"), "collections": colls}
+            )
+        return json.dumps({"uid": format(b.manifest_uid, "x"), "scopes": scopes}).encode()
+
+    # --- live changes ----------------------------------------------------------------------
+
+    def on_change(self, vb: VBucket, item: Item) -> None:
+        for conn in self.connections:
+            stream = conn.streams.get(vb.vbid)
+            if stream is not None and not stream.ended:
+                stream.pending.append(item)
+
+    def attach(self, conn: ProducerConnection) -> None:
+        self.connections.append(conn)
+
+    def detach(self, conn: ProducerConnection) -> None:
+        if conn in self.connections:
+            self.connections.remove(conn)
+
+    # --- faults ----------------------------------------------------------------------------
+
+    def _end_streams(self, vbid: int, reason: int, *, node: int | None = None) -> int:
+        ended = 0
+        for conn in self.connections:
+            if (node is None or conn.node == node) and vbid in conn.streams:
+                conn.end_stream(vbid, reason, flush=reason != StreamEndReason.TOO_SLOW)
+                ended += 1
+        return ended
+
+    def failover(self, vbid: int, *, lost: int = 12) -> int:
+        """A replica takes over ``vbid`` at its current high seqno after ``lost`` more changes
+        were streamed: those are gone, a new uuid branch starts, open streams end
+        (state_changed) and a consumer that saw the lost changes is told to roll back.
+        Returns the seqno the vbucket was rewound to."""
+        vb = self.bucket.vbuckets[vbid]
+        point = vb.high_seqno
+        vb.keep_undo_from = point
+        keys = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])][:lost]
+        for cid, key in keys:  # changes the consumers see but the new active never had
+            self.sim.write_doc(cid, key)
+            self.bucket.tick()
+        self._end_streams(vbid, StreamEndReason.STATE_CHANGED)
+        self.bucket.failover(vb, point)
+        return point
+
+    def _live(self, cid: int) -> bool:
+        return self.bucket.collections[cid].dropped_uid is None
+
+    def rebalance(self, vbid: int, to_node: int) -> None:
+        """Move ``vbid`` to ``to_node``: map revision +1, streams on the old node end
+        (state_changed), the old node answers NOT_MY_VBUCKET, subscribed clients are told."""
+        if not 0 <= to_node < self.nodes:
+            raise ValueError(f"rebalance: node {to_node} is not one of 0..{self.nodes - 1}")
+        old = self.vbmap[vbid]
+        if old == to_node:
+            return
+        self.vbmap[vbid] = to_node
+        self.rev += 1
+        self._end_streams(vbid, StreamEndReason.STATE_CHANGED, node=old)
+        for conn in self.connections:
+            conn.notify_config()
+
+    def too_slow(self, vbid: int) -> int:
+        """Streams of ``vbid`` end with reason too_slow (a dropped cursor); returns how many."""
+        return self._end_streams(vbid, StreamEndReason.TOO_SLOW)
+
+    def drop_collection(self, collection_id: int) -> None:
+        """Drop a collection while streaming: an EndCollection in every vbucket; streams
+        filtered on it alone then end with filter_empty."""
+        self.sim.manifest(lambda: self.bucket.drop_collection(collection_id))
+
+    def cut_node(self, node: int) -> int:
+        """Every connection to ``node`` dies inside its next snapshot (after the marker and
+        one item). Changes are made on a vbucket of the node so that a snapshot comes.
+        Returns how many connections were armed."""
+        armed = 0
+        for conn in self.connections:
+            if conn.node == node:
+                conn.cut_armed = True
+                armed += 1
+        streamed = {v for c in self.connections if c.node == node for v in c.streams}
+        for vbid in sorted(streamed):
+            vb = self.bucket.vbuckets[vbid]
+            keys = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])][:3]
+            if len(keys) == 3:
+                for cid, key in keys:
+                    self.sim.write_doc(cid, key)
+                    self.bucket.tick()
+                break
+        return armed
+
+
+class ProducerConnection:
+    """One client connection to node ``node``: the server's half of the protocol."""
+
+    def __init__(
+        self, cluster: ProducerCluster, node: int, *, tls: bool = False, nonce: str | None = None
+    ) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.tls = tls
+        self._nonce = nonce
+        self._inbuf = bytearray()
+        self._ctrl: list[bytes] = []
+        self._data: deque[bytes] = deque()
+        self.features: set[int] = set()
+        self.user: str | None = None
+        self.bucket_selected = False
+        self.dcp_name: str | None = None
+        self.open_flags = 0
+        self.controls: dict[str, str] = {}
+        self.refused_controls: list[str] = []
+        self.buffer_size = 0
+        self.unacked = 0
+        self.noop_interval = 0.0
+        self._noop_sent_at: float | None = None
+        self._noop_outstanding: int | None = None
+        self._noop_counter = 0
+        self._last_noop = 0.0
+        self._scram: ScramServer | None = None
+        self._maker: EventMaker | None = None
+        self.streams: dict[int, ProducerStream] = {}
+        self._rotation: deque[int] = deque()
+        self.cut_armed = False
+        self._closing = False
+        self.closed = False
+        self.close_reason = ""
+        self.bytes_sent = 0
+        self.frames_sent = 0
+        self._handlers: dict[int, Callable[[tuple[int, ...], bytes, bytes, bytes], None]] = {
+            ClientOpcode.HELLO: self._hello,
+            ClientOpcode.GET_ERROR_MAP: self._error_map,
+            ClientOpcode.SASL_LIST_MECHS: self._list_mechs,
+            ClientOpcode.SASL_AUTH: self._sasl_auth,
+            ClientOpcode.SASL_STEP: self._sasl_step,
+            ClientOpcode.NOOP: self._noop,
+            ClientOpcode.SELECT_BUCKET: self._select_bucket,
+            ClientOpcode.GET_CLUSTER_CONFIG: self._cluster_config,
+            ClientOpcode.GET_COLLECTIONS_MANIFEST: self._collections_manifest,
+            ClientOpcode.GET_ALL_VB_SEQNOS: self._all_vb_seqnos,
+            Opcode.DCP_OPEN: self._dcp_open,
+            Opcode.DCP_CONTROL: self._dcp_control,
+            Opcode.DCP_GET_FAILOVER_LOG: self._failover_log,
+            Opcode.DCP_STREAM_REQ: self._stream_req,
+            Opcode.DCP_CLOSE_STREAM: self._close_stream,
+            Opcode.DCP_BUFFER_ACKNOWLEDGEMENT: self._buffer_ack,
+        }
+        cluster.attach(self)
+
+    # --- bytes in ----------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Handle every whole request in ``data`` (plus what was buffered); a malformed one
+        raises :class:`ProtocolError` (the driver closes the connection)."""
+        buf = self._inbuf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= HEADER_LEN:
+            header = _HEADER.unpack_from(buf, pos)
+            magic, opcode, key_len, ext_len, _dt, _vb, body_len, opaque, _cas = header
+            if body_len > MAX_BODY_LEN or key_len + ext_len > body_len:
+                raise ProtocolError(
+                    f"node {self.node}: bad request header {bytes(buf[pos : pos + 24]).hex()}"
+                )
+            end = pos + HEADER_LEN + body_len
+            if end > len(buf):
+                break
+            body = bytes(buf[pos + HEADER_LEN : end])
+            pos = end
+            extras, key, value = (
+                body[:ext_len],
+                body[ext_len : ext_len + key_len],
+                body[ext_len + key_len :],
+            )
+            if magic == Magic.CLIENT_RESPONSE:
+                if opcode == Opcode.DCP_NOOP and opaque == self._noop_outstanding:
+                    self._noop_outstanding = None
+                continue  # other responses (to our pushes) need nothing
+            if magic != Magic.CLIENT_REQUEST:
+                raise ProtocolError(f"node {self.node}: unexpected magic 0x{magic:02x}")
+            handler = self._handlers.get(opcode)
+            if handler is None:
+                self._reply(header, Status.UNKNOWN_COMMAND)
+            elif self.user is None and opcode not in _BEFORE_AUTH:
+                self._reply(header, Status.EACCESS)
+            else:
+                handler(header, extras, key, value)
+        del buf[:pos]
+
+    # --- bytes out ---------------------------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Replies and pushes, then stream messages while the consumer's buffer has room
+        (spec §7.6: whole frames of every DCP message but NOOP count)."""
+        out = self._ctrl
+        self._ctrl = []
+        limit = self.buffer_size if self.buffer_size else MAX_WRITE
+        budget = limit - self.unacked if self.buffer_size else MAX_WRITE
+        sent = 0
+        data = self._data
+        while budget > 0:
+            if not data:
+                if self._closing or not self._refill():
+                    break
+                continue
+            f = data.popleft()
+            out.append(f)
+            n = len(f)
+            budget -= n
+            sent += n
+            self.frames_sent += 1
+        if self.buffer_size:
+            self.unacked += sent
+            if self.unacked > self.cluster.peak_unacked:
+                self.cluster.peak_unacked = self.unacked
+        if self._closing and not data:
+            self.closed = True
+        payload = b"".join(out)
+        self.bytes_sent += len(payload)
+        return payload
+
+    @property
+    def has_work(self) -> bool:
+        """Whether :meth:`data_to_send` would return something now."""
+        if self._ctrl or self.closed:
+            return True
+        if self.buffer_size and self.unacked >= self.buffer_size:
+            return False
+        return bool(self._data) or any(self._stream_has_work(s) for s in self.streams.values())
+
+    def _stream_has_work(self, s: ProducerStream) -> bool:
+        return bool(s.frames or s.backfill or (s.pending and not s.ended))
+
+    def on_timer(self, now: float) -> None:
+        """The noop clock (spec §6.11): a DCP_NOOP every interval; one left unanswered for
+        a whole interval closes the connection."""
+        if not self.noop_interval or self.dcp_name is None:
+            return
+        if self._noop_outstanding is not None:
+            assert self._noop_sent_at is not None
+            if now - self._noop_sent_at >= self.noop_interval:
+                self.closed = True
+                self.close_reason = "noop not answered"
+            return
+        if now - self._last_noop >= self.noop_interval:
+            self._noop_counter += 1
+            opaque = 0x4E000000 + self._noop_counter
+            self._ctrl.append(frame(make_header(Opcode.DCP_NOOP, opaque=opaque), b"", b"", b""))
+            self._noop_outstanding = opaque
+            self._noop_sent_at = self._last_noop = now
+
+    def notify_config(self) -> None:
+        """Push the new cluster map to a client that asked for notifications (magic 0x82)."""
+        if HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION not in self.features:
+            return
+        h = make_header(ServerOpcode.CLUSTERMAP_CHANGE_NOTIFICATION)._replace(
+            magic=Magic.SERVER_REQUEST, datatype=Datatype.JSON
+        )
+        body = self.cluster.config(self.node)
+        self._ctrl.append(
+            frame(h, _U32.pack(self.cluster.rev), self.cluster.bucket.name.encode(), body)
+        )
+
+    # --- replies -------------------------------------------------------------------------------
+
+    def _reply(
+        self,
+        req: tuple[int, ...],
+        status: int,
+        *,
+        extras: bytes = b"",
+        key: bytes = b"",
+        value: bytes = b"",
+        datatype: int = 0,
+    ) -> None:
+        h = make_header(req[1], status=status, opaque=req[7], datatype=datatype)
+        self._ctrl.append(frame(h, extras, key, value))
+
+    def _not_my_vbucket(self, req: tuple[int, ...]) -> None:
+        value = self.cluster.config(self.node)
+        self._reply(req, Status.NOT_MY_VBUCKET, value=value, datatype=Datatype.JSON)
+
+    # --- handshake (spec §4) -------------------------------------------------------------------
+
+    def _hello(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        asked = [_U16.unpack_from(value, i)[0] for i in range(0, len(value) - 1, 2)]
+        self.features = {f for f in asked if f in SUPPORTED_FEATURES}
+        self._reply(
+            req, Status.SUCCESS, value=b"".join(_U16.pack(f) for f in asked if f in self.features)
+        )
+
+    def _error_map(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        errors = {
+            format(int(s), "x"): {
+                "name": s.name,
+                "desc": s.name.lower(),
+                "attrs": ["special-handling"],
+            }
+            for s in Status
+            if s != Status.SUCCESS
+        }
+        body = json.dumps({"version": 1, "revision": 1, "errors": errors}).encode()
+        self._reply(req, Status.SUCCESS, value=body, datatype=Datatype.JSON)
+
+    def _mechanisms(self) -> list[str]:
+        return [*MECHANISMS, *(["PLAIN"] if self.tls else [])]
+
+    def _list_mechs(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        self._reply(req, Status.SUCCESS, value=" ".join(self._mechanisms()).encode())
+
+    def _sasl_auth(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        mech = key.decode("ascii", "replace")
+        if mech == "PLAIN":
+            if not self.tls:
+                self._reply(req, Status.AUTH_ERROR, value=b"PLAIN is only accepted over TLS")
+                return
+            parts = value.split(b"\x00")
+            if len(parts) == 3 and self.cluster.plain_ok(parts[1].decode(), parts[2].decode()):
+                self.user = parts[1].decode()
+                self._reply(req, Status.SUCCESS)
+            else:
+                self._reply(req, Status.AUTH_ERROR, value=b"Authentication failed")
+            return
+        if mech not in MECHANISMS:
+            self._reply(req, Status.AUTH_ERROR, value=f"unknown mechanism {mech}".encode())
+            return
+        self._scram = ScramServer(mech, self.cluster.credential(mech), self._nonce or new_nonce())
+        try:
+            server_first = self._scram.first(value)
+        except ScramError:
+            self._scram = None
+            self._reply(req, Status.AUTH_ERROR, value=b"Authentication failed")
+            return
+        self._reply(req, Status.AUTH_CONTINUE, value=server_first)
+
+    def _sasl_step(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        scram = self._scram
+        self._scram = None
+        if scram is None:
+            self._reply(req, Status.EINVAL, value=b"SASL_STEP without SASL_AUTH")
+            return
+        try:
+            server_final = scram.final(value)
+        except ScramError:
+            self._reply(req, Status.AUTH_ERROR, value=b"Authentication failed")
+            return
+        self.user = scram.username
+        self._reply(req, Status.SUCCESS, value=server_final)
+
+    def _noop(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        self._reply(req, Status.SUCCESS)
+
+    def _select_bucket(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if key.decode("utf-8", "replace") != self.cluster.bucket.name:
+            self._reply(req, Status.EACCESS)  # as kv_engine: no hint whether the bucket exists
+            return
+        self.bucket_selected = True
+        self._reply(req, Status.SUCCESS)
+
+    def _cluster_config(
+        self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes
+    ) -> None:
+        if not self.bucket_selected:
+            self._reply(req, Status.NO_BUCKET)
+            return
+        self._reply(
+            req, Status.SUCCESS, value=self.cluster.config(self.node), datatype=Datatype.JSON
+        )
+
+    def _collections_manifest(
+        self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes
+    ) -> None:
+        if not self.bucket_selected:
+            self._reply(req, Status.NO_BUCKET)
+            return
+        self._reply(req, Status.SUCCESS, value=self.cluster.manifest(), datatype=Datatype.JSON)
+
+    def _all_vb_seqnos(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if not self.bucket_selected:
+            self._reply(req, Status.NO_BUCKET)
+            return
+        state = _U32.unpack_from(extras)[0] if len(extras) >= 4 else 0
+        cid = _U32.unpack_from(extras, 4)[0] if len(extras) >= 8 else None
+        out = []
+        for vb in self.cluster.bucket.vbuckets:
+            mine = self.cluster.owner(vb.vbid) == self.node
+            if state and (state != VbucketState.ACTIVE or not mine):
+                continue
+            if not state and not mine:
+                continue
+            seqno = vb.high_seqno if cid is None else _collection_high_seqno(vb, cid)
+            out.append(_VB_SEQNO.pack(vb.vbid, seqno))
+        self._reply(req, Status.SUCCESS, value=b"".join(out))
+
+    def _dcp_open(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if not self.bucket_selected:
+            self._reply(req, Status.NO_BUCKET)
+            return
+        flags = _U32.unpack_from(extras, 4)[0] if len(extras) >= 8 else 0
+        if not flags & DcpOpenFlag.PRODUCER:
+            self._reply(req, Status.EINVAL, value=b"only producer connections are served")
+            return
+        self.dcp_name = key.decode("utf-8", "replace")
+        self.open_flags = flags
+        self.cluster.sessions.append({"name": self.dcp_name, "node": self.node, "flags": flags})
+        self._reply(req, Status.SUCCESS)
+
+    def _dcp_control(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        name, setting = key.decode("utf-8", "replace"), value.decode("utf-8", "replace")
+        if self.dcp_name is None:
+            self._reply(req, Status.EINVAL, value=b"DCP_CONTROL before DCP_OPEN")
+            return
+        if name in OPTIONAL_CONTROLS and self.cluster.refuse_optional_controls:
+            self.refused_controls.append(name)
+            self._reply(req, Status.EINVAL)
+            return
+        if name not in REQUIRED_CONTROLS and name not in OPTIONAL_CONTROLS:
+            self.refused_controls.append(name)
+            self._reply(req, Status.NOT_SUPPORTED)
+            return
+        try:
+            if name == "connection_buffer_size":
+                self.buffer_size = int(setting)
+            elif name == "set_noop_interval":
+                self.noop_interval = float(int(setting))
+        except ValueError:
+            self._reply(req, Status.EINVAL, value=f"bad value for {name}".encode())
+            return
+        self.controls[name] = setting
+        self._maker = None
+        self._reply(req, Status.SUCCESS)
+
+    # --- streams (spec §4.4, §6) ---------------------------------------------------------------
+
+    def _options(self) -> SessionOptions:
+        c = self.controls
+        delete_times = bool(self.open_flags & DcpOpenFlag.INCLUDE_DELETE_TIMES)
+        return SessionOptions(
+            session_id=self.dcp_name or "",
+            collections=HelloFeature.COLLECTIONS in self.features,
+            xattrs=bool(self.open_flags & DcpOpenFlag.INCLUDE_XATTRS),
+            snappy=HelloFeature.SNAPPY in self.features,
+            delete_times=delete_times,
+            expiry_opcode=c.get("enable_expiry_opcode") == "true" and delete_times,
+            flatbuffers=c.get("flatbuffers_system_events") == "true",
+            change_streams=c.get("change_streams") == "true",
+            marker_v2_2=c.get("max_marker_version") == "2.2",
+        )
+
+    @property
+    def maker(self) -> EventMaker:
+        if self._maker is None:
+            self._maker = EventMaker(self.cluster.bucket, self._options(), self.cluster.rng)
+        return self._maker
+
+    def _failover_log(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        vbid = req[5]
+        if not self._owns(vbid):
+            self._not_my_vbucket(req)
+            return
+        log = tuple(self.cluster.bucket.vbuckets[vbid].failover_log)
+        self._reply(req, Status.SUCCESS, value=failover_log_bytes(log))
+
+    def _owns(self, vbid: int) -> bool:
+        return vbid < len(self.cluster.vbmap) and self.cluster.owner(vbid) == self.node
+
+    def _stream_req(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        vbid, opaque = req[5], req[7]
+        if self.dcp_name is None or len(extras) != _STREAM_REQ.size:
+            self._reply(req, Status.EINVAL)
+            return
+        if not self._owns(vbid):
+            self._not_my_vbucket(req)
+            return
+        existing = self.streams.get(vbid)
+        if existing is not None and not existing.ended:
+            self._reply(req, Status.KEY_EEXISTS)
+            return
+        flags, _reserved, start, end, vb_uuid, snap_start, snap_end = _STREAM_REQ.unpack(extras)
+        vb = self.cluster.bucket.vbuckets[vbid]
+        if flags & StreamRequestFlag.FROM_LATEST:
+            start = snap_start = snap_end = vb.high_seqno
+            vb_uuid = vb.uuid
+        if flags & StreamRequestFlag.TO_LATEST:
+            end = vb.high_seqno
+        if start > end or not snap_start <= start <= snap_end:
+            self._reply(req, Status.ERANGE)
+            return
+        known, wanted = self._filter(value)
+        if not known:
+            self._reply(req, Status.UNKNOWN_COLLECTION)
+            return
+        rollback = rollback_point(vb, start, vb_uuid, snap_start)
+        if rollback is not None:
+            self._reply(req, Status.ROLLBACK, value=_U64.pack(rollback))
+            return
+        self._reply(req, Status.SUCCESS, value=failover_log_bytes(tuple(vb.failover_log)))
+        stream = ProducerStream(vbid, opaque, end, wanted, start)
+        if vb.high_seqno > start:
+            stream.backfill = self.maker.backfill_items(vb, start)
+            stream.backfill_end = vb.high_seqno
+        self.streams[vbid] = stream
+        self._rotation.append(vbid)
+        if start >= end:
+            self._queue_end(stream, StreamEndReason.OK)
+
+    def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
+        """The stream request's collection filter (spec §4.4): (known, collection ids)."""
+        if not value:
+            return True, None
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            return False, None
+        b = self.cluster.bucket
+        if "collections" in doc:
+            ids = tuple(int(c, 16) for c in doc["collections"])
+            dead = [i for i in ids if i not in b.collections or b.collections[i].dropped_uid]
+            return not dead, ids
+        if "scope" in doc:
+            sid = int(doc["scope"], 16)
+            ids = tuple(c.collection_id for c in b.live_collections() if c.scope_id == sid)
+            return sid in b.scopes, ids
+        return True, None
+
+    def _close_stream(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        vbid = req[5]
+        stream = self.streams.get(vbid)
+        if stream is None or stream.ended:
+            v7 = self.controls.get("v7_dcp_status_codes") == "true"
+            self._reply(req, Status.DCP_STREAM_NOT_FOUND if v7 else KEY_ENOENT)
+            return
+        self._reply(req, Status.SUCCESS)
+        stream.backfill, stream.pending = [], []
+        stream.frames.clear()
+        if self.controls.get("send_stream_end_on_client_close_stream") == "true":
+            self._queue_end(stream, StreamEndReason.CLOSED)
+        else:
+            stream.ended = True
+
+    def _buffer_ack(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if len(extras) >= 4:
+            self.unacked = max(0, self.unacked - _U32.unpack_from(extras)[0])
+
+    def end_stream(self, vbid: int, reason: int, *, flush: bool = True) -> None:
+        """End ``vbid``'s stream with ``reason``; with ``flush`` the changes queued so far
+        are sent first (the consumer sees them, as a failover's lost changes)."""
+        stream = self.streams.get(vbid)
+        if stream is None or stream.ended:
+            return
+        if flush:
+            while not stream.ended and (stream.backfill or stream.pending):
+                stream.frames.extend(self._next_chunk(stream))
+            if stream.ended:
+                return
+        else:
+            stream.backfill, stream.pending = [], []
+        self._queue_end(stream, reason)
+
+    def _queue_end(self, stream: ProducerStream, reason: int) -> None:
+        stream.frames.append(self._end_frame(stream, reason))
+        if stream.vbid not in self._rotation:
+            self._rotation.append(stream.vbid)
+
+    def _end_frame(self, stream: ProducerStream, reason: int) -> bytes:
+        """The STREAM_END frame; nothing more is sent on this stream after it."""
+        stream.ended = True
+        stream.backfill, stream.pending = [], []
+        h = self.maker.header(Opcode.DCP_STREAM_END, stream.vbid, opaque=stream.opaque)
+        return encode(StreamEnd(h, reason, stream_end_reason_name(reason)))
+
+    # --- encoding snapshots ------------------------------------------------------------------
+
+    def _refill(self) -> bool:
+        """Move the next chunk of some stream's frames into the send queue, streams taking
+        turns; False when no stream has anything to send."""
+        rotation = self._rotation
+        for _ in range(len(rotation)):
+            vbid = rotation[0]
+            rotation.rotate(-1)
+            stream = self.streams.get(vbid)
+            if stream is None:
+                continue
+            if not stream.frames and not stream.ended:
+                stream.frames.extend(self._next_chunk(stream))
+            if stream.frames:
+                frames = stream.frames
+                stream.frames = deque()
+                if self.cut_armed and len(frames) >= 3:
+                    self._data.extend([frames[0], frames[1]])  # a marker and one item
+                    self.cut_armed = False
+                    self._closing = True
+                    self.close_reason = "cut mid-snapshot"
+                    return True
+                self._data.extend(frames)
+                return True
+        return False
+
+    def _next_chunk(self, stream: ProducerStream) -> list[bytes]:
+        """Encode the next part of the stream: a slice of its backfill, else its queued live
+        changes as one memory snapshot; an end seqno reached ends the stream (OK)."""
+        maker = self.maker
+        bucket = self.cluster.bucket
+        vb = bucket.vbuckets[stream.vbid]
+        end = stream.end_seqno
+        if stream.backfill:
+            items = stream.backfill[:CHUNK_ITEMS]
+            del stream.backfill[:CHUNK_ITEMS]
+            return self._encode_backfill_chunk(stream, vb, items)
+        if not stream.pending:
+            return []
+        items = [i for i in stream.pending if i.seqno <= end]
+        stream.pending = []
+        if not items:
+            return []
+        marker, items = maker.memory_snapshot(vb, items, opaque=stream.opaque)
+        events = maker.snapshot_events(
+            stream.vbid,
+            marker,
+            items,
+            disk=False,
+            opaque=stream.opaque,
+            collection_filter=stream.collection_filter,
+        )
+        stream.sent_upto = marker.end_seqno
+        out = [encode(e) for e in events] if events is not None else []
+        return out + self._after_snapshot(stream, items)
+
+    def _encode_backfill_chunk(
+        self, stream: ProducerStream, vb: VBucket, items: list[Item]
+    ) -> list[bytes]:
+        """A slice of the disk snapshot taken at the stream request (its marker first)."""
+        maker = self.maker
+        end = min(stream.backfill_end, stream.end_seqno)
+        out: list[bytes] = []
+        if not stream.marker_sent:
+            stream.marker_sent = True
+            marker = maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
+            out.append(encode(marker))
+        items = [i for i in items if i.seqno <= end]
+        visible = [i for i in items if maker.visible(i, stream.collection_filter)]
+        opaque = stream.opaque
+        out += [encode(maker.item_event(stream.vbid, i, disk=True, opaque=opaque)) for i in visible]
+        if not stream.backfill:  # the backfill's last chunk
+            last = visible[-1].seqno if visible else -1
+            if last != end and maker.options.collections:
+                h = maker.header(Opcode.DCP_SEQNO_ADVANCED, stream.vbid, opaque=opaque)
+                out.append(encode(SeqnoAdvanced(h, end)))
+            stream.sent_upto = end
+            out += self._after_snapshot(stream, items)
+        return out
+
+    def _after_snapshot(self, stream: ProducerStream, items: Iterable[Item]) -> list[bytes]:
+        """STREAM_END once the end seqno is reached, or when every filtered collection was
+        dropped (filter_empty)."""
+        if stream.sent_upto >= stream.end_seqno:
+            return [self._end_frame(stream, StreamEndReason.OK)]
+        if stream.collection_filter and all(
+            self.cluster.bucket.collections[c].dropped_uid is not None
+            for c in stream.collection_filter
+        ):
+            return [self._end_frame(stream, StreamEndReason.FILTER_EMPTY)]
+        return []
+
+
+_BEFORE_AUTH = frozenset(
+    {
+        ClientOpcode.HELLO,
+        ClientOpcode.GET_ERROR_MAP,
+        ClientOpcode.SASL_LIST_MECHS,
+        ClientOpcode.SASL_AUTH,
+        ClientOpcode.SASL_STEP,
+        ClientOpcode.NOOP,
+    }
+)
+
+
+def _collection_high_seqno(vb: VBucket, cid: int) -> int:
+    seqnos = [d.seqno for (c, _k), d in vb.docs.items() if c == cid]
+    seqnos += [e.seqno for e in vb.sys_events if e.collection_id == cid]
+    return max(seqnos, default=0)

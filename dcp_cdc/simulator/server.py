@@ -1,0 +1,389 @@
+"""The test DCP producer over TCP: one asyncio listener per simulated node (spec §4–§7).
+
+:class:`ProducerServer` binds ``nodes`` ports on 127.0.0.1 (and TLS ports with a certificate),
+loads the simulated bucket, serves it through :class:`~dcp_cdc.simulator.producer.ProducerConnection`
+and runs a live workload while it serves. Faults are methods (``failover``, ``rebalance``,
+``too_slow``, ``drop_collection``, ``cut_node``); the truth is written with
+:func:`dcp_cdc.simulator.truth.write_truth`. Use it in-process (``async with ProducerServer(...)``)
+or as a command::
+
+    python -m dcp_cdc.simulator.server --nodes 4 --vbuckets 64 --scenario mixed --seed 1 \\
+        --docs 2000 --ops 5000 --port-file ports.json --truth-out out/
+
+which serves until SIGTERM; a line-based control port (in the port file) takes
+``failover VB``, ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``,
+``cut_node NODE`` and ``truth``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import cast
+
+from dcp_cdc.errors import ProtocolError
+from dcp_cdc.simulator.model import Collection, Scope
+from dcp_cdc.simulator.producer import ProducerCluster, ProducerConnection
+from dcp_cdc.simulator.state import SimConfig, Simulation
+from dcp_cdc.simulator.truth import write_truth
+
+HOST = "127.0.0.1"
+WRITE_HIGH_WATER = 4 << 20
+TIMER_S = 0.2
+
+
+class _NodeProtocol(asyncio.Protocol):
+    """One client connection: socket bytes to and from the sans-I/O connection."""
+
+    def __init__(self, server: ProducerServer, node: int, tls: bool) -> None:
+        self.server = server
+        self.node = node
+        self.tls = tls
+        self.conn: ProducerConnection | None = None
+        self.transport: asyncio.Transport | None = None
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self.conn = ProducerConnection(self.server.cluster, self.node, tls=self.tls)
+        self.server.protocols.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        try:
+            self.conn.receive_data(data)
+        except ProtocolError:
+            self._close()
+            return
+        self.flush()
+
+    def flush(self) -> None:
+        conn, transport = self.conn, self.transport
+        if conn is None or transport is None or transport.is_closing():
+            return
+        while not self.paused and conn.has_work:
+            out = conn.data_to_send()
+            if out:
+                transport.write(out)
+            if conn.closed:
+                self._close()
+                return
+            if not out:
+                return
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.server.cluster.detach(self.conn)
+        self.server.protocols.discard(self)
+
+
+class ProducerServer:
+    """A simulated Couchbase cluster of ``nodes`` data nodes serving DCP for one bucket."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        nodes: int = 4,
+        users: Mapping[str, str] | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        refuse_optional_controls: bool = False,
+    ) -> None:
+        self.config = config
+        self.sim = Simulation(config)
+        self.sim.ttl_share = 0.15
+        self.colls = self.sim.setup(history=True, max_ttl=7200)
+        self.cluster = ProducerCluster(
+            self.sim,
+            nodes=nodes,
+            users=users or {"Administrator": "password"},
+            refuse_optional_controls=refuse_optional_controls,
+            seed=config.seed,
+        )
+        self.tls_context = tls_context
+        self.protocols: set[_NodeProtocol] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        self._timer: asyncio.Task[None] | None = None
+        self.workload_done = asyncio.Event()
+        self.ops_done = 0
+
+    # --- life cycle --------------------------------------------------------------------------
+
+    @property
+    def ports(self) -> list[int]:
+        return list(self.cluster.ports)
+
+    @property
+    def tls_ports(self) -> list[int | None]:
+        return list(self.cluster.tls_ports)
+
+    @property
+    def connection_string(self) -> str:
+        return "couchbase://" + ",".join(f"{HOST}:{p}" for p in self.cluster.ports)
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for node in range(self.cluster.nodes):
+            srv = await loop.create_server(
+                lambda node=node: _NodeProtocol(self, node, False),  # type: ignore[misc]
+                HOST,
+                0,
+            )
+            self._servers.append(srv)
+            self.cluster.ports[node] = srv.sockets[0].getsockname()[1]
+            if self.tls_context is not None:
+                tsrv = await loop.create_server(
+                    lambda node=node: _NodeProtocol(self, node, True),  # type: ignore[misc]
+                    HOST,
+                    0,
+                    ssl=self.tls_context,
+                )
+                self._servers.append(tsrv)
+                self.cluster.tls_ports[node] = tsrv.sockets[0].getsockname()[1]
+        self._timer = asyncio.create_task(self._tick())
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        for srv in self._servers:
+            srv.close()
+        for proto in list(self.protocols):
+            if proto.transport is not None:
+                proto.transport.abort()
+        for srv in self._servers:
+            await srv.wait_closed()
+        self._servers = []
+
+    async def __aenter__(self) -> ProducerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TIMER_S)
+            now = loop.time()
+            for proto in list(self.protocols):
+                if proto.conn is not None:
+                    proto.conn.on_timer(now)
+            self.kick()
+
+    def kick(self) -> None:
+        """Send what changes and faults queued, on every connection."""
+        for proto in list(self.protocols):
+            proto.flush()
+
+    # --- the live workload ---------------------------------------------------------------
+
+    async def run_workload(self, ops: int, *, batch: int = 200, pause_s: float = 0.0) -> None:
+        """``ops`` live changes (updates, creates, deletes; the TTL pager; a scope and a
+        collection created and modified half-way), ``batch`` at a time, each batch reaching
+        the open streams as memory snapshots before the next."""
+        sim, bucket = self.sim, self.sim.bucket
+        manifest_at = ops // 2
+        done = 0
+        while done < ops:
+            n = min(batch, ops - done)
+            cids = [c.collection_id for c in bucket.live_collections()]
+            for i in range(n):
+                sim.random_op(cids)
+                if (done + i) % 100 == 99:
+                    bucket.advance(5)
+                    sim.pager()
+                if done + i == manifest_at:
+                    self._grow_manifest()
+            done += n
+            self.ops_done = done
+            for vb in bucket.vbuckets:
+                bucket.trim_undo(vb, vb.high_seqno)
+            self.kick()
+            await asyncio.sleep(pause_s)
+        self.workload_done.set()
+
+    def _grow_manifest(self) -> None:
+        """A scope and a collection created, then the collection modified (max TTL)."""
+        sim, bucket = self.sim, self.sim.bucket
+        scope = cast(Scope, sim.manifest(lambda: bucket.create_scope("tenant-b%1")))
+        coll = cast(
+            Collection,
+            sim.manifest(lambda: bucket.create_collection(scope.scope_id, "orders-2026")),
+        )
+        cid = coll.collection_id
+        sim.manifest(lambda: bucket.modify_collection(cid, max_ttl=600))
+
+    # --- faults ----------------------------------------------------------------------------
+
+    def failover(self, vbid: int, *, lost: int = 12) -> int:
+        point = self.cluster.failover(vbid, lost=lost)
+        self.kick()
+        return point
+
+    def rebalance(self, vbid: int, to_node: int) -> None:
+        self.cluster.rebalance(vbid, to_node)
+        self.kick()
+
+    def too_slow(self, vbid: int) -> int:
+        n = self.cluster.too_slow(vbid)
+        self.kick()
+        return n
+
+    def drop_collection(self, collection_id: int) -> None:
+        self.cluster.drop_collection(collection_id)
+        self.kick()
+
+    def cut_node(self, node: int) -> int:
+        n = self.cluster.cut_node(node)
+        self.kick()
+        return n
+
+    # --- truth -------------------------------------------------------------------------------
+
+    def write_truth(self, out: Path) -> Path:
+        """``out/truth/{documents.jsonl,summary.json}``: the bucket as it is now."""
+        consistent = {vb.vbid: vb.high_seqno for vb in self.sim.bucket.vbuckets}
+        return write_truth(self.sim, out, consistent=consistent, sessions=self.cluster.sessions)
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m dcp_cdc.simulator.server", description=__doc__)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--vbuckets", type=int, default=64)
+    p.add_argument("--scenario", default="mixed")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--docs", type=int, default=2000)
+    p.add_argument("--ops", type=int, default=5000)
+    p.add_argument("--bucket", default="travel-sample")
+    p.add_argument("--batch", type=int, default=200)
+    p.add_argument("--pause", type=float, default=0.01, help="seconds between workload batches")
+    p.add_argument("--port-file", type=Path, required=True)
+    p.add_argument("--truth-out", type=Path)
+    p.add_argument("--tls-cert", type=Path)
+    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--users", action="append", default=[], help="user:password (repeatable)")
+    p.add_argument("--refuse-optional-controls", action="store_true")
+    return p.parse_args(argv)
+
+
+async def _control(server: ProducerServer, truth_out: Path | None, line: str) -> str:
+    words = line.split()
+    if not words:
+        return "error empty command"
+    cmd, args = words[0], [int(w) for w in words[1:] if w.lstrip("-").isdigit()]
+    if cmd == "failover" and len(args) == 1:
+        return f"ok {server.failover(args[0])}"
+    if cmd == "rebalance" and len(args) == 2:
+        server.rebalance(args[0], args[1])
+        return f"ok {server.cluster.rev}"
+    if cmd == "too_slow" and len(args) == 1:
+        return f"ok {server.too_slow(args[0])}"
+    if cmd == "drop_collection" and len(args) == 1:
+        server.drop_collection(args[0])
+        return "ok"
+    if cmd == "cut_node" and len(args) == 1:
+        return f"ok {server.cut_node(args[0])}"
+    if cmd == "truth" and truth_out is not None:
+        return f"ok {server.write_truth(truth_out)}"
+    return f"error unknown command {line.strip()!r}"
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    users = dict(u.split(":", 1) for u in args.users) or None
+    ctx = None
+    if args.tls_cert:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    config = SimConfig(
+        scenario=args.scenario,
+        seed=args.seed,
+        bucket=args.bucket,
+        vbuckets=args.vbuckets,
+        docs=args.docs,
+        ops=args.ops,
+    )
+    server = ProducerServer(config, nodes=args.nodes, users=users, tls_context=ctx)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def on_control(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            try:
+                answer = await _control(server, args.truth_out, line.decode())
+            except (ValueError, IndexError, KeyError) as exc:
+                answer = f"error {exc}"
+            writer.write(answer.encode() + b"\n")
+            await writer.drain()
+        writer.close()
+
+    async with server:
+        control = await asyncio.start_server(on_control, HOST, 0)
+        info = {
+            "bucket": config.bucket,
+            "ports": server.ports,
+            "tls_ports": server.tls_ports,
+            "control_port": control.sockets[0].getsockname()[1],
+            "connection_string": server.connection_string,
+            "pid": os.getpid(),
+        }
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
+        tmp.replace(args.port_file)
+
+        async def workload() -> None:
+            await server.run_workload(args.ops, batch=args.batch, pause_s=args.pause)
+            if args.truth_out is not None:
+                server.write_truth(args.truth_out)
+
+        task = asyncio.create_task(workload())
+        await stop.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        control.close()
+        if args.truth_out is not None:
+            server.write_truth(args.truth_out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return asyncio.run(_serve(_parse(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

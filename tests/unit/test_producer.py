@@ -1,0 +1,224 @@
+"""The sans-I/O test producer, byte by byte: handshake replies, SASL, controls, rollback
+decisions, NOT_MY_VBUCKET, flow control, stream ends and the faults."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from dcp_cdc.encoder import frame, make_header
+from dcp_cdc.protocol import ClientOpcode, HelloFeature, Magic, Opcode, Status
+from dcp_cdc.scram import ScramClient
+from dcp_cdc.simulator.producer import ProducerCluster, ProducerConnection
+from dcp_cdc.simulator.state import SimConfig, Simulation
+
+HDR = struct.Struct(">BBHBBHIIQ")
+USER, PASSWORD = "reader", "pa55word"
+
+
+def req(
+    opcode: int,
+    *,
+    vb: int = 0,
+    opaque: int = 0,
+    extras: bytes = b"",
+    key: bytes = b"",
+    value: bytes = b"",
+) -> bytes:
+    return frame(make_header(opcode, vbucket=vb, opaque=opaque), extras, key, value)
+
+
+def frames(data: bytes) -> list[tuple[int, int, int, int, bytes, bytes, bytes]]:
+    """(magic, opcode, status_or_vb, opaque, extras, key, value) of each frame."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        magic, op, klen, elen, _dt, word, blen, opaque, _cas = HDR.unpack_from(data, pos)
+        body = data[pos + 24 : pos + 24 + blen]
+        out.append(
+            (magic, op, word, opaque, body[:elen], body[elen : elen + klen], body[elen + klen :])
+        )
+        pos += 24 + blen
+    assert pos == len(data)
+    return out
+
+
+@pytest.fixture
+def cluster() -> ProducerCluster:
+    sim = Simulation(SimConfig(seed=5, vbuckets=8, docs=200, ops=0))
+    sim.setup()
+    c = ProducerCluster(sim, nodes=2, users={USER: PASSWORD})
+    c.ports[:] = [11210, 11211]
+    return c
+
+
+def handshake(
+    cluster: ProducerCluster,
+    *,
+    node: int = 0,
+    password: str = PASSWORD,
+    controls: tuple[tuple[str, str], ...] = (),
+) -> tuple[ProducerConnection, list]:
+    conn = ProducerConnection(cluster, node, nonce="servernonce")
+    client = ScramClient("SCRAM-SHA512", USER, password, "clientnonce")
+    feats = b"".join(
+        struct.pack(">H", f) for f in (HelloFeature.COLLECTIONS, HelloFeature.XATTR, 0x7777)
+    )
+    conn.receive_data(
+        req(ClientOpcode.HELLO, opaque=1, key=b"test", value=feats)
+        + req(ClientOpcode.SASL_LIST_MECHS, opaque=2)
+        + req(ClientOpcode.SASL_AUTH, opaque=3, key=b"SCRAM-SHA512", value=client.first())
+    )
+    replies = frames(conn.data_to_send())
+    server_first = replies[2][6]
+    conn.receive_data(
+        req(ClientOpcode.SASL_STEP, opaque=4, key=b"SCRAM-SHA512", value=client.final(server_first))
+    )
+    replies += frames(conn.data_to_send())
+    if replies[3][2] != Status.SUCCESS:
+        return conn, replies
+    client.verify(replies[3][6])
+    conn.receive_data(
+        req(ClientOpcode.SELECT_BUCKET, opaque=5, key=cluster.bucket.name.encode())
+        + req(Opcode.DCP_OPEN, opaque=6, extras=struct.pack(">II", 0, 0x25), key=b"test")
+        + b"".join(
+            req(Opcode.DCP_CONTROL, opaque=7 + i, key=k.encode(), value=v.encode())
+            for i, (k, v) in enumerate(controls)
+        )
+    )
+    replies += frames(conn.data_to_send())
+    return conn, replies
+
+
+def stream_req(
+    vb: int, *, start: int = 0, uuid: int = 0, end: int = 2**64 - 1, opaque: int = 99
+) -> bytes:
+    return req(
+        Opcode.DCP_STREAM_REQ,
+        vb=vb,
+        opaque=opaque,
+        extras=struct.pack(">IIQQQQQ", 0, 0, start, end, uuid, start, start),
+    )
+
+
+def test_handshake_replies_in_order(cluster: ProducerCluster) -> None:
+    conn, replies = handshake(cluster, controls=(("enable_noop", "true"), ("bogus", "1")))
+    assert [r[3] for r in replies] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert replies[0][:3] == (Magic.CLIENT_RESPONSE, ClientOpcode.HELLO, Status.SUCCESS)
+    assert replies[0][6] == struct.pack(">HH", HelloFeature.COLLECTIONS, HelloFeature.XATTR)
+    assert replies[1][6] == b"SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1"  # no PLAIN in clear
+    assert replies[2][2] == Status.AUTH_CONTINUE
+    assert [r[2] for r in replies[3:7]] == [Status.SUCCESS] * 4
+    assert replies[7][2] == Status.NOT_SUPPORTED and conn.refused_controls == ["bogus"]
+
+
+def test_wrong_password_is_auth_error(cluster: ProducerCluster) -> None:
+    conn, replies = handshake(cluster, password="wrong")
+    assert replies[3][2] == Status.AUTH_ERROR and conn.user is None
+    conn.receive_data(req(ClientOpcode.SELECT_BUCKET, opaque=9, key=b"travel-sample"))
+    assert frames(conn.data_to_send())[0][2] == Status.EACCESS
+
+
+def test_plain_only_over_tls(cluster: ProducerCluster) -> None:
+    clear = ProducerConnection(cluster, 0)
+    clear.receive_data(
+        req(ClientOpcode.SASL_AUTH, key=b"PLAIN", value=f"\0{USER}\0{PASSWORD}".encode())
+    )
+    assert frames(clear.data_to_send())[0][2] == Status.AUTH_ERROR
+    tls = ProducerConnection(cluster, 0, tls=True)
+    tls.receive_data(
+        req(ClientOpcode.SASL_AUTH, key=b"PLAIN", value=f"\0{USER}\0{PASSWORD}".encode())
+    )
+    assert frames(tls.data_to_send())[0][2] == Status.SUCCESS and tls.user == USER
+
+
+def test_optional_controls_can_be_refused(cluster: ProducerCluster) -> None:
+    cluster.refuse_optional_controls = True
+    _conn, replies = handshake(
+        cluster, controls=(("enable_noop", "true"), ("change_streams", "true"))
+    )
+    assert [r[2] for r in replies[-2:]] == [Status.SUCCESS, Status.EINVAL]
+
+
+def test_not_my_vbucket_carries_the_config(cluster: ProducerCluster) -> None:
+    conn, _ = handshake(cluster, node=0)
+    foreign = next(vb for vb in range(8) if cluster.owner(vb) == 1)
+    conn.receive_data(stream_req(foreign))
+    (reply,) = frames(conn.data_to_send())
+    assert reply[2] == Status.NOT_MY_VBUCKET
+    config = json.loads(reply[6])
+    assert config["vBucketServerMap"]["vBucketMap"][foreign] == [1]
+    assert all("mgmt" in n["services"] for n in config["nodesExt"])
+
+
+def test_rollback_decisions(cluster: ProducerCluster) -> None:
+    conn, _ = handshake(cluster)
+    vb = cluster.bucket.vbuckets[0]
+    high, uuid = vb.high_seqno, vb.uuid
+    conn.receive_data(stream_req(0, start=high + 5, uuid=uuid, opaque=1))  # ahead of history
+    conn.receive_data(stream_req(0, start=3, uuid=12345, opaque=2))  # unknown uuid
+    replies = frames(conn.data_to_send())
+    assert [(r[2], r[6]) for r in replies] == [
+        (Status.ROLLBACK, struct.pack(">Q", high)),
+        (Status.ROLLBACK, struct.pack(">Q", 0)),
+    ]
+    conn.receive_data(stream_req(0, start=high, uuid=uuid, opaque=3))
+    ok = frames(conn.data_to_send())[0]
+    assert ok[2] == Status.SUCCESS and ok[6] == struct.pack(">QQ", uuid, 0)
+    conn.receive_data(stream_req(0, start=high, uuid=uuid, opaque=4))
+    assert frames(conn.data_to_send())[0][2] == Status.KEY_EEXISTS
+
+
+def test_failover_makes_the_next_request_roll_back(cluster: ProducerCluster) -> None:
+    conn, _ = handshake(cluster)
+    vb = cluster.bucket.vbuckets[0]
+    old_uuid = vb.uuid
+    conn.receive_data(stream_req(0, opaque=7))
+    conn.data_to_send()
+    point = cluster.failover(0, lost=3)
+    sent = frames(conn.data_to_send())
+    assert sent[-1][1] == Opcode.DCP_STREAM_END and sent[-1][4] == struct.pack(">I", 2)
+    assert (
+        max(struct.unpack_from(">Q", f[4])[0] for f in sent if f[1] == Opcode.DCP_MUTATION) > point
+    )
+    conn.receive_data(stream_req(0, start=point + 3, uuid=old_uuid, opaque=8))
+    assert frames(conn.data_to_send())[0][2:7:4] == (Status.ROLLBACK, struct.pack(">Q", point))
+
+
+def test_flow_control_stops_and_resumes(cluster: ProducerCluster) -> None:
+    conn, _ = handshake(cluster, controls=(("connection_buffer_size", "2000"),))
+    conn.receive_data(stream_req(0, opaque=7))
+    first = frames(conn.data_to_send())
+    sent = sum(24 + len(f[4]) + len(f[5]) + len(f[6]) for f in first[1:])
+    assert 2000 <= sent < 2000 + 1024 and conn.unacked == sent
+    assert conn.data_to_send() == b"" and not conn.has_work  # stopped until acknowledged
+    conn.receive_data(req(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT, extras=struct.pack(">I", sent)))
+    assert conn.unacked == 0 and frames(conn.data_to_send())
+
+
+def test_end_seqno_and_close_stream(cluster: ProducerCluster) -> None:
+    conn, _ = handshake(cluster, controls=(("send_stream_end_on_client_close_stream", "true"),))
+    vb = cluster.bucket.vbuckets[0]
+    conn.receive_data(stream_req(0, end=vb.high_seqno, opaque=7))
+    out = frames(conn.data_to_send())
+    assert out[-1][1] == Opcode.DCP_STREAM_END and out[-1][4] == struct.pack(">I", 0)
+    assert {f[3] for f in out} == {7}  # every stream message carries the request's opaque
+    assert cluster.owner(1) == 0
+    conn.receive_data(stream_req(1, opaque=8))
+    conn.data_to_send()
+    conn.receive_data(req(Opcode.DCP_CLOSE_STREAM, vb=1, opaque=9))
+    closing = frames(conn.data_to_send())
+    assert closing[0][1:4] == (Opcode.DCP_CLOSE_STREAM, Status.SUCCESS, 9)
+    assert closing[-1][1] == Opcode.DCP_STREAM_END and closing[-1][4] == struct.pack(">I", 1)
+
+
+def test_rebalance_pushes_the_map_and_moves_the_vbucket(cluster: ProducerCluster) -> None:
+    conn = ProducerConnection(cluster, 0, nonce="n")
+    conn.user = USER
+    conn.features.add(HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION)
+    cluster.rebalance(0, 1)
+    (push,) = frames(conn.data_to_send())
+    assert push[:2] == (Magic.SERVER_REQUEST, 0x01) and push[4] == struct.pack(">I", cluster.rev)
+    assert json.loads(push[6])["vBucketServerMap"]["vBucketMap"][0] == [1]
