@@ -443,6 +443,7 @@ class _Agent:
         self.store: CheckpointStore | None = None
         self.durable: dict[int, VbPosition] = {}
         self.nodes: dict[HostPort, _Node] = {}
+        self.connecting: dict[HostPort, asyncio.Future[_Node]] = {}
         self.node_index: dict[HostPort, int] = {}
         self.vbuckets: list[int] = []
         self.end_seqnos: dict[int, int] = {}
@@ -548,9 +549,18 @@ class _Agent:
     # --- nodes and streams ---
 
     async def node_for(self, endpoint: HostPort) -> _Node:
+        """The live connection to ``endpoint``, connecting once however many ask at once."""
         node = self.nodes.get(endpoint)
         if node is not None and not node.dead:
             return node
+        pending = self.connecting.get(endpoint)
+        if pending is None:
+            pending = asyncio.ensure_future(self._connect_node(endpoint))
+            self.connecting[endpoint] = pending
+            pending.add_done_callback(lambda _: self.connecting.pop(endpoint, None))
+        return await asyncio.shield(pending)
+
+    async def _connect_node(self, endpoint: HostPort) -> _Node:
         index = self.node_index.setdefault(endpoint, len(self.node_index))
         node = _Node(self, endpoint, index)
         try:
