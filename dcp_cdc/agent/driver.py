@@ -65,6 +65,7 @@ from dcp_cdc.errors import (
     AuthenticationError,
     CaptureConnectionError,
     ConfigError,
+    ConnectionLostError,
     DcpError,
     ProtocolError,
     TlsError,
@@ -171,10 +172,6 @@ def _rfc3339(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
-class _ConnectionLost(Exception):
-    """The node went silent, reset or closed the connection: reconnect and resume."""
-
-
 # --- one data node ---------------------------------------------------------------------------
 
 
@@ -258,8 +255,8 @@ class _Node:
         while True:
             try:
                 await self._send()
-            except _ConnectionLost as exc:
-                raise CaptureConnectionError(node, f"handshake: {exc}") from None
+            except ConnectionLostError as exc:
+                raise CaptureConnectionError(node, f"handshake: {exc.cause}") from None
             event = self.conn.next_event()
             if isinstance(event, Ready):
                 return event
@@ -291,9 +288,11 @@ class _Node:
             try:
                 await asyncio.wait_for(self.writer.drain(), self.agent.settings.connect_timeout_s)
             except TimeoutError:
-                raise _ConnectionLost("the node does not read what we send") from None
+                raise ConnectionLostError(
+                    self.label, "the node does not read what we send"
+                ) from None
             except OSError as exc:
-                raise _ConnectionLost(str(exc)) from None
+                raise ConnectionLostError(self.label, str(exc)) from None
 
     def new_session(self) -> None:
         """A fresh session of files (the writer task switches to it in queue order)."""
@@ -331,13 +330,13 @@ class _Node:
                     timeout = silence if conn.streaming() else None
                     data = await asyncio.wait_for(self.reader.read(READ_BYTES), timeout)
                 except TimeoutError:
-                    raise _ConnectionLost(
-                        f"silent for {silence} s (2 × the noop interval)"
+                    raise ConnectionLostError(
+                        self.label, f"silent for {silence} s (2 × the noop interval)"
                     ) from None
                 except OSError as exc:
-                    raise _ConnectionLost(exc.strerror or str(exc)) from None
+                    raise ConnectionLostError(self.label, exc.strerror or str(exc)) from None
                 if not data:
-                    raise _ConnectionLost("the node closed the connection")
+                    raise ConnectionLostError(self.label, "the node closed the connection")
                 try:
                     conn.receive_data(data)
                 except ProtocolError as exc:
@@ -351,9 +350,9 @@ class _Node:
                 while not isinstance(event := conn.next_event(), NeedData):
                     await self.agent.on_event(self, event)
                 await self._send()
-        except _ConnectionLost as exc:
+        except ConnectionLostError as exc:
             if not self.agent.stopping:
-                self.agent.spawn(self.agent.node_lost(self, str(exc)))
+                self.agent.spawn(self.agent.node_lost(self, exc.cause))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -648,7 +647,7 @@ class _Agent:
         for node in list(self.nodes.values()):
             if not node.dead and node.conn is not None:
                 node.conn.request_cluster_config()
-                with contextlib.suppress(_ConnectionLost):
+                with contextlib.suppress(ConnectionLostError):
                     await node._send()
                 await asyncio.sleep(0.05)
                 return
@@ -766,7 +765,7 @@ class _Agent:
             assert node.conn is not None
             for vb in node.conn.streaming():
                 node.conn.close_stream(vb)
-            with contextlib.suppress(_ConnectionLost):
+            with contextlib.suppress(ConnectionLostError):
                 await node._send()
         deadline = time.monotonic() + STOP_GRACE_S
         while any(n.conn is not None and n.conn.streaming() for n in live) and (
