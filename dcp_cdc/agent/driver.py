@@ -443,6 +443,7 @@ class _Agent:
         self.durable: dict[int, VbPosition] = {}
         self.nodes: dict[HostPort, _Node] = {}
         self.connecting: dict[HostPort, asyncio.Future[_Node]] = {}
+        self.placing: set[int] = set()
         self.node_index: dict[HostPort, int] = {}
         self.vbuckets: list[int] = []
         self.end_seqnos: dict[int, int] = {}
@@ -594,6 +595,15 @@ class _Agent:
         """Open ``vb``'s stream on its owner, from its durable position."""
         if delay:
             await asyncio.sleep(delay)
+        if vb in self.placing:
+            return  # a move and a lost connection may both ask; one placement is enough
+        self.placing.add(vb)
+        try:
+            await self._place(vb)
+        finally:
+            self.placing.discard(vb)
+
+    async def _place(self, vb: int) -> None:
         attempt = 0
         while not self.stopping and vb in self.pending:
             endpoint = self.owner(vb)
@@ -620,6 +630,8 @@ class _Agent:
 
     async def open_on(self, node: _Node, vb: int) -> None:
         assert node.conn is not None
+        if any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead):
+            return  # already streaming (on this node or another)
         if self.mode == "until-now" and vb not in self.end_seqnos:
             # the node's GET_ALL_VB_SEQNOS is in flight; its reply opens the stream
             node.owned.add(vb)
@@ -654,7 +666,14 @@ class _Agent:
 
     async def move_away(self, node: _Node, vb: int) -> None:
         """``vb`` left ``node``: make its frames durable there, then place it anew."""
-        await node.flush()
+        if node.dead:
+            return  # node_lost flushes the node and places its vbuckets
+        try:
+            await node.flush()
+        except CaptureConnectionError:
+            if node.dead:
+                return
+            raise
         node.owned.discard(vb)
         self.summary.moves += 1
         await self.any_map_refresh()
@@ -706,10 +725,14 @@ class _Agent:
         elif isinstance(event, HighSeqnos):
             for vb, seqno in event.seqnos.items():
                 self.end_seqnos.setdefault(vb, seqno)
+            streaming = node.conn.streaming() if node.conn else frozenset()
             for vb in sorted(node.owned):
-                if vb in self.pending and vb not in (node.conn.streaming() if node.conn else ()):
+                if vb in self.pending and vb not in streaming:
                     node.owned.discard(vb)
-                    self.spawn(self.open_on(node, vb))
+                    if vb in event.seqnos:
+                        self.spawn(self.open_on(node, vb))
+                    else:  # not active here any more: the map moved on
+                        self.spawn(self.place(vb, delay=self.settings.backoff_s))
         elif isinstance(event, CollectionsManifest):
             self.collection_ids = _collection_ids(event.manifest, self.settings.collections or ())
             self.manifest_ready.set()
@@ -760,6 +783,8 @@ class _Agent:
         self.stopping = True
         for task in list(self.tasks):
             task.cancel()
+        for pending in list(self.connecting.values()):
+            pending.cancel()
         live = [n for n in self.nodes.values() if not n.dead and n.conn is not None]
         for node in live:
             assert node.conn is not None
