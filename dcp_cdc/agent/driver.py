@@ -765,7 +765,7 @@ class _Agent:
         stop_wait = asyncio.create_task(self.stop.wait())
         try:
             while self.failure is None and not self.stop.is_set():
-                if self.mode == "until-now" and not self.pending:
+                if not self.pending:  # all done, or (follow) every filter emptied
                     break
                 self.wake.clear()
                 wake = asyncio.create_task(self.wake.wait())

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dcp_cdc.agent.driver import CaptureSettings, capture
-from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError
+from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError, TlsError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
 from tests.reference_consumer import ReferenceConsumer
@@ -131,5 +131,51 @@ def test_a_range_beyond_the_bucket_is_a_config_error(tmp_path: Path) -> None:
             s = settings(tmp_path, server.connection_string, vbuckets=(8, 9))
             with pytest.raises(ConfigError, match="4 vbuckets"):
                 await asyncio.wait_for(capture(s), 10)
+
+    asyncio.run(scenario())
+
+
+def test_collection_filter_and_filter_empty(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with ProducerServer(SimConfig(docs=200, ops=0, vbuckets=8), nodes=2) as server:
+            coll = server.colls[0]
+            name = f"inventory.{coll.name}"
+            s = settings(tmp_path, server.connection_string, collections=(name,))
+            first = await asyncio.wait_for(capture(s), 20)
+            assert sorted(first.done) == list(range(8))
+            keys = captured(s.landing)
+            assert keys and {cid for cid, _ in keys} == {coll.collection_id}
+            stop = asyncio.Event()
+            follow = asyncio.create_task(capture(s, mode="follow", stop=stop))
+            await asyncio.sleep(0.3)
+            server.drop_collection(coll.collection_id)
+            # every stream ends FILTER_EMPTY: nothing is left to follow, the capture ends
+            summary = await asyncio.wait_for(follow, 20)
+            assert not stop.is_set()
+            assert sorted(summary.filter_empty) == list(range(8))
+
+    asyncio.run(scenario())
+
+
+def test_tls_and_an_untrusted_certificate(tmp_path: Path) -> None:
+    tls_certs = pytest.importorskip("tests.tls_certs")
+    import ssl
+
+    async def scenario() -> None:
+        certs = tls_certs.make_certificates(tmp_path / "certs")
+        other = tls_certs.make_certificates(tmp_path / "other", ca_name="another CA")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certs.cert, certs.key)
+        config = SimConfig(docs=50, ops=0, vbuckets=4)
+        async with ProducerServer(config, nodes=2, tls_context=context) as server:
+            tls = "couchbases://" + ",".join(f"127.0.0.1:{p}" for p in server.tls_ports)
+            s = settings(tmp_path, tls, tls_ca_file=certs.ca)
+            done = await asyncio.wait_for(capture(s), 20)
+            assert sorted(done.done) == list(range(4))
+            assert all(p.name.endswith(".dcpcap") for p in done.files)
+            untrusted = settings(tmp_path / "u", tls, tls_ca_file=other.ca)
+            with pytest.raises(TlsError, match="certificate verification failed") as info:
+                await asyncio.wait_for(capture(untrusted), 20)
+            assert info.value.node == f"127.0.0.1:{server.tls_ports[0]}"
 
     asyncio.run(scenario())
