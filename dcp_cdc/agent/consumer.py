@@ -519,13 +519,13 @@ class ConsumerConnection:
                 if kind == _ITEM:
                     fc += end - pos
                     p = pend[vb]
-                    if seqno >= p:
-                        if p >= 0:
+                    if seqno >= p:  # checked only here: a low seqno changes nothing
+                        if p >= 0 and 8 <= ext_len <= blen:
                             cons[vb] = p
                             pend[vb] = NO_SNAPSHOT
                             dirty.add(vb)
                         else:
-                            self._odd_item(vb, seqno, op)
+                            self._odd_item(vb, seqno, op, ext_len, blen)
                 elif kind == _MARKER:
                     fc += end - pos
                     self._marker(data, pos, vb, ext_len, end)
@@ -542,9 +542,11 @@ class ConsumerConnection:
                     self._system_event(data, pos, vb, seqno, end)
                 elif kind == _END:
                     fc += end - pos
+                    self._sized(vb, op, ext_len, blen, 4)
                     self._stream_end(data, pos, vb)
                 elif kind == _OSO:
                     fc += end - pos
+                    self._sized(vb, op, ext_len, blen, 4)
                     self._oso(data, pos, vb)
                 elif kind == _OTHER:
                     fc += end - pos
@@ -570,7 +572,20 @@ class ConsumerConnection:
             raise ProtocolError(f"{what} for vbucket {vb}, which has no open stream")
         return meta
 
-    def _odd_item(self, vb: int, seqno: int, op: int) -> None:
+    @staticmethod
+    def _sized(vb: int, op: int, ext_len: int, body_len: int, want: int) -> None:
+        if ext_len != want or body_len < ext_len:
+            raise ProtocolError(
+                f"vbucket {vb}: opcode 0x{op:02x} with {ext_len} bytes of extras in a "
+                f"{body_len}-byte body (expected {want} bytes of extras)"
+            )
+
+    def _odd_item(self, vb: int, seqno: int, op: int, ext_len: int, body_len: int) -> None:
+        if not 8 <= ext_len <= body_len:
+            raise ProtocolError(
+                f"vbucket {vb}: opcode 0x{op:02x} with {ext_len} bytes of extras in a "
+                f"{body_len}-byte body: no seqno"
+            )
         if vb in self._oso_max:
             if seqno > self._oso_max[vb]:
                 self._oso_max[vb] = seqno
@@ -585,7 +600,7 @@ class ConsumerConnection:
 
     def _marker(self, data: bytes, pos: int, vb: int, ext_len: int, end: int) -> None:
         meta = self._stream_meta(vb, "snapshot marker")
-        if ext_len == 20:
+        if ext_len == 20 and end - pos >= 24 + 20:
             _start, snap_end = _U64_PAIR.unpack_from(data, pos + 24)
         elif ext_len == 1 and end - pos >= 25 + 20:
             _start, snap_end = _U64_PAIR.unpack_from(data, pos + 25)
@@ -604,6 +619,7 @@ class ConsumerConnection:
 
     def _system_event(self, data: bytes, pos: int, vb: int, seqno: int, end: int) -> None:
         key_len = _U32.unpack_from(data, pos)[0] & 0xFFFF
+        self._sized(vb, Opcode.DCP_SYSTEM_EVENT, data[pos + 4], end - pos - 24 - key_len, 13)
         value = data[pos + 24 + 13 + key_len : end]
         try:
             if data[pos + 24 + 12] == 2:
@@ -625,7 +641,7 @@ class ConsumerConnection:
                 self._pending_end[vb] = NO_SNAPSHOT
                 self._dirty.add(vb)
             else:
-                self._odd_item(vb, seqno, Opcode.DCP_SYSTEM_EVENT)
+                self._odd_item(vb, seqno, Opcode.DCP_SYSTEM_EVENT, 13, end - pos - 24)
 
     def _oso(self, data: bytes, pos: int, vb: int) -> None:
         self._stream_meta(vb, "OSO snapshot")

@@ -515,8 +515,11 @@ class _Agent:
                 problems.append(str(exc))
                 await node.close()
                 continue
-            self.map = parse_cluster_map(ready.cluster_config, seed.host)
             await node.close()
+            try:
+                self.map = parse_cluster_map(ready.cluster_config, seed.host)
+            except ProtocolError as exc:
+                raise CaptureConnectionError(seed.label, str(exc)) from None
             break
         else:
             raise CaptureConnectionError(

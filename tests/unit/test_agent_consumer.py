@@ -12,6 +12,9 @@ import struct
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as settings_
+from hypothesis import strategies as st
 
 from dcp_cdc.agent.consumer import (
     NEED_DATA,
@@ -488,3 +491,49 @@ def test_misuse_is_the_callers_error() -> None:
         conn.open_stream(VB, None)
     with pytest.raises(AgentUsageError):
         conn.open_stream(3, VbPosition(3, 50, 0), end_seqno=40)
+
+
+# spec §8.8: create collection "mycollection" (cid 8, manifest 2, maxTTL 72000) at seqno 7
+CREATE_COLLECTION_7 = H(
+    "805f000c0d000210000000"
+    "2d000012100000000000000000000000000000000700000000016d79636f6c6c656374696f6e"
+    "0000000000000002000000000000000800011940"
+)
+
+
+def test_system_event_completes_a_snapshot_and_carries_the_manifest_uid() -> None:
+    conn = opened_stream()
+    conn.receive_data(marker(7, 7) + CREATE_COLLECTION_7)
+    assert conn.positions()[VB] == VbPosition(
+        VB, 7, 0x1111, ((0xABCDEF, 10), (0x1111, 0)), manifest_uid=2
+    )
+
+
+def _fuzz_frames() -> st.SearchStrategy[bytes]:
+    """Frames of a streaming connection with random fields: opcodes, lengths, bodies."""
+    frame = st.builds(
+        lambda magic, op, ext, vb, body: (
+            HEAD.pack(magic, op, 0, ext, 0, vb, len(body), vb, 0) + body
+        ),
+        st.sampled_from([0x80, 0x80, 0x80, 0x81, 0x82, 0x08, 0x18, 0x00]),
+        st.integers(0x50, 0x68) | st.sampled_from([0x01, 0x1F, 0xB5]),
+        st.sampled_from([0, 1, 4, 8, 13, 18, 20, 21, 31, 60]),
+        st.sampled_from([VB, VB, 3]),
+        st.binary(max_size=80),
+    )
+    return st.lists(frame, max_size=8).map(b"".join)
+
+
+@settings_(max_examples=300, deadline=None)
+@given(data=_fuzz_frames(), cut=st.integers(1, 64))
+def test_random_frames_decode_or_raise_the_typed_error(data: bytes, cut: int) -> None:
+    conn = opened_stream()
+    conn.receive_data(MARKER_4_6)
+    try:
+        for i in range(0, len(data), cut):
+            conn.receive_data(data[i : i + cut])
+            conn.take_capture()
+            conn.positions()
+            events(conn)
+    except ProtocolError:
+        pass
