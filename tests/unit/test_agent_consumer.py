@@ -524,7 +524,7 @@ def _fuzz_frames() -> st.SearchStrategy[bytes]:
     return st.lists(frame, max_size=8).map(b"".join)
 
 
-@settings_(max_examples=300, deadline=None)
+@settings_(max_examples=150, deadline=None)
 @given(data=_fuzz_frames(), cut=st.integers(1, 64))
 def test_random_frames_decode_or_raise_the_typed_error(data: bytes, cut: int) -> None:
     conn = opened_stream()
