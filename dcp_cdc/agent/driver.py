@@ -66,7 +66,6 @@ from dcp_cdc.errors import (
     CaptureConnectionError,
     ConfigError,
     ConnectionLostError,
-    DcpError,
     ProtocolError,
     TlsError,
 )
@@ -876,7 +875,6 @@ def run(
 __all__ = [
     "CaptureSettings",
     "CaptureSummary",
-    "DcpError",
     "capture",
     "run",
     "settings_from_config",
