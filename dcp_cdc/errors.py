@@ -166,3 +166,13 @@ class TlsError(CaptureConnectionError):
 
 class CheckpointError(DcpError):
     """A capture checkpoint that cannot be read or does not fit the capture it resumes."""
+
+
+class AgentUsageError(DcpError):
+    """The capture agent's driver used the consumer core wrongly (a stream opened twice, a
+    request before the handshake finished): a bug in the caller, not the server's fault."""
+
+
+class ConnectionLostError(CaptureConnectionError):
+    """An established connection went silent (2 × the noop interval), was reset or closed:
+    the capture agent closes that session durably and resumes its vbuckets elsewhere."""

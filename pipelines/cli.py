@@ -116,6 +116,41 @@ def cmd_simulate(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_capture(args: argparse.Namespace, out: TextIO) -> int:
+    """Record a bucket's DCP changes into capture files in its landing folder (the bucket's
+    ``[buckets.capture]`` section); until now (the high seqnos at the start), or following
+    until SIGTERM/SIGINT. Either way the stop is clean: files closed, checkpoint committed."""
+    from dcp_cdc.agent.driver import run, settings_from_config
+    from dcp_cdc.config import parse_vbucket_range
+    from dcp_cdc.errors import ConfigError
+
+    config = load_config(args.config)
+    buckets = [b for b in config.bucket(args.bucket) if b.capture is not None]
+    if not buckets:
+        where = f"bucket {args.bucket!r}" if args.bucket else "no bucket"
+        raise ConfigError(f"{where} has a [buckets.capture] section: nothing to capture")
+    if len(buckets) > 1:
+        names = ", ".join(b.name for b in buckets)
+        raise ConfigError(
+            f"several buckets have a capture section ({names}): name one with --bucket"
+        )
+    vbuckets = None
+    if args.vbuckets:
+        try:
+            vbuckets = parse_vbucket_range(args.vbuckets)
+        except ValueError as exc:
+            raise ConfigError(f"--vbuckets: {exc}") from None
+    logging.basicConfig(
+        level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = settings_from_config(config, buckets[0], vbuckets=vbuckets)
+    summary = run(settings, mode="follow" if args.follow else "until-now")
+    for line in summary.lines():
+        out.write(line + "\n")
+    return 0
+
+
 # --- the catalog: sql, tables, spark-conf, thrift-server ---------------------------------
 
 
@@ -322,6 +357,26 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     )
     group.add_argument("--no-collections", dest="collections", action="store_false")
     decode.set_defaults(func=cmd_decode)
+
+    cap = sub.add_parser(
+        "capture",
+        parents=[job, bucket],
+        help="record a bucket's DCP changes into capture files (its [buckets.capture])",
+    )
+    until = cap.add_mutually_exclusive_group()
+    until.add_argument(
+        "--until",
+        choices=["now"],
+        default="now",
+        help="stop once every vbucket reached its high seqno of the start (the default)",
+    )
+    until.add_argument(
+        "--follow", action="store_true", help="keep capturing until SIGTERM or SIGINT"
+    )
+    cap.add_argument(
+        "--vbuckets", metavar="A-B", help="only these vbuckets (default: the section's vbuckets)"
+    )
+    cap.set_defaults(func=cmd_capture)
 
     from dcp_cdc.simulator.scenarios import SCENARIOS, SimConfig
 

@@ -1,4 +1,9 @@
-"""Per-vbucket resume positions of the capture agent (spec §7.2, §7.5)."""
+"""Per-vbucket resume positions of the capture agent (spec §7.2, §7.4, §7.5).
+
+A position is the last *consistent* seqno of a vbucket: the end of the last complete snapshot
+(spec §6.3), never a point inside one. Resuming there replays at most one snapshot (silver is
+idempotent) and never leaves a gap.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,40 @@ from dataclasses import dataclass
 
 from dcp_cdc.errors import CheckpointError
 
+FailoverEntries = tuple[tuple[int, int], ...]
+"""(vb_uuid, seqno) pairs, newest first, as the server sent them (spec §6.1)."""
+
 _U64 = (1 << 64) - 1
+
+
+def uuid_at(failover_log: FailoverEntries, seqno: int) -> int:
+    """The uuid of the newest failover-log entry at or below ``seqno``; 0 when none is
+    (spec §7.5: the branch our history at ``seqno`` belongs to)."""
+    for uuid, start in failover_log:
+        if start <= seqno:
+            return uuid
+    return 0
+
+
+def prune_log(failover_log: FailoverEntries, seqno: int) -> FailoverEntries:
+    """The log without the entries above ``seqno`` (spec §7.5, as java-dcp-client does)."""
+    return tuple(entry for entry in failover_log if entry[1] <= seqno)
 
 
 @dataclass(frozen=True, slots=True)
 class VbPosition:
-    """Where a vbucket's stream resumes: STREAM_REQ start = snap_start = snap_end = ``seqno``,
-    vb uuid = ``vb_uuid``. Only complete snapshots count, so a resume never starts mid-snapshot:
-    replays are fine (silver is idempotent), gaps are not."""
+    """Where a vbucket's stream resumes: STREAM_REQ start = snap_start = snap_end = ``seqno``
+    with vb uuid ``vb_uuid`` (spec §7.2)."""
 
     vbucket: int
     seqno: int
-    """The last consistent seqno: the end of the last complete snapshot (spec §7.2)."""
     vb_uuid: int
-    """The uuid of the newest failover-log entry at or below ``seqno`` (0 = no history)."""
-    failover_log: tuple[tuple[int, int], ...] = ()
-    """``(uuid, seqno)`` entries, newest first, as last received."""
+    failover_log: FailoverEntries = ()
     manifest_uid: int = 0
     purge_seqno: int = 0
 
     def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (uuids are u64 integers; from_json also takes decimal strings)."""
         return {
             "vbucket": self.vbucket,
             "seqno": self.seqno,
@@ -38,46 +57,58 @@ class VbPosition:
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> VbPosition:
-        """The position :meth:`to_json` wrote; :class:`CheckpointError` on anything else."""
+        """The inverse of :meth:`to_json`; :class:`CheckpointError` names the bad field."""
         if not isinstance(data, Mapping):
-            raise CheckpointError(f"a position must be an object, got {type(data).__name__}")
-        missing = [k for k in ("vbucket", "seqno", "vb_uuid") if k not in data]
-        if missing:
-            raise CheckpointError(f"position lacks {', '.join(missing)}")
-        unknown = set(data) - {
-            "vbucket",
-            "seqno",
-            "vb_uuid",
-            "failover_log",
-            "manifest_uid",
-            "purge_seqno",
-        }
-        if unknown:
-            raise CheckpointError(f"position has unknown fields {sorted(unknown)}")
-        vbucket = _uint(data, "vbucket", 1023)
-        log = data.get("failover_log", [])
-        if not isinstance(log, list) or not all(
-            isinstance(e, list) and len(e) == 2 and all(_is_u64(x) for x in e) for e in log
-        ):
+            raise CheckpointError(f"a vbucket position must be an object, got {data!r}")
+        vbucket = _u(data, "vbucket", 0xFFFF)
+        try:
+            raw_log = data.get("failover_log", [])
+            if not isinstance(raw_log, list):
+                raise TypeError
+            log = tuple(
+                (
+                    _int(entry[0], "failover_log uuid", _U64),
+                    _int(entry[1], "failover_log seqno", _U64),
+                )
+                for entry in raw_log
+            )
+        except (TypeError, IndexError, KeyError):
             raise CheckpointError(
                 f"vbucket {vbucket}: failover_log must be a list of [uuid, seqno] pairs"
-            )
+            ) from None
         return cls(
             vbucket=vbucket,
-            seqno=_uint(data, "seqno", _U64),
-            vb_uuid=_uint(data, "vb_uuid", _U64),
-            failover_log=tuple((int(u), int(s)) for u, s in log),
-            manifest_uid=_uint(data, "manifest_uid", _U64, default=0),
-            purge_seqno=_uint(data, "purge_seqno", _U64, default=0),
+            seqno=_u(data, "seqno", _U64, vbucket),
+            vb_uuid=_u(data, "vb_uuid", _U64, vbucket),
+            failover_log=log,
+            manifest_uid=_u(data, "manifest_uid", _U64, vbucket, default=0),
+            purge_seqno=_u(data, "purge_seqno", _U64, vbucket, default=0),
         )
 
 
-def _is_u64(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U64
-
-
-def _uint(data: Mapping[str, object], key: str, high: int, default: int | None = None) -> int:
-    value = data.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
-        raise CheckpointError(f"position field {key!r} must be an integer 0..{high}, got {value!r}")
+def _int(value: object, what: str, limit: int) -> int:
+    if isinstance(value, bool):
+        raise CheckpointError(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or not 0 <= value <= limit:
+        raise CheckpointError(f"{what} must be an integer in 0..{limit}, got {value!r}")
     return value
+
+
+def _u(
+    data: Mapping[str, object],
+    name: str,
+    limit: int,
+    vbucket: int | None = None,
+    *,
+    default: int | None = None,
+) -> int:
+    where = f"position field {name!r}"
+    if name not in data:
+        if default is not None:
+            return default
+        raise CheckpointError(
+            f"{where} is missing" + (f" (vbucket {vbucket})" if vbucket is not None else "")
+        )
+    return _int(data[name], where, limit)

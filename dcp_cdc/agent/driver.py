@@ -1,0 +1,881 @@
+"""The capture agent's asyncio driver: sockets, TLS, timers and files around the sans-I/O core.
+
+One :class:`ConsumerConnection` per data node that owns vbuckets of our range, each with its
+session of capture files (:class:`~dcp_cdc.agent.writer.SessionWriter`) behind a bounded queue:
+the socket reader hands each run of captured frames to the queue and only then tells the core
+``consumed()``, so a lagging writer stops the acknowledgements and flow control stops the node
+(spec §7.6); a full queue also stops the reads. Every wait has a timeout.
+
+Durability (the design of issue 15): a file is fsync'd and renamed before the checkpoint that
+covers its frames is committed; the checkpoint is committed after every file close. Before a
+vbucket is re-opened on another connection, the session that streamed it closes its file and
+commits, so the new stream starts from a durable position; and a connection whose session
+started before the session that last streamed the vbucket starts a new session first, so
+bronze's order (session_started_at, session_id, file_sequence, offset) stays the wire order
+of every vbucket.
+
+Stream ends: OK is done (``until-now``); closed is ours; state_changed and NOT_MY_VBUCKET
+refresh the cluster map and re-open on the owner; FILTER_EMPTY stops the vbucket and records
+it; every other reason re-opens from the position. A dead connection (2 × the noop interval
+of silence, a reset, EOF) closes its session durably, then its vbuckets resume from their
+durable positions on a new connection, after a backoff.
+
+Secrets: the password reaches only the SASL exchange; nothing here logs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import signal
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dcp_cdc.agent.cluster import (
+    ClusterMap,
+    HostPort,
+    parse_cluster_map,
+    parse_connection_string,
+)
+from dcp_cdc.agent.consumer import (
+    NEED_DATA,
+    AgentEvent,
+    ClusterConfig,
+    CollectionsManifest,
+    ConsumerConnection,
+    ConsumerSettings,
+    HighSeqnos,
+    NeedData,
+    NotMyVbucket,
+    Ready,
+    StreamEnded,
+    StreamRefused,
+    StreamRolledBack,
+)
+from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, clear_staging
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.errors import (
+    AuthenticationError,
+    CaptureConnectionError,
+    ConfigError,
+    ConnectionLostError,
+    ProtocolError,
+    TlsError,
+)
+from dcp_cdc.protocol import NO_END_SEQNO, Status, StreamEndReason
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["until-now", "follow"]
+READ_BYTES = 1 << 16
+QUEUE_ITEMS = 64
+"""Runs of frames (≤ 64 KiB each) between a socket reader and its file writer."""
+MAX_FAILURES = 8
+"""Consecutive failed (re)connections to one node before the capture gives up."""
+STOP_GRACE_S = 5.0
+"""How long a stop waits for STREAM_END (closed) before closing the sockets anyway."""
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """Everything a capture run needs; :func:`settings_from_config` builds it from TOML."""
+
+    connection_string: str
+    bucket: str
+    username: str
+    password: str = field(repr=False)
+    landing: Path
+    staging: Path
+    state_dir: Path
+    agent_id: str = "agent"
+    vbuckets: tuple[int, int] | None = None
+    collections: tuple[str, ...] | None = None
+    """``scope.collection`` names; None = every collection."""
+    tls_ca_file: Path | None = None
+    buffer_bytes: int = 16 << 20
+    noop_interval_s: int = 120
+    rotate_bytes: int = 64 << 20
+    rotate_seconds: float = 300.0
+    connect_timeout_s: float = 10.0
+    backoff_s: float = 0.5
+    """First reconnection delay; doubled per failure, at most 30 s."""
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.state_dir / f"{self.bucket}.{self.agent_id}.checkpoint.json"
+
+
+@dataclass
+class CaptureSummary:
+    mode: str
+    vbuckets: int = 0
+    files: list[Path] = field(default_factory=list)
+    bytes_captured: int = 0
+    sessions: int = 0
+    reconnects: int = 0
+    rollbacks: int = 0
+    moves: int = 0
+    done: list[int] = field(default_factory=list)
+    """vbuckets that reached their end seqno (``until-now``), or were there already."""
+    filter_empty: list[int] = field(default_factory=list)
+    positions: dict[int, VbPosition] = field(default_factory=dict)
+    """The committed positions at the end."""
+
+    def lines(self) -> list[str]:
+        return [
+            f"capture ({self.mode}): {self.vbuckets} vbuckets, {len(self.files)} files, "
+            f"{self.bytes_captured} bytes in {self.sessions} sessions",
+            f"vbuckets done: {len(self.done)}; filter empty: {self.filter_empty or 'none'}; "
+            f"rollbacks: {self.rollbacks}; moves: {self.moves}; reconnects: {self.reconnects}",
+        ]
+
+
+def settings_from_config(
+    app: AppConfig, bucket: BucketConfig, *, vbuckets: tuple[int, int] | None = None
+) -> CaptureSettings:
+    """:class:`CaptureSettings` of ``bucket`` (a :class:`~dcp_cdc.config.BucketConfig` with a
+    ``capture`` section) in ``app`` (its :class:`~dcp_cdc.config.AppConfig`); the password
+    is read now."""
+    cap = bucket.capture
+    if cap is None:
+        raise ConfigError(f"bucket {bucket.name!r} has no [buckets.capture] section")
+    landing, staging, state_dir = app.capture_dirs(bucket)
+    return CaptureSettings(
+        connection_string=cap.connection_string,
+        bucket=bucket.name,
+        username=cap.username,
+        password=cap.password(),
+        landing=landing,
+        staging=staging,
+        state_dir=state_dir,
+        agent_id=cap.agent_id,
+        vbuckets=vbuckets if vbuckets is not None else cap.vbucket_range(),
+        collections=tuple(cap.collections) if cap.collections else None,
+        tls_ca_file=Path(cap.tls_ca_file) if cap.tls_ca_file else None,
+        buffer_bytes=cap.buffer_bytes,
+        noop_interval_s=cap.noop_interval_s,
+        rotate_bytes=cap.rotate_bytes,
+        rotate_seconds=cap.rotate_seconds,
+        connect_timeout_s=cap.connect_timeout_s,
+    )
+
+
+def _rfc3339(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# --- one data node ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Frames:
+    data: bytes
+    positions: dict[int, VbPosition]
+
+
+@dataclass
+class _Flush:
+    """Close the open file and commit; ``new_session`` then starts another session."""
+
+    done: asyncio.Future[None]
+    new_session: bool = False
+    last: bool = False
+
+
+class _Node:
+    """One connection: its core, socket, session of files and the two tasks around them."""
+
+    def __init__(self, agent: _Agent, endpoint: HostPort, index: int) -> None:
+        self.agent = agent
+        self.endpoint = endpoint
+        self.index = index
+        self.conn: ConsumerConnection | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.queue: asyncio.Queue[_Frames | _Flush] = asyncio.Queue(QUEUE_ITEMS)
+        self.owned: set[int] = set()
+        self.session: SessionWriter | None = None
+        self.session_started = 0.0
+        self.last_positions: dict[int, VbPosition] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.dead = False
+
+    @property
+    def label(self) -> str:
+        return self.endpoint.label
+
+    async def connect(self) -> Ready:
+        """TCP (+ TLS) and the handshake; typed errors name this node."""
+        s = self.agent.settings
+        node = self.label
+        try:
+            self.reader, self.writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.endpoint.host,
+                    self.endpoint.port,
+                    ssl=self.agent.ssl_context,
+                    server_hostname=self.endpoint.host if self.agent.ssl_context else None,
+                    limit=READ_BYTES * 4,
+                ),
+                s.connect_timeout_s,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise TlsError(node, f"certificate verification failed: {exc.verify_message}") from None
+        except ssl.SSLError as exc:
+            raise TlsError(node, f"TLS handshake failed: {exc.reason or exc}") from None
+        except TimeoutError:
+            raise CaptureConnectionError(
+                node, f"no connection within {s.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise CaptureConnectionError(node, f"cannot connect: {exc.strerror or exc}") from None
+        self.conn = ConsumerConnection(
+            ConsumerSettings(
+                node=node,
+                bucket=s.bucket,
+                username=s.username,
+                password=s.password,
+                tls=self.agent.tls,
+                connection_name=f"dcp-cdc:{s.agent_id}:{self.agent.next_session_id(self.index)}",
+                buffer_bytes=s.buffer_bytes,
+                noop_interval_s=s.noop_interval_s,
+            )
+        )
+        deadline = time.monotonic() + s.connect_timeout_s
+        reader = self.reader
+        assert reader is not None
+        while True:
+            try:
+                await self._send()
+            except ConnectionLostError as exc:
+                raise CaptureConnectionError(node, f"handshake: {exc.cause}") from None
+            event = self.conn.next_event()
+            if isinstance(event, Ready):
+                return event
+            if event is not NEED_DATA:
+                continue  # ControlRefused: recorded in the features already
+            left = deadline - time.monotonic()
+            try:
+                data = await asyncio.wait_for(reader.read(READ_BYTES), max(left, 0.001))
+            except TimeoutError:
+                raise CaptureConnectionError(
+                    node, f"handshake not finished within {s.connect_timeout_s:g} s"
+                ) from None
+            except OSError as exc:
+                raise CaptureConnectionError(node, f"handshake: {exc.strerror or exc}") from None
+            if not data:
+                raise CaptureConnectionError(
+                    node, "the node closed the connection in the handshake"
+                )
+            try:
+                self.conn.receive_data(data)
+            except ProtocolError as exc:
+                raise CaptureConnectionError(node, str(exc)) from None
+
+    async def _send(self) -> None:
+        assert self.conn is not None and self.writer is not None
+        out = self.conn.data_to_send()
+        if out:
+            self.writer.write(out)
+            try:
+                await asyncio.wait_for(self.writer.drain(), self.agent.settings.connect_timeout_s)
+            except TimeoutError:
+                raise ConnectionLostError(
+                    self.label, "the node does not read what we send"
+                ) from None
+            except OSError as exc:
+                raise ConnectionLostError(self.label, str(exc)) from None
+
+    def new_session(self) -> None:
+        """A fresh session of files (the writer task switches to it in queue order)."""
+        assert self.conn is not None
+        self.session_started = self.agent.session_start()
+        s = self.agent.settings
+        session_id = self.agent.next_session_id(self.index, self.session_started)
+        self.session = SessionWriter(
+            s.landing,
+            s.staging,
+            bucket=s.bucket,
+            session_id=session_id,
+            collections=self.conn.collections,
+            features=self.conn.features,
+            source=f"{self.agent.scheme}://{self.label}",
+            started_at=_rfc3339(self.session_started),
+            rotate_bytes=s.rotate_bytes,
+            rotate_seconds=s.rotate_seconds,
+        )
+        self.agent.summary.sessions += 1
+
+    def start(self) -> None:
+        self.tasks = [
+            asyncio.create_task(self._read_loop(), name=f"read {self.label}"),
+            asyncio.create_task(self._write_loop(), name=f"write {self.label}"),
+        ]
+
+    async def _read_loop(self) -> None:
+        assert self.conn is not None and self.reader is not None
+        conn = self.conn
+        silence = 2 * self.agent.settings.noop_interval_s
+        try:
+            while True:
+                try:
+                    timeout = silence if conn.streaming() else None
+                    data = await asyncio.wait_for(self.reader.read(READ_BYTES), timeout)
+                except TimeoutError:
+                    raise ConnectionLostError(
+                        self.label, f"silent for {silence} s (2 × the noop interval)"
+                    ) from None
+                except OSError as exc:
+                    raise ConnectionLostError(self.label, exc.strerror or str(exc)) from None
+                if not data:
+                    raise ConnectionLostError(self.label, "the node closed the connection")
+                try:
+                    conn.receive_data(data)
+                except ProtocolError as exc:
+                    raise CaptureConnectionError(self.label, str(exc)) from None
+                capture = conn.take_capture()
+                if capture:
+                    await self.queue.put(_Frames(capture, conn.positions()))
+                    conn.consumed(len(capture))
+                    self.agent.summary.bytes_captured += len(capture)
+                await self._send()
+                while not isinstance(event := conn.next_event(), NeedData):
+                    await self.agent.on_event(self, event)
+                await self._send()
+        except ConnectionLostError as exc:
+            if not self.agent.stopping:
+                self.agent.spawn(self.agent.node_lost(self, exc.cause))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.agent.fail(exc)
+
+    async def _write_loop(self) -> None:
+        poll = min(1.0, self.agent.settings.rotate_seconds / 4)
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), poll)
+                except TimeoutError:
+                    if self.session is not None and self.session.due(time.time()):
+                        self._close_and_commit()
+                    continue
+                if isinstance(item, _Frames):
+                    assert self.session is not None
+                    now = time.time()
+                    self.session.write(item.data, now)
+                    self.last_positions = item.positions
+                    if self.session.due(now):
+                        self._close_and_commit()
+                    continue
+                self._close_and_commit()
+                if item.new_session:
+                    self.new_session()
+                item.done.set_result(None)
+                if item.last:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.agent.fail(exc)
+
+    def _close_and_commit(self) -> None:
+        if self.session is None:
+            return
+        path = self.session.close_file()
+        if path is not None:
+            self.agent.summary.files.append(path)
+        self.agent.commit({vb: p for vb, p in self.last_positions.items() if vb in self.owned})
+
+    async def flush(self, *, new_session: bool = False, last: bool = False) -> None:
+        """Wait until every frame queued so far is in a closed file and committed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Flush(done, new_session=new_session, last=last))
+        writer = self.tasks[1] if len(self.tasks) > 1 else None
+        waits: set[asyncio.Future[Any]] = {done}
+        if writer is not None:
+            waits.add(writer)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            raise CaptureConnectionError(self.label, "the capture writer stopped")
+
+    async def close(self) -> None:
+        for task in self.tasks[:1]:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+
+# --- the agent -------------------------------------------------------------------------------
+
+
+class _Agent:
+    def __init__(self, settings: CaptureSettings, mode: Mode, stop: asyncio.Event) -> None:
+        self.settings = settings
+        self.mode = mode
+        self.stop = stop
+        cs = parse_connection_string(settings.connection_string)
+        self.seeds = cs.seeds
+        self.tls = cs.tls
+        self.scheme = cs.scheme
+        self.ssl_context: ssl.SSLContext | None = None
+        if cs.tls:
+            try:
+                cafile = str(settings.tls_ca_file) if settings.tls_ca_file else None
+                self.ssl_context = ssl.create_default_context(cafile=cafile)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"tls_ca_file {settings.tls_ca_file}: {exc}") from None
+        self.summary = CaptureSummary(mode)
+        self.map: ClusterMap | None = None
+        self.store: CheckpointStore | None = None
+        self.durable: dict[int, VbPosition] = {}
+        self.nodes: dict[HostPort, _Node] = {}
+        self.connecting: dict[HostPort, asyncio.Future[_Node]] = {}
+        self.placing: set[int] = set()
+        self.node_index: dict[HostPort, int] = {}
+        self.vbuckets: list[int] = []
+        self.end_seqnos: dict[int, int] = {}
+        self.pending: set[int] = set()
+        """vbuckets not done yet (``until-now``) / still to stream."""
+        self.last_session: dict[int, float] = {}
+        self.collection_ids: tuple[int, ...] | None = None
+        self.stopping = False
+        self.failure: BaseException | None = None
+        self.wake = asyncio.Event()
+        self.manifest_ready = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._last_start = 0.0
+        self._counter = 0
+        self.failures: dict[HostPort, int] = {}
+
+    # --- small services ---
+
+    def session_start(self) -> float:
+        """A session start time, strictly later than every earlier one of this agent."""
+        now = max(time.time(), self._last_start + 1e-6)
+        self._last_start = now
+        return now
+
+    def next_session_id(self, index: int, started: float | None = None) -> str:
+        self._counter += 1
+        stamp = dt.datetime.fromtimestamp(started or time.time(), dt.UTC)
+        return (
+            f"{self.settings.bucket}-{self.settings.agent_id}-"
+            f"{stamp.strftime('%Y%m%dT%H%M%S.%fZ')}-{index}-{self._counter}"
+        )
+
+    def commit(self, positions: dict[int, VbPosition]) -> None:
+        if not positions or self.store is None:
+            return
+        self.store.commit(positions, updated_at=_rfc3339(time.time()))
+        self.durable.update(positions)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        self.wake.set()
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(self._guard(coro))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _guard(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.fail(exc)
+
+    # --- bootstrap ---
+
+    async def bootstrap(self) -> None:
+        problems = []
+        for seed in self.seeds:
+            node = _Node(self, seed, 0)
+            try:
+                ready = await node.connect()
+            except (AuthenticationError, TlsError):
+                await node.close()
+                raise
+            except CaptureConnectionError as exc:
+                problems.append(str(exc))
+                await node.close()
+                continue
+            await node.close()
+            try:
+                self.map = parse_cluster_map(ready.cluster_config, seed.host)
+            except ProtocolError as exc:
+                raise CaptureConnectionError(seed.label, str(exc)) from None
+            break
+        else:
+            raise CaptureConnectionError(
+                ",".join(s.label for s in self.seeds),
+                "no seed node answered: " + "; ".join(problems),
+            )
+        cmap = self.map
+        s = self.settings
+        first, last = s.vbuckets if s.vbuckets is not None else (0, cmap.num_vbuckets - 1)
+        self.vbuckets = [vb for vb in range(first, last + 1) if vb < cmap.num_vbuckets]
+        if not self.vbuckets:
+            raise ConfigError(
+                f"vbuckets {first}-{last}: the bucket has {cmap.num_vbuckets} vbuckets"
+            )
+        self.summary.vbuckets = len(self.vbuckets)
+        self.store = CheckpointStore(
+            s.checkpoint_path, bucket=s.bucket, bucket_uuid=cmap.bucket_uuid, agent=s.agent_id
+        )
+        stored = self.store.load()
+        self.durable = {vb: stored[vb] for vb in self.vbuckets if vb in stored}
+        self.pending = set(self.vbuckets)
+
+    def refresh_map(self, config: dict[str, Any], dialled: str) -> None:
+        if not config:
+            return
+        fresh = parse_cluster_map(config, dialled)
+        if self.map is None or fresh.version > self.map.version:
+            self.map = fresh
+
+    # --- nodes and streams ---
+
+    async def node_for(self, endpoint: HostPort) -> _Node:
+        """The live connection to ``endpoint``, connecting once however many ask at once."""
+        node = self.nodes.get(endpoint)
+        if node is not None and not node.dead:
+            return node
+        pending = self.connecting.get(endpoint)
+        if pending is None:
+            pending = asyncio.ensure_future(self._connect_node(endpoint))
+            self.connecting[endpoint] = pending
+            pending.add_done_callback(lambda _: self.connecting.pop(endpoint, None))
+        return await asyncio.shield(pending)
+
+    async def _connect_node(self, endpoint: HostPort) -> _Node:
+        index = self.node_index.setdefault(endpoint, len(self.node_index))
+        node = _Node(self, endpoint, index)
+        try:
+            ready = await node.connect()
+        except BaseException:
+            await node.close()
+            raise
+        self.nodes[endpoint] = node
+        self.refresh_map(ready.cluster_config, endpoint.host)
+        node.new_session()
+        node.start()
+        assert node.conn is not None
+        if self.settings.collections is not None and self.collection_ids is None:
+            node.conn.request_collections_manifest()
+            await node._send()
+            try:
+                await asyncio.wait_for(self.manifest_ready.wait(), self.settings.connect_timeout_s)
+            except TimeoutError:
+                raise CaptureConnectionError(
+                    node.label, "no collections manifest within the connect timeout"
+                ) from None
+        if self.mode == "until-now":
+            node.conn.request_high_seqnos()
+            await node._send()
+        return node
+
+    def owner(self, vb: int) -> HostPort | None:
+        assert self.map is not None
+        return self.map.owner(vb, tls=self.tls)
+
+    async def place(self, vb: int, *, delay: float = 0.0) -> None:
+        """Open ``vb``'s stream on its owner, from its durable position."""
+        if delay:
+            await asyncio.sleep(delay)
+        if vb in self.placing:
+            return  # a move and a lost connection may both ask; one placement is enough
+        self.placing.add(vb)
+        try:
+            await self._place(vb)
+        finally:
+            self.placing.discard(vb)
+
+    async def _place(self, vb: int) -> None:
+        attempt = 0
+        while not self.stopping and vb in self.pending:
+            endpoint = self.owner(vb)
+            if endpoint is None:
+                attempt += 1
+                await self.any_map_refresh()
+                await asyncio.sleep(min(30.0, self.settings.backoff_s * 2**attempt))
+                continue
+            try:
+                node = await self.node_for(endpoint)
+            except (AuthenticationError, TlsError):
+                raise
+            except CaptureConnectionError as exc:
+                count = self.failures[endpoint] = self.failures.get(endpoint, 0) + 1
+                if count >= MAX_FAILURES:
+                    raise
+                log.warning("capture: %s; retrying", exc)
+                await asyncio.sleep(min(30.0, self.settings.backoff_s * 2 ** (count - 1)))
+                await self.any_map_refresh()
+                continue
+            self.failures.pop(endpoint, None)
+            await self.open_on(node, vb)
+            return
+
+    async def open_on(self, node: _Node, vb: int) -> None:
+        assert node.conn is not None
+        if any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead):
+            return  # already streaming (on this node or another)
+        if self.mode == "until-now" and vb not in self.end_seqnos:
+            # the node's GET_ALL_VB_SEQNOS is in flight; its reply opens the stream
+            node.owned.add(vb)
+            return
+        if node.session_started < self.last_session.get(vb, 0.0):
+            await node.flush(new_session=True)
+        position = self.durable.get(vb)
+        end = self.end_seqnos.get(vb, NO_END_SEQNO)
+        if position is not None and position.seqno >= end:
+            self.vb_done(vb)
+            return
+        node.owned.add(vb)
+        self.last_session[vb] = node.session_started
+        node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
+        await node._send()
+
+    def vb_done(self, vb: int) -> None:
+        if vb in self.pending:
+            self.pending.discard(vb)
+            self.summary.done.append(vb)
+            if not self.pending:
+                self.wake.set()
+
+    async def any_map_refresh(self) -> None:
+        for node in list(self.nodes.values()):
+            if not node.dead and node.conn is not None:
+                node.conn.request_cluster_config()
+                with contextlib.suppress(ConnectionLostError):
+                    await node._send()
+                await asyncio.sleep(0.05)
+                return
+
+    async def move_away(self, node: _Node, vb: int) -> None:
+        """``vb`` left ``node``: make its frames durable there, then place it anew."""
+        if node.dead:
+            return  # node_lost flushes the node and places its vbuckets
+        try:
+            await node.flush()
+        except CaptureConnectionError:
+            if node.dead:
+                return
+            raise
+        node.owned.discard(vb)
+        self.summary.moves += 1
+        await self.any_map_refresh()
+        await self.place(vb, delay=self.settings.backoff_s)
+
+    async def node_lost(self, node: _Node, why: str) -> None:
+        log.warning("capture: connection to %s lost (%s); resuming elsewhere", node.label, why)
+        node.dead = True
+        self.summary.reconnects += 1
+        await node.flush(last=True)
+        await node.close()
+        if self.nodes.get(node.endpoint) is node:
+            del self.nodes[node.endpoint]
+        for vb in sorted(node.owned):
+            self.spawn(self.place(vb, delay=self.settings.backoff_s))
+
+    async def reopen(self, node: _Node, vb: int) -> None:
+        assert node.conn is not None
+        await asyncio.sleep(self.settings.backoff_s)
+        if self.stopping or node.dead or vb not in self.pending:
+            return
+        if vb in node.conn.streaming():
+            return
+        position = node.conn.positions().get(vb, self.durable.get(vb))
+        end = self.end_seqnos.get(vb, NO_END_SEQNO)
+        if position is not None and position.seqno >= end:
+            self.vb_done(vb)
+            return
+        node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
+        await node._send()
+
+    # --- events ---
+
+    async def on_event(self, node: _Node, event: AgentEvent) -> None:
+        if isinstance(event, StreamEnded):
+            await self.on_stream_end(node, event)
+        elif isinstance(event, StreamRolledBack):
+            self.summary.rollbacks += 1
+        elif isinstance(event, NotMyVbucket):
+            self.spawn(self.move_away(node, event.vbucket))
+        elif isinstance(event, StreamRefused):
+            if event.status == Status.EACCESS:
+                raise CaptureConnectionError(
+                    node.label, f"no access to stream vbucket {event.vbucket} (eaccess)"
+                )
+            self.spawn(self.reopen(node, event.vbucket))
+        elif isinstance(event, ClusterConfig):
+            self.refresh_map(event.config, node.endpoint.host)
+        elif isinstance(event, HighSeqnos):
+            for vb, seqno in event.seqnos.items():
+                self.end_seqnos.setdefault(vb, seqno)
+            streaming = node.conn.streaming() if node.conn else frozenset()
+            for vb in sorted(node.owned):
+                if vb in self.pending and vb not in streaming:
+                    node.owned.discard(vb)
+                    if vb in event.seqnos:
+                        self.spawn(self.open_on(node, vb))
+                    else:  # not active here any more: the map moved on
+                        self.spawn(self.place(vb, delay=self.settings.backoff_s))
+        elif isinstance(event, CollectionsManifest):
+            self.collection_ids = _collection_ids(event.manifest, self.settings.collections or ())
+            self.manifest_ready.set()
+
+    async def on_stream_end(self, node: _Node, event: StreamEnded) -> None:
+        vb, reason = event.vbucket, event.reason
+        if reason == StreamEndReason.OK and self.mode == "until-now":
+            self.vb_done(vb)
+        elif reason == StreamEndReason.CLOSED and self.stopping:
+            pass
+        elif reason == StreamEndReason.FILTER_EMPTY:
+            self.summary.filter_empty.append(vb)
+            self.pending.discard(vb)
+            if not self.pending:
+                self.wake.set()
+        elif reason == StreamEndReason.STATE_CHANGED:
+            self.spawn(self.move_away(node, vb))
+        else:
+            self.spawn(self.reopen(node, vb))
+
+    # --- the run ---
+
+    async def run(self) -> CaptureSummary:
+        s = self.settings
+        clear_staging(s.staging, prefix=f"{s.bucket}-{s.agent_id}-")
+        await self.bootstrap()
+        # until-now: the end seqnos come from each node's GET_ALL_VB_SEQNOS (node_for)
+        for vb in self.vbuckets:
+            self.spawn(self.place(vb))
+        stop_wait = asyncio.create_task(self.stop.wait())
+        try:
+            while self.failure is None and not self.stop.is_set():
+                if not self.pending:  # all done, or (follow) every filter emptied
+                    break
+                self.wake.clear()
+                wake = asyncio.create_task(self.wake.wait())
+                await asyncio.wait({wake, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                wake.cancel()
+        finally:
+            stop_wait.cancel()
+            await self.shutdown()
+        if self.failure is not None:
+            raise self.failure
+        self.summary.positions = dict(self.durable)
+        return self.summary
+
+    async def shutdown(self) -> None:
+        self.stopping = True
+        for task in list(self.tasks):
+            task.cancel()
+        for pending in list(self.connecting.values()):
+            pending.cancel()
+        live = [n for n in self.nodes.values() if not n.dead and n.conn is not None]
+        for node in live:
+            assert node.conn is not None
+            for vb in node.conn.streaming():
+                node.conn.close_stream(vb)
+            with contextlib.suppress(ConnectionLostError):
+                await node._send()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(n.conn is not None and n.conn.streaming() for n in live) and (
+            time.monotonic() < deadline and all(not t.done() for n in live for t in n.tasks[:1])
+        ):
+            await asyncio.sleep(0.02)
+        for node in live:
+            node.tasks[0].cancel()
+            with contextlib.suppress(BaseException):
+                await node.tasks[0]
+            if not node.tasks[1].done():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(node.flush(last=True), 30.0)
+            await node.close()
+
+
+def _collection_ids(manifest: dict[str, Any], names: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of ``scope.collection`` names in a collections manifest (uids are hex)."""
+    known: dict[str, int] = {}
+    for scope in manifest.get("scopes", []):
+        for coll in scope.get("collections", []):
+            known[f"{scope.get('name')}.{coll.get('name')}"] = int(str(coll.get("uid")), 16)
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ConfigError(
+            f"capture collections {missing} are not in the bucket's manifest "
+            f"(known: {sorted(known)})"
+        )
+    return tuple(known[n] for n in names)
+
+
+async def capture(
+    settings: CaptureSettings,
+    *,
+    mode: Mode = "until-now",
+    stop: asyncio.Event | None = None,
+) -> CaptureSummary:
+    """Capture ``settings.bucket`` into ``settings.landing``.
+
+    ``until-now``: every vbucket of the range up to its high seqno at the start
+    (GET_ALL_VB_SEQNOS), then stop. ``follow``: until ``stop`` is set. Either way the end is
+    clean: streams closed, files closed and renamed, the checkpoint committed."""
+    if mode not in ("until-now", "follow"):
+        raise ValueError(f"mode must be 'until-now' or 'follow', got {mode!r}")
+    agent = _Agent(settings, mode, stop or asyncio.Event())
+    return await agent.run()
+
+
+def run(
+    settings: CaptureSettings,
+    *,
+    mode: Mode = "until-now",
+    on_signal: Callable[[int], None] | None = None,
+) -> CaptureSummary:
+    """:func:`capture` in a fresh event loop; SIGTERM and SIGINT stop it cleanly."""
+
+    async def main() -> CaptureSummary:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+
+                def handler(sig: int = sig) -> None:
+                    if on_signal is not None:
+                        on_signal(sig)
+                    stop.set()
+
+                loop.add_signal_handler(sig, handler)
+                installed.append(sig)
+        try:
+            return await capture(settings, mode=mode, stop=stop)
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+__all__ = [
+    "CaptureSettings",
+    "CaptureSummary",
+    "capture",
+    "run",
+    "settings_from_config",
+]

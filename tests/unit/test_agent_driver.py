@@ -1,0 +1,181 @@
+"""The capture agent's driver against the test DCP producer, in process, on 127.0.0.1.
+
+A first ``until-now`` capture, then ``follow`` through a live workload with every fault the
+producer has (a too-slow stream end, a failover that forces a rollback, a rebalance that moves
+a vbucket, a node's connections cut), then ``until-now`` again to catch up from the checkpoint:
+the reference consumer, reading every capture file in session order, must end with the
+bucket's truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dcp_cdc.agent.driver import CaptureSettings, capture
+from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError, TlsError
+from dcp_cdc.simulator.server import ProducerServer
+from dcp_cdc.simulator.state import SimConfig
+from tests.reference_consumer import ReferenceConsumer
+
+BUCKET = "travel-sample"
+
+
+def settings(tmp: Path, connection_string: str, **changes: Any) -> CaptureSettings:
+    base: dict[str, Any] = {
+        "connection_string": connection_string,
+        "bucket": BUCKET,
+        "username": "Administrator",
+        "password": "password",
+        "landing": tmp / "landing",
+        "staging": tmp / "landing" / ".dcp-cdc-capture",
+        "state_dir": tmp / "state",
+        "buffer_bytes": 1 << 16,
+        "connect_timeout_s": 5.0,
+        "rotate_seconds": 0.3,
+        "backoff_s": 0.05,
+        "noop_interval_s": 2,
+    }
+    base.update(changes)
+    return CaptureSettings(**base)
+
+
+def truth(server: ProducerServer, out: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
+    server.write_truth(out)
+    docs = {}
+    for line in (out / "truth" / "documents.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        key = d["key"].encode() if "key" in d else base64.b64decode(d["key_b64"])
+        docs[(d["collection_id"], key)] = (d["seqno"], d["rev_seqno"])
+    return docs
+
+
+def captured(landing: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
+    consumer = ReferenceConsumer()
+    consumer.consume(landing)
+    assert consumer.errors == []
+    return {k: (v.seqno, v.rev_seqno) for k, v in consumer.state().items()}
+
+
+def test_capture_until_now_follow_with_faults_and_resume(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        config = SimConfig(scenario="mixed", docs=300, ops=0, vbuckets=16)
+        async with ProducerServer(config, nodes=4) as server:
+            s = settings(tmp_path, server.connection_string)
+            first = await asyncio.wait_for(capture(s, mode="until-now"), 30)
+            highs = {vb.vbid: vb.high_seqno for vb in server.sim.bucket.vbuckets}
+            assert {vb: p.seqno for vb, p in first.positions.items()} == highs
+            assert sorted(first.done) == list(range(16)) and first.sessions == 4
+            assert all(p.parent == s.landing for p in first.files)
+            assert captured(s.landing) == truth(server, tmp_path / "t1")
+
+            stop = asyncio.Event()
+            follow = asyncio.create_task(capture(s, mode="follow", stop=stop))
+            work = asyncio.create_task(server.run_workload(1500, batch=100, pause_s=0.02))
+            await asyncio.sleep(0.2)
+            server.too_slow(1)
+            await asyncio.sleep(0.1)
+            server.failover(2)
+            await asyncio.sleep(0.1)
+            server.rebalance(3, (server.cluster.owner(3) + 1) % 4)
+            await asyncio.sleep(0.1)
+            server.cut_node(0)
+            await work
+            await asyncio.sleep(0.3)
+            stop.set()
+            followed = await asyncio.wait_for(follow, 30)
+            assert followed.rollbacks >= 1 and followed.moves >= 1 and followed.reconnects == 1
+
+            last = await asyncio.wait_for(capture(s, mode="until-now"), 30)
+            highs = {vb.vbid: vb.high_seqno for vb in server.sim.bucket.vbuckets}
+            assert {vb: p.seqno for vb, p in last.positions.items()} == highs
+            assert captured(s.landing) == truth(server, tmp_path / "t2")
+            assert not list(s.staging.glob("*.partial"))
+
+    asyncio.run(scenario())
+
+
+def test_wrong_password_names_the_node(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with ProducerServer(SimConfig(docs=10, ops=0, vbuckets=4), nodes=1) as server:
+            s = settings(tmp_path, server.connection_string, password="wrong")
+            with pytest.raises(AuthenticationError) as info:
+                await asyncio.wait_for(capture(s), 10)
+            assert info.value.node == f"127.0.0.1:{server.ports[0]}"
+            assert "wrong" not in str(info.value)
+
+    asyncio.run(scenario())
+
+
+def test_no_seed_answers(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        s = settings(tmp_path, f"couchbase://127.0.0.1:{port}", connect_timeout_s=1.0)
+        with pytest.raises(CaptureConnectionError, match=f"127.0.0.1:{port}"):
+            await asyncio.wait_for(capture(s), 10)
+
+    asyncio.run(scenario())
+
+
+def test_a_range_beyond_the_bucket_is_a_config_error(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with ProducerServer(SimConfig(docs=10, ops=0, vbuckets=4), nodes=1) as server:
+            s = settings(tmp_path, server.connection_string, vbuckets=(8, 9))
+            with pytest.raises(ConfigError, match="4 vbuckets"):
+                await asyncio.wait_for(capture(s), 10)
+
+    asyncio.run(scenario())
+
+
+def test_collection_filter_and_filter_empty(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with ProducerServer(SimConfig(docs=200, ops=0, vbuckets=8), nodes=2) as server:
+            coll = server.colls[0]
+            name = f"inventory.{coll.name}"
+            s = settings(tmp_path, server.connection_string, collections=(name,))
+            first = await asyncio.wait_for(capture(s), 20)
+            assert sorted(first.done) == list(range(8))
+            keys = captured(s.landing)
+            assert keys and {cid for cid, _ in keys} == {coll.collection_id}
+            stop = asyncio.Event()
+            follow = asyncio.create_task(capture(s, mode="follow", stop=stop))
+            await asyncio.sleep(0.3)
+            server.drop_collection(coll.collection_id)
+            # every stream ends FILTER_EMPTY: nothing is left to follow, the capture ends
+            summary = await asyncio.wait_for(follow, 20)
+            assert not stop.is_set()
+            assert sorted(summary.filter_empty) == list(range(8))
+
+    asyncio.run(scenario())
+
+
+def test_tls_and_an_untrusted_certificate(tmp_path: Path) -> None:
+    tls_certs = pytest.importorskip("tests.tls_certs")
+    import ssl
+
+    async def scenario() -> None:
+        certs = tls_certs.make_certificates(tmp_path / "certs")
+        other = tls_certs.make_certificates(tmp_path / "other", ca_name="another CA")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certs.cert, certs.key)
+        config = SimConfig(docs=50, ops=0, vbuckets=4)
+        async with ProducerServer(config, nodes=2, tls_context=context) as server:
+            tls = "couchbases://" + ",".join(f"127.0.0.1:{p}" for p in server.tls_ports)
+            s = settings(tmp_path, tls, tls_ca_file=certs.ca)
+            done = await asyncio.wait_for(capture(s), 20)
+            assert sorted(done.done) == list(range(4))
+            assert all(p.name.endswith(".dcpcap") for p in done.files)
+            untrusted = settings(tmp_path / "u", tls, tls_ca_file=other.ca)
+            with pytest.raises(TlsError, match="certificate verification failed") as info:
+                await asyncio.wait_for(capture(untrusted), 20)
+            assert info.value.node == f"127.0.0.1:{server.tls_ports[0]}"
+
+    asyncio.run(scenario())
