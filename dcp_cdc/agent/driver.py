@@ -759,7 +759,7 @@ class _Agent:
 
     async def run(self) -> CaptureSummary:
         s = self.settings
-        clear_staging(s.staging, prefix=f"{s.bucket}-{s.agent_id}-")
+        clear_staging(s.staging, bucket=s.bucket, agent_id=s.agent_id)
         await self.bootstrap()
         # until-now: the end seqnos come from each node's GET_ALL_VB_SEQNOS (node_for)
         for vb in self.vbuckets:
