@@ -21,6 +21,7 @@ from dcp_cdc.agent.driver import CaptureSettings, capture
 from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError, TlsError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
+from tests.capture_harness import assert_captures_equal_truth
 from tests.reference_consumer import ReferenceConsumer
 
 BUCKET = "travel-sample"
@@ -158,21 +159,30 @@ def test_collection_filter_and_filter_empty(tmp_path: Path) -> None:
 
 
 def test_tls_and_an_untrusted_certificate(tmp_path: Path) -> None:
-    tls_certs = pytest.importorskip("tests.tls_certs")
     import ssl
+
+    from tests import tls_certs
 
     async def scenario() -> None:
         certs = tls_certs.make_certificates(tmp_path / "certs")
         other = tls_certs.make_certificates(tmp_path / "other", ca_name="another CA")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(certs.cert, certs.key)
-        config = SimConfig(docs=50, ops=0, vbuckets=4)
+        config = SimConfig(docs=400, ops=0, vbuckets=8)
         async with ProducerServer(config, nodes=2, tls_context=context) as server:
             tls = "couchbases://" + ",".join(f"127.0.0.1:{p}" for p in server.tls_ports)
             s = settings(tmp_path, tls, tls_ca_file=certs.ca)
+            stop = asyncio.Event()
+            follow = asyncio.create_task(capture(s, mode="follow", stop=stop))
+            await server.run_workload(600, batch=100, pause_s=0.01)
+            await asyncio.sleep(0.3)
+            stop.set()
+            await asyncio.wait_for(follow, 20)
             done = await asyncio.wait_for(capture(s), 20)
-            assert sorted(done.done) == list(range(4))
+            assert sorted(done.done) == list(range(8))
             assert all(p.name.endswith(".dcpcap") for p in done.files)
+            server.write_truth(tmp_path / "t")
+            assert assert_captures_equal_truth(s.landing, tmp_path / "t") > 300
             untrusted = settings(tmp_path / "u", tls, tls_ca_file=other.ca)
             with pytest.raises(TlsError, match="certificate verification failed") as info:
                 await asyncio.wait_for(capture(untrusted), 20)
