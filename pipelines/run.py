@@ -1,7 +1,9 @@
 """``dcp-cdc run``: the whole pipeline in one process, and the summary a newcomer reads.
 
-Without ``--config`` it is the embedded demo: a small simulated bucket in ``--workdir`` (fresh
-each time), then ingest, apply and check on a local warehouse there, with the configuration
+Without ``--config`` it is the embedded demo: a small simulated bucket served over DCP by the
+test producer (4 data nodes on 127.0.0.1, a live workload with a failover and a rebalance on
+the way) and captured by the capture agent into ``--workdir`` (fresh each time), then ingest,
+apply and check on a local warehouse there, with the configuration
 every verb uses when given none (:data:`dcp_cdc.config.CONFIG_RULE`: ``$DCP_CDC_CONFIG``, else
 ``./conf/local.toml``, else the same settings built in) as it is, but for its landing and
 warehouse. From a checkout's root (or an empty folder) the default ``--workdir`` is where that
@@ -12,6 +14,8 @@ with no options. With ``--config`` it runs the same steps on that configuration'
 from __future__ import annotations
 
 import argparse
+import asyncio
+import secrets
 import shutil
 import sys
 import threading
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, TextIO
 from dcp_cdc.config import DEFAULT_WORKDIR, load_config
 
 if TYPE_CHECKING:
+    from dcp_cdc.agent.driver import CaptureSummary
     from dcp_cdc.simulator import SimConfig
     from pipelines.quality.report import QualityReport
 
@@ -88,22 +93,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo_simulation(bucket: str) -> SimConfig:
-    """The bucket the demo simulates. Its one malformed frame shows the quarantine; the
-    default configuration (``conf/local.toml``) allows exactly that many, so ``dcp-cdc check``
-    passes on the demo's warehouse as ``dcp-cdc run`` does."""
+    """The bucket the demo serves: its initial load, then ``ops`` live changes."""
     from dcp_cdc.simulator import SimConfig
 
-    return SimConfig(
-        scenario="mixed", seed=1, bucket=bucket, vbuckets=16, docs=400, ops=2000, inject_malformed=1
-    )
+    return SimConfig(scenario="mixed", seed=1, bucket=bucket, vbuckets=16, docs=400, ops=2000)
+
+
+DEMO_NODES = 4
+
+
+def demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, CaptureSummary]:
+    """Serve ``sim`` from the test producer and capture it as a user would a cluster: the
+    agent follows the live workload (through a failover and a rebalance half-way), is stopped,
+    then captures ``--until now``. The truth of the bucket goes to ``target/truth``."""
+    return asyncio.run(_demo_capture(target, sim))
+
+
+async def _demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, CaptureSummary]:
+    from dcp_cdc.agent.driver import CaptureSettings, capture
+    from dcp_cdc.config import CAPTURE_DIR
+    from dcp_cdc.simulator.server import ProducerServer
+
+    user, password = "dcp-cdc-demo", secrets.token_urlsafe(18)  # this run's only
+    async with ProducerServer(sim, nodes=DEMO_NODES, users={user: password}) as server:
+        landing = target / "landing"
+        settings = CaptureSettings(
+            connection_string=server.connection_string,
+            bucket=sim.bucket,
+            username=user,
+            password=password,
+            landing=landing,
+            staging=landing / CAPTURE_DIR,
+            state_dir=landing / CAPTURE_DIR,
+            rotate_bytes=1 << 20,
+            rotate_seconds=60,
+        )
+        stop = asyncio.Event()
+        follow = asyncio.create_task(capture(settings, mode="follow", stop=stop))
+        workload = asyncio.create_task(server.run_workload(sim.ops, batch=100, pause_s=0.005))
+        while server.ops_done < sim.ops // 2 and not workload.done():
+            await asyncio.sleep(0.01)
+        server.failover(3)
+        server.rebalance(5, (server.cluster.vbmap[5] + 1) % DEMO_NODES)
+        await workload
+        stop.set()
+        followed = await follow
+        bounded = await capture(settings, mode="until-now")
+        server.write_truth(target)
+    return followed, bounded
 
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """The main job. Without ``--config``: simulate a small bucket into ``--workdir`` (fresh
     each time) and run the pipeline on a local warehouse there; with it, run on real data.
     Exit 1 when a quality check of severity error failed (the data stay)."""
-    from dcp_cdc.simulator import simulate
-
     simulated = not args.config
     total = 5 if simulated else 4
     number = iter(range(1, total + 1))
@@ -121,11 +164,16 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
             out,
             next(number),
             total,
-            f"simulating bucket {sim.bucket!r} ({sim.scenario} scenario, seed {sim.seed})",
+            f"capturing bucket {sim.bucket!r} over DCP from {DEMO_NODES} simulated data nodes "
+            f"on 127.0.0.1 (live workload, seed {sim.seed})",
         ):
-            result = simulate(target, sim)
+            followed, bounded = demo_capture(target, sim)
+        files = sorted(target.joinpath("landing").glob("*.dcpcap"))
+        size = sum(f.stat().st_size for f in files)
         out.write(
-            f"      {result.frames:,} DCP frames in {len(result.files)} capture files "
+            f"      followed {sim.ops:,} live changes through a failover and a rebalance "
+            f"({followed.rollbacks} rollbacks, {followed.moves} moved vbuckets), then "
+            f"{len(bounded.done)} vbuckets up to now: {len(files)} capture files, {size:,} bytes "
             f"under {target / 'landing'}\n"
         )
     buckets = [b.name for b in config.bucket(args.bucket)]
