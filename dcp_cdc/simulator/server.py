@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -336,6 +337,7 @@ async def _serve(args: argparse.Namespace) -> int:
         ops=args.ops,
     )
     server = ProducerServer(config, nodes=args.nodes, users=users, tls_context=ctx)
+    gc.freeze()  # the loaded bucket is long-lived: collections need not scan it (speed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
