@@ -42,6 +42,8 @@ from dcp_cdc.protocol import (
     stream_end_reason_name,
 )
 from dcp_cdc.scram import MECHANISMS, ScramServer, StoredCredential, new_nonce
+from dcp_cdc.simulator.bulk import COLLECTION_ID as BULK_COLLECTION_ID
+from dcp_cdc.simulator.bulk import BulkDocs
 from dcp_cdc.simulator.frames import DocFrames, ValueCache
 from dcp_cdc.simulator.model import Item, VBucket
 from dcp_cdc.simulator.state import Simulation
@@ -125,6 +127,17 @@ class ProducerStream:
     frames: deque[Run] = field(default_factory=deque)
     marker_sent: bool = False
     ended: bool = False
+    bulk_next: int = 0
+    """The next bulk document of the vbucket to send (:mod:`dcp_cdc.simulator.bulk`)."""
+    bulk_stop: int = 0
+
+    @property
+    def backfilling(self) -> bool:
+        return bool(self.backfill) or self.bulk_next < self.bulk_stop
+
+    def drop_backfill(self) -> None:
+        self.backfill = []
+        self.bulk_next = self.bulk_stop
 
 
 class ProducerCluster:
@@ -161,6 +174,8 @@ class ProducerCluster:
         self.uuid = f"{self.rng.getrandbits(128):032x}"
         self._config_cache: dict[tuple[int, int], bytes] = {}
         self.values = ValueCache()
+        self.bulk: BulkDocs | None = None
+        """Bulk documents served besides the simulated ones (:meth:`add_bulk`)."""
         """Document values (xattrs joined, Snappy applied) shared by every connection."""
         self.sessions: list[dict[str, object]] = []
         self.peak_unacked = 0
@@ -168,6 +183,13 @@ class ProducerCluster:
         sim.feed = self
 
     # --- users -----------------------------------------------------------------------------
+
+    def add_bulk(self, count: int, body_bytes: int) -> BulkDocs:
+        """Add ``count`` bulk documents of ``body_bytes`` to the bucket (benchmarks)."""
+        if self.bulk is not None:
+            raise ValueError("bulk documents are added once")
+        self.bulk = BulkDocs(self.bucket, count, body_bytes)
+        return self.bulk
 
     def credential(self, mechanism: str) -> Callable[[str], StoredCredential | None]:
         return lambda user: self._credentials.get(user, {}).get(mechanism)
@@ -476,7 +498,7 @@ class ProducerConnection:
         return bool(self._data) or any(self._stream_has_work(s) for s in self.streams.values())
 
     def _stream_has_work(self, s: ProducerStream) -> bool:
-        return bool(s.frames or s.backfill or (s.pending and not s.ended))
+        return bool(s.frames or s.backfilling or (s.pending and not s.ended))
 
     def on_timer(self, now: float) -> None:
         """The noop clock (spec §6.11): a DCP_NOOP every interval; one left unanswered for
@@ -636,6 +658,9 @@ class ProducerConnection:
             if not state and not mine:
                 continue
             seqno = vb.high_seqno if cid is None else _collection_high_seqno(vb, cid)
+            bulk = self.cluster.bulk
+            if cid == BULK_COLLECTION_ID and bulk is not None and bulk.in_vbucket(vb.vbid):
+                seqno = max(seqno, bulk.last_seqno(vb.vbid))
             out.append(_VB_SEQNO.pack(vb.vbid, seqno))
         self._reply(req, Status.SUCCESS, value=b"".join(out))
 
@@ -753,10 +778,26 @@ class ProducerConnection:
         if vb.high_seqno > start:
             stream.backfill = self.maker.backfill_items(vb, start)
             stream.backfill_end = vb.high_seqno
+            self._add_bulk(stream, start)
         self.streams[vbid] = stream
         self._rotation.append(vbid)
         if start >= end:
             self._queue_end(stream, StreamEndReason.OK)
+
+    def _add_bulk(self, stream: ProducerStream, start: int) -> None:
+        """The bulk documents above ``start`` join the backfill when the stream sees
+        their collection."""
+        bulk, vbid = self.cluster.bulk, stream.vbid
+        if bulk is None or start >= bulk.last_seqno(vbid):
+            return
+        wanted = stream.collection_filter
+        coll = self.cluster.bucket.collections[BULK_COLLECTION_ID]
+        if coll.dropped_uid is not None or (
+            wanted is not None and BULK_COLLECTION_ID not in wanted
+        ):
+            return
+        stream.bulk_next = max(0, start - bulk.base_seqno[vbid])
+        stream.bulk_stop = bulk.in_vbucket(vbid)
 
     def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
         """The stream request's collection filter (spec §4.4): (known, collection ids)."""
@@ -785,7 +826,8 @@ class ProducerConnection:
             self._reply(req, Status.DCP_STREAM_NOT_FOUND if v7 else KEY_ENOENT)
             return
         self._reply(req, Status.SUCCESS)
-        stream.backfill, stream.pending = [], []
+        stream.drop_backfill()
+        stream.pending = []
         stream.frames.clear()
         if self.controls.get("send_stream_end_on_client_close_stream") == "true":
             self._queue_end(stream, StreamEndReason.CLOSED)
@@ -803,12 +845,13 @@ class ProducerConnection:
         if stream is None or stream.ended:
             return
         if flush:
-            while not stream.ended and (stream.backfill or stream.pending):
+            while not stream.ended and (stream.backfilling or stream.pending):
                 stream.frames.extend(self._next_chunk(stream))
             if stream.ended:
                 return
         else:
-            stream.backfill, stream.pending = [], []
+            stream.drop_backfill()
+        stream.pending = []
         self._queue_end(stream, reason)
 
     def _queue_end(self, stream: ProducerStream, reason: int) -> None:
@@ -819,7 +862,8 @@ class ProducerConnection:
     def _end_frame(self, stream: ProducerStream, reason: int) -> bytes:
         """The STREAM_END frame; nothing more is sent on this stream after it."""
         stream.ended = True
-        stream.backfill, stream.pending = [], []
+        stream.drop_backfill()
+        stream.pending = []
         h = self.maker.header(Opcode.DCP_STREAM_END, stream.vbid, opaque=stream.opaque)
         return encode(StreamEnd(h, reason, stream_end_reason_name(reason)))
 
@@ -858,10 +902,8 @@ class ProducerConnection:
         maker = self.maker
         vb = self.cluster.bucket.vbuckets[stream.vbid]
         end = stream.end_seqno
-        if stream.backfill:
-            items = stream.backfill[:CHUNK_ITEMS]
-            del stream.backfill[:CHUNK_ITEMS]
-            return self._encode_backfill_chunk(stream, vb, items)
+        if stream.backfilling:
+            return self._encode_backfill_chunk(stream, vb)
         if not stream.pending:
             return []
         items = [i for i in stream.pending if i.seqno <= end]
@@ -891,9 +933,7 @@ class ProducerConnection:
             runs.append((bytes(out), count + 1))
         return runs + self._after_snapshot(stream, items)
 
-    def _encode_backfill_chunk(
-        self, stream: ProducerStream, vb: VBucket, items: list[Item]
-    ) -> list[Run]:
+    def _encode_backfill_chunk(self, stream: ProducerStream, vb: VBucket) -> list[Run]:
         """A slice of the disk snapshot taken at the stream request (its marker first)."""
         maker = self.maker
         end = min(stream.backfill_end, stream.end_seqno)
@@ -905,16 +945,42 @@ class ProducerConnection:
                 maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
             )
             count += 1
-        if items and items[-1].seqno > end:
-            items = [i for i in items if i.seqno <= end]
         opaque = stream.opaque
-        n, last = self.frames.items(
-            out, stream.vbid, items, disk=True, opaque=opaque,
-            collection_filter=stream.collection_filter,
-        )  # fmt: skip
-        count += n
+        bulk = self.cluster.bulk
+        next_bulk = None
+        if bulk is not None and stream.bulk_next < stream.bulk_stop:
+            next_bulk = bulk.seqno(stream.vbid, stream.bulk_next)
+        items: list[Item] = []
+        if (
+            bulk is not None
+            and next_bulk is not None
+            and (not stream.backfill or stream.backfill[0].seqno > next_bulk)
+        ):  # the bulk documents' turn, in seqno order
+            lo = stream.bulk_next
+            hi = min(stream.bulk_stop, lo + CHUNK_ITEMS, end - bulk.base_seqno[stream.vbid])
+            last = -1
+            if hi > lo:
+                data, n = bulk.frames(
+                    stream.vbid, lo, hi, opaque=opaque, collections=maker.options.collections
+                )
+                out += data
+                count += n
+                last = bulk.seqno(stream.vbid, hi - 1)
+            stream.bulk_next = hi if hi > lo and last < end else stream.bulk_stop
+        else:
+            items = stream.backfill[:CHUNK_ITEMS]
+            if next_bulk is not None:
+                items = [i for i in items if i.seqno < next_bulk]
+            del stream.backfill[: len(items)]
+            if items and items[-1].seqno > end:
+                items = [i for i in items if i.seqno <= end]
+            n, last = self.frames.items(
+                out, stream.vbid, items, disk=True, opaque=opaque,
+                collection_filter=stream.collection_filter,
+            )  # fmt: skip
+            count += n
         runs: list[Run] = []
-        if not stream.backfill:  # the backfill's last chunk
+        if not stream.backfilling:  # the backfill's last chunk
             if last != end and maker.options.collections:
                 h = maker.header(Opcode.DCP_SEQNO_ADVANCED, stream.vbid, opaque=opaque)
                 out += encode(SeqnoAdvanced(h, end))

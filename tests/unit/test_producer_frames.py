@@ -1,14 +1,21 @@
-"""The producer's fast document frames are byte for byte the generic encoder's."""
+"""The producer's fast document frames and bulk documents are byte for byte the generic
+encoder's."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+import zlib
 
+import numpy as np
 import pytest
 
 from dcp_cdc.encoder import encode
+from dcp_cdc.errors import ConfigError
+from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, crc32_of_numbered
 from dcp_cdc.simulator.frames import DocFrames, ValueCache
-from dcp_cdc.simulator.model import Item
+from dcp_cdc.simulator.model import Doc, Item, vbucket_of
 from dcp_cdc.simulator.state import SimConfig, Simulation
 from dcp_cdc.simulator.stream import EventMaker, SessionOptions
 
@@ -91,3 +98,46 @@ def test_fast_frames_equal_generic_frames(
         fast.items(again, vbid, items, disk=disk, opaque=1, collection_filter=collection_filter)
         redo = b"".join(encode(generic.item_event(vbid, i, disk=disk, opaque=1)) for i in visible)
         assert bytes(again) == redo
+
+
+# --- bulk documents -------------------------------------------------------------------------
+
+
+def test_bulk_vbuckets_are_the_keys_crc32() -> None:
+    numbers = np.array([0, 1, 9, 10, 12345, 999_999_999, 4_000_000_000], dtype=np.uint32)
+    crcs = crc32_of_numbered(KEY_PREFIX, numbers, DIGITS)
+    assert [int(c) for c in crcs] == [zlib.crc32(KEY_PREFIX + b"%010d" % n) for n in numbers]
+
+
+@pytest.mark.parametrize("collections", [True, False])
+def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
+    sim = Simulation(SimConfig(seed=3, vbuckets=8, docs=10, ops=0))
+    sim.setup()
+    highs = [vb.high_seqno for vb in sim.bucket.vbuckets]
+    bulk = BulkDocs(sim.bucket, 5000, 70)
+    maker = EventMaker(sim.bucket, SessionOptions("b", collections=collections), random.Random())
+    assert sum(bulk.in_vbucket(v) for v in range(8)) == 5000
+    for vbid, vb in enumerate(sim.bucket.vbuckets):
+        n = bulk.in_vbucket(vbid)
+        assert bulk.seqno(vbid, 0) == highs[vbid] + 1 and vb.high_seqno == highs[vbid] + n
+        data, count = bulk.frames(vbid, 3, n - 2, opaque=0xBEEF, collections=collections)
+        want = []
+        for i in range(3, n - 2):
+            number = int(bulk.numbers[bulk.offsets[vbid] + i])
+            key = bulk.key(number)
+            assert vbucket_of(key, 8) == vbid
+            body = b'{"id":"%010d","pad":"' % number + b"x" * (70 - 28) + b'"}'
+            assert len(body) == 70 and json.loads(body)["id"] == f"{number:010d}"
+            doc = Doc(0, key, vbid, bulk.seqno(vbid, i), 1, bulk.cas_base + number, 0, 0, body,
+                      True, None)  # fmt: skip
+            event = maker.doc_event(vbid, doc, disk=True, opaque=0xBEEF)
+            want.append(encode(dataclasses.replace(event, nru=0)))
+        assert count == n - 5 and data == b"".join(want)
+
+
+def test_bulk_sizes_are_checked() -> None:
+    sim = Simulation(SimConfig(seed=3, vbuckets=8, docs=10, ops=0))
+    with pytest.raises(ConfigError, match="body bytes"):
+        BulkDocs(sim.bucket, 10, 96)
+    with pytest.raises(ConfigError, match="bulk docs"):
+        BulkDocs(sim.bucket, 0, 64)
