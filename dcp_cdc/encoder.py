@@ -103,9 +103,12 @@ def doc_key(collection_id: int | None, key: bytes) -> bytes:
     return key if collection_id is None else encode_uleb128(collection_id) + key
 
 
+_SNAPPY = int(Datatype.SNAPPY)  # a plain int: ``int & IntFlag`` goes through enum, slowly
+
+
 def doc_value(datatype: int, body: bytes, xattrs: dict[str, str] | None) -> bytes:
     value = join_xattrs(xattrs, body) if xattrs is not None else body
-    if value and datatype & Datatype.SNAPPY:
+    if value and datatype & _SNAPPY:
         value = compress(value)
     return value
 

@@ -95,6 +95,13 @@ class Layout:
         )
 
 
+def joined(*sections: Layout) -> struct.Struct:
+    """One :class:`struct.Struct` for ``sections`` back to back (e.g. the header and a
+    mutation's extras): a writer packs a whole fixed part with one call, still from these
+    tables. Its values are the sections' fields in order."""
+    return struct.Struct(">" + "".join(s._struct.format.lstrip(">") for s in sections))
+
+
 def _layout(name: str, length: int, spec: str, *fields: tuple[str, int, int]) -> Layout:
     return Layout(name, length, tuple(Field(*f) for f in fields), spec)
 

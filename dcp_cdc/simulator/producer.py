@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from dcp_cdc import layouts
 from dcp_cdc.encoder import encode, failover_log_bytes, frame, make_header
 from dcp_cdc.errors import ProtocolError, ScramError
 from dcp_cdc.events import SeqnoAdvanced, StreamEnd
@@ -41,6 +42,9 @@ from dcp_cdc.protocol import (
     stream_end_reason_name,
 )
 from dcp_cdc.scram import MECHANISMS, ScramServer, StoredCredential, new_nonce
+from dcp_cdc.simulator.bulk import COLLECTION_ID as BULK_COLLECTION_ID
+from dcp_cdc.simulator.bulk import BulkDocs
+from dcp_cdc.simulator.frames import DocFrames, ValueCache
 from dcp_cdc.simulator.model import Item, VBucket
 from dcp_cdc.simulator.state import Simulation
 from dcp_cdc.simulator.stream import EventMaker, SessionOptions, rollback_point
@@ -88,10 +92,24 @@ OPTIONAL_CONTROLS = frozenset(
         "backfill_order",
     }
 )
-CHUNK_ITEMS = 512
+CHUNK_ITEMS = 4096
 """Items a stream encodes at a time: a backfill is encoded as flow control lets it out."""
 MAX_WRITE = 4 << 20
-"""Bytes handed out per call when the consumer asked for no flow control."""
+"""Most stream bytes handed out per call (the flow-control window bounds them too)."""
+
+Run = tuple[bytes, int]
+"""Whole frames back to back, and how many: what streams queue and connections send.
+A run is cut at a frame boundary when the flow-control window ends inside it."""
+
+
+def _frames_end(run: bytes, budget: int, most: int) -> tuple[int, int]:
+    """(bytes, frames) of the leading whole frames of ``run`` that first reach ``budget``
+    bytes, at most ``most`` frames (at least one frame when ``run`` has one)."""
+    pos = count = 0
+    while pos < len(run) and pos < budget and count < most:
+        pos += HEADER_LEN + _U32.unpack_from(run, pos + layouts.BODY_LEN_OFFSET)[0]
+        count += 1
+    return pos, count
 
 
 @dataclass
@@ -106,9 +124,20 @@ class ProducerStream:
     backfill: list[Item] = field(default_factory=list)
     backfill_end: int = 0
     pending: list[Item] = field(default_factory=list)
-    frames: deque[bytes] = field(default_factory=deque)
+    frames: deque[Run] = field(default_factory=deque)
     marker_sent: bool = False
     ended: bool = False
+    bulk_next: int = 0
+    """The next bulk document of the vbucket to send (:mod:`dcp_cdc.simulator.bulk`)."""
+    bulk_stop: int = 0
+
+    @property
+    def backfilling(self) -> bool:
+        return bool(self.backfill) or self.bulk_next < self.bulk_stop
+
+    def drop_backfill(self) -> None:
+        self.backfill = []
+        self.bulk_next = self.bulk_stop
 
 
 class ProducerCluster:
@@ -144,12 +173,23 @@ class ProducerCluster:
         self.connections: list[ProducerConnection] = []
         self.uuid = f"{self.rng.getrandbits(128):032x}"
         self._config_cache: dict[tuple[int, int], bytes] = {}
+        self.values = ValueCache()
+        self.bulk: BulkDocs | None = None
+        """Bulk documents served besides the simulated ones (:meth:`add_bulk`)."""
+        """Document values (xattrs joined, Snappy applied) shared by every connection."""
         self.sessions: list[dict[str, object]] = []
         self.peak_unacked = 0
         """The most unacknowledged bytes any flow-controlled connection had out (§7.6)."""
         sim.feed = self
 
     # --- users -----------------------------------------------------------------------------
+
+    def add_bulk(self, count: int, body_bytes: int) -> BulkDocs:
+        """Add ``count`` bulk documents of ``body_bytes`` to the bucket (benchmarks)."""
+        if self.bulk is not None:
+            raise ValueError("bulk documents are added once")
+        self.bulk = BulkDocs(self.bucket, count, body_bytes)
+        return self.bulk
 
     def credential(self, mechanism: str) -> Callable[[str], StoredCredential | None]:
         return lambda user: self._credentials.get(user, {}).get(mechanism)
@@ -324,7 +364,7 @@ class ProducerConnection:
         self._nonce = nonce
         self._inbuf = bytearray()
         self._ctrl: list[bytes] = []
-        self._data: deque[bytes] = deque()
+        self._data: deque[Run] = deque()
         self.features: set[int] = set()
         self.user: str | None = None
         self.bucket_selected = False
@@ -341,6 +381,7 @@ class ProducerConnection:
         self._last_noop = 0.0
         self._scram: ScramServer | None = None
         self._maker: EventMaker | None = None
+        self._frames: DocFrames | None = None
         self.streams: dict[int, ProducerStream] = {}
         self._rotation: deque[int] = deque()
         self.cut_armed = False
@@ -414,23 +455,29 @@ class ProducerConnection:
     def data_to_send(self) -> bytes:
         """Replies and pushes, then stream messages while the consumer's buffer has room
         (spec §7.6: whole frames of every DCP message but NOOP count)."""
-        out = self._ctrl
+        out: list[bytes] = self._ctrl
         self._ctrl = []
-        limit = self.buffer_size if self.buffer_size else MAX_WRITE
-        budget = limit - self.unacked if self.buffer_size else MAX_WRITE
+        window = self.buffer_size - self.unacked if self.buffer_size else MAX_WRITE
+        budget = min(MAX_WRITE, window)
         sent = 0
         data = self._data
-        while budget > 0:
+        while sent < budget:
             if not data:
                 if self._closing or not self._refill():
                     break
                 continue
-            f = data.popleft()
-            out.append(f)
-            n = len(f)
-            budget -= n
-            sent += n
-            self.frames_sent += 1
+            run, count = data[0]
+            if len(run) <= budget - sent:
+                data.popleft()
+                out.append(run)
+                sent += len(run)
+                self.frames_sent += count
+                continue
+            cut, n = _frames_end(run, budget - sent, count)
+            data[0] = (run[cut:], count - n)
+            out.append(run[:cut])
+            sent += cut
+            self.frames_sent += n
         if self.buffer_size:
             self.unacked += sent
             if self.unacked > self.cluster.peak_unacked:
@@ -451,7 +498,7 @@ class ProducerConnection:
         return bool(self._data) or any(self._stream_has_work(s) for s in self.streams.values())
 
     def _stream_has_work(self, s: ProducerStream) -> bool:
-        return bool(s.frames or s.backfill or (s.pending and not s.ended))
+        return bool(s.frames or s.backfilling or (s.pending and not s.ended))
 
     def on_timer(self, now: float) -> None:
         """The noop clock (spec §6.11): a DCP_NOOP every interval; one left unanswered for
@@ -611,6 +658,9 @@ class ProducerConnection:
             if not state and not mine:
                 continue
             seqno = vb.high_seqno if cid is None else _collection_high_seqno(vb, cid)
+            bulk = self.cluster.bulk
+            if cid == BULK_COLLECTION_ID and bulk is not None and bulk.in_vbucket(vb.vbid):
+                seqno = max(seqno, bulk.last_seqno(vb.vbid))
             out.append(_VB_SEQNO.pack(vb.vbid, seqno))
         self._reply(req, Status.SUCCESS, value=b"".join(out))
 
@@ -650,6 +700,7 @@ class ProducerConnection:
             return
         self.controls[name] = setting
         self._maker = None
+        self._frames = None
         self._reply(req, Status.SUCCESS)
 
     # --- streams (spec §4.4, §6) ---------------------------------------------------------------
@@ -674,6 +725,12 @@ class ProducerConnection:
         if self._maker is None:
             self._maker = EventMaker(self.cluster.bucket, self._options(), self.cluster.rng)
         return self._maker
+
+    @property
+    def frames(self) -> DocFrames:
+        if self._frames is None:
+            self._frames = DocFrames(self.maker, self.cluster.values)
+        return self._frames
 
     def _failover_log(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
         vbid = req[5]
@@ -721,10 +778,26 @@ class ProducerConnection:
         if vb.high_seqno > start:
             stream.backfill = self.maker.backfill_items(vb, start)
             stream.backfill_end = vb.high_seqno
+            self._add_bulk(stream, start)
         self.streams[vbid] = stream
         self._rotation.append(vbid)
         if start >= end:
             self._queue_end(stream, StreamEndReason.OK)
+
+    def _add_bulk(self, stream: ProducerStream, start: int) -> None:
+        """The bulk documents above ``start`` join the backfill when the stream sees
+        their collection."""
+        bulk, vbid = self.cluster.bulk, stream.vbid
+        if bulk is None or start >= bulk.last_seqno(vbid):
+            return
+        wanted = stream.collection_filter
+        coll = self.cluster.bucket.collections[BULK_COLLECTION_ID]
+        if coll.dropped_uid is not None or (
+            wanted is not None and BULK_COLLECTION_ID not in wanted
+        ):
+            return
+        stream.bulk_next = max(0, start - bulk.base_seqno[vbid])
+        stream.bulk_stop = bulk.in_vbucket(vbid)
 
     def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
         """The stream request's collection filter (spec §4.4): (known, collection ids)."""
@@ -753,7 +826,8 @@ class ProducerConnection:
             self._reply(req, Status.DCP_STREAM_NOT_FOUND if v7 else KEY_ENOENT)
             return
         self._reply(req, Status.SUCCESS)
-        stream.backfill, stream.pending = [], []
+        stream.drop_backfill()
+        stream.pending = []
         stream.frames.clear()
         if self.controls.get("send_stream_end_on_client_close_stream") == "true":
             self._queue_end(stream, StreamEndReason.CLOSED)
@@ -771,23 +845,25 @@ class ProducerConnection:
         if stream is None or stream.ended:
             return
         if flush:
-            while not stream.ended and (stream.backfill or stream.pending):
+            while not stream.ended and (stream.backfilling or stream.pending):
                 stream.frames.extend(self._next_chunk(stream))
             if stream.ended:
                 return
         else:
-            stream.backfill, stream.pending = [], []
+            stream.drop_backfill()
+        stream.pending = []
         self._queue_end(stream, reason)
 
     def _queue_end(self, stream: ProducerStream, reason: int) -> None:
-        stream.frames.append(self._end_frame(stream, reason))
+        stream.frames.append((self._end_frame(stream, reason), 1))
         if stream.vbid not in self._rotation:
             self._rotation.append(stream.vbid)
 
     def _end_frame(self, stream: ProducerStream, reason: int) -> bytes:
         """The STREAM_END frame; nothing more is sent on this stream after it."""
         stream.ended = True
-        stream.backfill, stream.pending = [], []
+        stream.drop_backfill()
+        stream.pending = []
         h = self.maker.header(Opcode.DCP_STREAM_END, stream.vbid, opaque=stream.opaque)
         return encode(StreamEnd(h, reason, stream_end_reason_name(reason)))
 
@@ -806,29 +882,28 @@ class ProducerConnection:
             if not stream.frames and not stream.ended:
                 stream.frames.extend(self._next_chunk(stream))
             if stream.frames:
-                frames = stream.frames
+                runs = stream.frames
                 stream.frames = deque()
-                if self.cut_armed and len(frames) >= 3:
-                    self._data.extend([frames[0], frames[1]])  # a marker and one item
+                if self.cut_armed and sum(count for _run, count in runs) >= 3:
+                    joined = b"".join(run for run, _count in runs)
+                    cut, _n = _frames_end(joined, len(joined), 2)
+                    self._data.append((joined[:cut], 2))  # a marker and one item
                     self.cut_armed = False
                     self._closing = True
                     self.close_reason = "cut mid-snapshot"
                     return True
-                self._data.extend(frames)
+                self._data.extend(runs)
                 return True
         return False
 
-    def _next_chunk(self, stream: ProducerStream) -> list[bytes]:
+    def _next_chunk(self, stream: ProducerStream) -> list[Run]:
         """Encode the next part of the stream: a slice of its backfill, else its queued live
         changes as one memory snapshot; an end seqno reached ends the stream (OK)."""
         maker = self.maker
-        bucket = self.cluster.bucket
-        vb = bucket.vbuckets[stream.vbid]
+        vb = self.cluster.bucket.vbuckets[stream.vbid]
         end = stream.end_seqno
-        if stream.backfill:
-            items = stream.backfill[:CHUNK_ITEMS]
-            del stream.backfill[:CHUNK_ITEMS]
-            return self._encode_backfill_chunk(stream, vb, items)
+        if stream.backfilling:
+            return self._encode_backfill_chunk(stream, vb)
         if not stream.pending:
             return []
         items = [i for i in stream.pending if i.seqno <= end]
@@ -836,52 +911,94 @@ class ProducerConnection:
         if not items:
             return []
         marker, items = maker.memory_snapshot(vb, items, opaque=stream.opaque)
-        events = maker.snapshot_events(
+        body = bytearray()
+        count, last = self.frames.items(
+            body,
             stream.vbid,
-            marker,
             items,
             disk=False,
             opaque=stream.opaque,
             collection_filter=stream.collection_filter,
         )
         stream.sent_upto = marker.end_seqno
-        out = [encode(e) for e in events] if events is not None else []
-        return out + self._after_snapshot(stream, items)
+        runs: list[Run] = []
+        collections = maker.options.collections
+        if count or collections:  # else a non-collection stream just sees a gap
+            out = bytearray(encode(marker))
+            out += body
+            if last != marker.end_seqno and collections:
+                h = maker.header(Opcode.DCP_SEQNO_ADVANCED, stream.vbid, opaque=stream.opaque)
+                out += encode(SeqnoAdvanced(h, marker.end_seqno))
+                count += 1
+            runs.append((bytes(out), count + 1))
+        return runs + self._after_snapshot(stream, items)
 
-    def _encode_backfill_chunk(
-        self, stream: ProducerStream, vb: VBucket, items: list[Item]
-    ) -> list[bytes]:
+    def _encode_backfill_chunk(self, stream: ProducerStream, vb: VBucket) -> list[Run]:
         """A slice of the disk snapshot taken at the stream request (its marker first)."""
         maker = self.maker
         end = min(stream.backfill_end, stream.end_seqno)
-        out: list[bytes] = []
+        out = bytearray()
+        count = 0
         if not stream.marker_sent:
             stream.marker_sent = True
-            marker = maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
-            out.append(encode(marker))
-        items = [i for i in items if i.seqno <= end]
-        visible = [i for i in items if maker.visible(i, stream.collection_filter)]
+            out += encode(
+                maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
+            )
+            count += 1
         opaque = stream.opaque
-        out += [encode(maker.item_event(stream.vbid, i, disk=True, opaque=opaque)) for i in visible]
-        if not stream.backfill:  # the backfill's last chunk
-            last = visible[-1].seqno if visible else -1
+        bulk = self.cluster.bulk
+        next_bulk = None
+        if bulk is not None and stream.bulk_next < stream.bulk_stop:
+            next_bulk = bulk.seqno(stream.vbid, stream.bulk_next)
+        items: list[Item] = []
+        if (
+            bulk is not None
+            and next_bulk is not None
+            and (not stream.backfill or stream.backfill[0].seqno > next_bulk)
+        ):  # the bulk documents' turn, in seqno order
+            lo = stream.bulk_next
+            hi = min(stream.bulk_stop, lo + CHUNK_ITEMS, end - bulk.base_seqno[stream.vbid])
+            last = -1
+            if hi > lo:
+                data, n = bulk.frames(
+                    stream.vbid, lo, hi, opaque=opaque, collections=maker.options.collections
+                )
+                out += data
+                count += n
+                last = bulk.seqno(stream.vbid, hi - 1)
+            stream.bulk_next = hi if hi > lo and last < end else stream.bulk_stop
+        else:
+            items = stream.backfill[:CHUNK_ITEMS]
+            if next_bulk is not None:
+                items = [i for i in items if i.seqno < next_bulk]
+            del stream.backfill[: len(items)]
+            if items and items[-1].seqno > end:
+                items = [i for i in items if i.seqno <= end]
+            n, last = self.frames.items(
+                out, stream.vbid, items, disk=True, opaque=opaque,
+                collection_filter=stream.collection_filter,
+            )  # fmt: skip
+            count += n
+        runs: list[Run] = []
+        if not stream.backfilling:  # the backfill's last chunk
             if last != end and maker.options.collections:
                 h = maker.header(Opcode.DCP_SEQNO_ADVANCED, stream.vbid, opaque=opaque)
-                out.append(encode(SeqnoAdvanced(h, end)))
+                out += encode(SeqnoAdvanced(h, end))
+                count += 1
             stream.sent_upto = end
-            out += self._after_snapshot(stream, items)
-        return out
+            runs = self._after_snapshot(stream, items)
+        return [(bytes(out), count), *runs] if count else runs
 
-    def _after_snapshot(self, stream: ProducerStream, items: Iterable[Item]) -> list[bytes]:
+    def _after_snapshot(self, stream: ProducerStream, items: Iterable[Item]) -> list[Run]:
         """STREAM_END once the end seqno is reached, or when every filtered collection was
         dropped (filter_empty)."""
         if stream.sent_upto >= stream.end_seqno:
-            return [self._end_frame(stream, StreamEndReason.OK)]
+            return [(self._end_frame(stream, StreamEndReason.OK), 1)]
         if stream.collection_filter and all(
             self.cluster.bucket.collections[c].dropped_uid is not None
             for c in stream.collection_filter
         ):
-            return [self._end_frame(stream, StreamEndReason.FILTER_EMPTY)]
+            return [(self._end_frame(stream, StreamEndReason.FILTER_EMPTY), 1)]
         return []
 
 

@@ -12,7 +12,8 @@ or as a command::
 
 which serves until SIGTERM; a line-based control port (in the port file) takes
 ``failover VB``, ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``,
-``cut_node NODE`` and ``truth``.
+``cut_node NODE`` and ``truth``. ``--bulk-docs N --body-bytes B`` adds N small documents
+made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -30,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import cast
 
-from dcp_cdc.errors import ProtocolError
+from dcp_cdc.errors import ConfigError, ProtocolError
 from dcp_cdc.simulator.model import Collection, Scope
 from dcp_cdc.simulator.producer import ProducerCluster, ProducerConnection
 from dcp_cdc.simulator.state import SimConfig, Simulation
@@ -110,6 +112,8 @@ class ProducerServer:
         users: Mapping[str, str] | None = None,
         tls_context: ssl.SSLContext | None = None,
         refuse_optional_controls: bool = False,
+        bulk_docs: int = 0,
+        body_bytes: int = 64,
     ) -> None:
         self.config = config
         self.sim = Simulation(config)
@@ -122,6 +126,8 @@ class ProducerServer:
             refuse_optional_controls=refuse_optional_controls,
             seed=config.seed,
         )
+        if bulk_docs:
+            self.cluster.add_bulk(bulk_docs, body_bytes)
         self.tls_context = tls_context
         self.protocols: set[_NodeProtocol] = set()
         self._servers: list[asyncio.AbstractServer] = []
@@ -272,6 +278,8 @@ class ProducerServer:
 
     def write_truth(self, out: Path) -> Path:
         """``out/truth/{documents.jsonl,summary.json}``: the bucket as it is now."""
+        if self.cluster.bulk is not None:
+            raise ConfigError("the truth is not written for a bucket with bulk documents")
         consistent = {vb.vbid: vb.high_seqno for vb in self.sim.bucket.vbuckets}
         return write_truth(self.sim, out, consistent=consistent, sessions=self.cluster.sessions)
 
@@ -296,7 +304,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--users", action="append", default=[], help="user:password (repeatable)")
     p.add_argument("--refuse-optional-controls", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--bulk-docs",
+        type=int,
+        default=0,
+        help="add N bulk documents (collection 0, small fixed bodies) for benchmarks; "
+        "no truth is written then",
+    )
+    p.add_argument("--body-bytes", type=int, default=64, help="size of a bulk document's body")
+    args = p.parse_args(argv)
+    if args.bulk_docs and args.truth_out:
+        p.error("--truth-out: no truth is written for a bucket with --bulk-docs")
+    return args
 
 
 async def _control(server: ProducerServer, truth_out: Path | None, line: str) -> str:
@@ -335,7 +354,16 @@ async def _serve(args: argparse.Namespace) -> int:
         docs=args.docs,
         ops=args.ops,
     )
-    server = ProducerServer(config, nodes=args.nodes, users=users, tls_context=ctx)
+    server = ProducerServer(
+        config,
+        nodes=args.nodes,
+        users=users,
+        tls_context=ctx,
+        refuse_optional_controls=args.refuse_optional_controls,
+        bulk_docs=args.bulk_docs,
+        body_bytes=args.body_bytes,
+    )
+    gc.freeze()  # the loaded bucket is long-lived: collections need not scan it (speed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -222,3 +222,28 @@ def test_rebalance_pushes_the_map_and_moves_the_vbucket(cluster: ProducerCluster
     (push,) = frames(conn.data_to_send())
     assert push[:2] == (Magic.SERVER_REQUEST, 0x01) and push[4] == struct.pack(">I", cluster.rev)
     assert json.loads(push[6])["vBucketServerMap"]["vBucketMap"][0] == [1]
+
+
+def test_bulk_documents_join_the_backfill_in_seqno_order(cluster: ProducerCluster) -> None:
+    before = cluster.bucket.vbuckets[0].high_seqno
+    bulk = cluster.add_bulk(20_000, 40)
+    n = bulk.in_vbucket(0)
+    cid, key = next(k for k in cluster.bucket.vbuckets[0].docs)
+    cluster.sim.write_doc(cid, key)  # a change above the bulk documents
+    vb = cluster.bucket.vbuckets[0]
+    assert vb.high_seqno == before + n + 1
+    conn, _ = handshake(cluster)
+    conn.receive_data(stream_req(0, end=vb.high_seqno, opaque=7))
+    out = frames(conn.data_to_send() + conn.data_to_send())
+    items = [f for f in out if f[1] in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, 0x5F)]
+    seqnos = [struct.unpack_from(">Q", f[4])[0] for f in items]
+    assert seqnos == sorted(seqnos) and seqnos[-1] == vb.high_seqno
+    bulk_keys = [f[5] for f in items if f[5].startswith(b"\x00bulk::")]
+    assert len(bulk_keys) == n and n > 1000  # several chunks
+    assert out[-1][1] == Opcode.DCP_STREAM_END
+    # an end seqno inside the bulk range stops there
+    conn.receive_data(stream_req(1, end=bulk.seqno(1, 10), opaque=8))
+    out = frames(conn.data_to_send())
+    last = [f for f in out if f[1] == Opcode.DCP_MUTATION][-1]
+    assert struct.unpack_from(">Q", last[4])[0] == bulk.seqno(1, 10)
+    assert out[-1][1] == Opcode.DCP_STREAM_END and out[-1][4] == struct.pack(">I", 0)

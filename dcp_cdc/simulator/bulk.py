@@ -1,0 +1,158 @@
+"""Bulk documents: a bucket of millions of small documents for benchmarks, built in seconds.
+
+The simulator's documents are Python objects, a few hundred bytes each and microseconds to
+make; ten million of them would take minutes and gigabytes. Bulk documents are a numbered
+range instead: document ``k`` of collection 0 has key ``bulk::<k, 10 digits>``, a JSON body of
+``body_bytes`` bytes naming it, rev seqno 1 and its own CAS. Each vbucket (the key's CRC32,
+spec §7.1, computed with numpy) holds its documents at consecutive seqnos right above what the
+vbucket had when they were made; only their numbers are kept (4 bytes a document). The test
+producer serves them in backfills as mutations, whole chunks built with numpy records made of
+the layout tables (``HEADER`` and ``MUTATION``); nothing else changes them, and the truth
+files do not list them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dcp_cdc import layouts
+from dcp_cdc.errors import ConfigError
+from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode
+from dcp_cdc.simulator.model import Bucket
+from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES
+
+if TYPE_CHECKING:
+    import numpy as np
+
+KEY_PREFIX = b"bulk::"
+DIGITS = 10
+COLLECTION_ID = 0
+_BODY_HEAD, _BODY_MID, _BODY_TAIL = b'{"id":"', b'","pad":"', b'"}'
+MIN_BODY = len(_BODY_HEAD) + DIGITS + len(_BODY_MID) + len(_BODY_TAIL)
+MAX_BODY = SNAPPY_MIN_BYTES - 1
+"""Bodies stay below the size the producer would Snappy-compress: frames stay fixed-size."""
+
+
+def crc32_of_numbered(prefix: bytes, numbers: np.ndarray[Any, Any], digits: int) -> Any:
+    """zlib.crc32 of ``prefix + b"%0{digits}d" % n`` for every ``n``, vectorized."""
+    import numpy as np
+
+    poly = np.uint32(0xEDB88320)
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ poly, table >> 1).astype(np.uint32)
+    state = 0xFFFFFFFF
+    for b in prefix:
+        state = int(table[(state ^ b) & 0xFF]) ^ (state >> 8)
+    crc = np.full(len(numbers), state, dtype=np.uint32)
+    for i in range(digits - 1, -1, -1):
+        digit = (numbers // 10**i) % 10 + 48
+        crc = table[(crc ^ digit.astype(np.uint32)) & 0xFF] ^ (crc >> 8)
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+class BulkDocs:
+    """``count`` bulk documents added to ``bucket`` (see the module's doc)."""
+
+    def __init__(self, bucket: Bucket, count: int, body_bytes: int) -> None:
+        import numpy as np
+
+        if count < 1 or count >= 10**DIGITS:
+            raise ConfigError(f"bulk docs: expected 1..{10**DIGITS - 1}, got {count}")
+        if not MIN_BODY <= body_bytes <= MAX_BODY:
+            raise ConfigError(f"body bytes: expected {MIN_BODY}..{MAX_BODY}, got {body_bytes}")
+        self.count = count
+        self.body_bytes = body_bytes
+        nvb = len(bucket.vbuckets)
+        numbers = np.arange(count, dtype=np.uint32)
+        vbs = ((crc32_of_numbered(KEY_PREFIX, numbers, DIGITS) >> 16) & 0x7FFF) % nvb
+        order = np.argsort(vbs, kind="stable")
+        self.numbers = numbers[order]
+        counts = np.bincount(vbs, minlength=nvb)
+        self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self.cas_base = bucket.last_cas + 1
+        bucket.last_cas += count
+        self.base_seqno: list[int] = []
+        for vb in bucket.vbuckets:
+            self.base_seqno.append(vb.high_seqno)
+            vb.high_seqno += int(counts[vb.vbid])
+        pad = body_bytes - MIN_BODY
+        self.body = _BODY_HEAD + b"0" * DIGITS + _BODY_MID + b"x" * pad + _BODY_TAIL
+        self._records: dict[bool, tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]] = {}
+
+    def in_vbucket(self, vbid: int) -> int:
+        return int(self.offsets[vbid + 1] - self.offsets[vbid])
+
+    def seqno(self, vbid: int, index: int) -> int:
+        """The seqno of the vbucket's ``index``-th bulk document (0-based)."""
+        return self.base_seqno[vbid] + index + 1
+
+    def last_seqno(self, vbid: int) -> int:
+        return self.base_seqno[vbid] + self.in_vbucket(vbid)
+
+    def _record(self, collections: bool) -> tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]:
+        """The frame as a numpy record, its template, and where the key's and the body's
+        digits start."""
+        cached = self._records.get(collections)
+        if cached is not None:
+            return cached
+        import numpy as np
+
+        key_prefix = (b"\x00" if collections else b"") + KEY_PREFIX  # uleb128(0)
+        klen = len(key_prefix) + DIGITS
+        ext = layouts.MUTATION.length
+        size = HEADER_LEN + ext + klen + self.body_bytes
+        dtype = np.dtype(
+            {
+                "names": ["header", "extras", "key", "value"],
+                "formats": [
+                    layouts.HEADER.numpy_dtype(),
+                    layouts.MUTATION.numpy_dtype(),
+                    f"S{klen}",
+                    f"S{self.body_bytes}",
+                ],
+                "offsets": [0, HEADER_LEN, HEADER_LEN + ext, HEADER_LEN + ext + klen],
+                "itemsize": size,
+            }
+        )
+        template = np.zeros(1, dtype)
+        h = template["header"]
+        h["magic"], h["opcode"], h["key_len"] = Magic.CLIENT_REQUEST, Opcode.DCP_MUTATION, klen
+        h["ext_len"], h["datatype"], h["body_len"] = ext, Datatype.JSON, size - HEADER_LEN
+        template["extras"]["rev_seqno"] = 1
+        template["key"] = key_prefix + b"0" * DIGITS
+        template["value"] = self.body
+        key_digits = HEADER_LEN + ext + len(key_prefix)
+        body_digits = HEADER_LEN + ext + klen + len(_BODY_HEAD)
+        cached = self._records[collections] = (dtype, template, key_digits, body_digits)
+        return cached
+
+    def frames(
+        self, vbid: int, lo: int, hi: int, *, opaque: int, collections: bool
+    ) -> tuple[bytes, int]:
+        """The mutations of the vbucket's bulk documents ``lo``..``hi - 1``: (frames, count)."""
+        import numpy as np
+
+        dtype, template, key_digits, body_digits = self._record(collections)
+        n = hi - lo
+        rec = np.empty(n, dtype)
+        rec[:] = template[0]
+        rec["header"]["vbucket_or_status"] = vbid
+        rec["header"]["opaque"] = opaque
+        start = self.offsets[vbid] + lo
+        numbers = self.numbers[start : start + n].astype(np.uint64)
+        rec["header"]["cas"] = numbers + np.uint64(self.cas_base)
+        rec["extras"]["by_seqno"] = np.arange(
+            self.seqno(vbid, lo), self.seqno(vbid, hi), dtype=np.uint64
+        )
+        raw = rec.view(np.uint8).reshape(n, dtype.itemsize)
+        for i in range(DIGITS):
+            digit = ((numbers // np.uint64(10 ** (DIGITS - 1 - i))) % np.uint64(10) + 48).astype(
+                np.uint8
+            )
+            raw[:, key_digits + i] = digit
+            raw[:, body_digits + i] = digit
+        return rec.tobytes(), n
+
+    def key(self, number: int) -> bytes:
+        return KEY_PREFIX + b"%0*d" % (DIGITS, number)
