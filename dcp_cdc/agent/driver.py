@@ -81,6 +81,8 @@ MAX_FAILURES = 8
 """Consecutive failed (re)connections to one node before the capture gives up."""
 STOP_GRACE_S = 5.0
 """How long a stop waits for STREAM_END (closed) before closing the sockets anyway."""
+WATCH_S = 2.0
+"""How often the run looks for vbuckets that nothing streams (:meth:`_Agent.watch`)."""
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,9 @@ class _Agent:
         self.nodes: dict[HostPort, _Node] = {}
         self.connecting: dict[HostPort, asyncio.Future[_Node]] = {}
         self.placing: set[int] = set()
+        self.stalled: dict[int, int] = {}
+        self.settling: set[int] = set()
+        """vbuckets whose old session is being made durable before they move on."""
         self.node_index: dict[HostPort, int] = {}
         self.vbuckets: list[int] = []
         self.end_seqnos: dict[int, int] = {}
@@ -635,8 +640,11 @@ class _Agent:
         if any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead):
             return  # already streaming (on this node or another)
         if self.mode == "until-now" and vb not in self.end_seqnos:
-            # the node's GET_ALL_VB_SEQNOS is in flight; its reply opens the stream
+            # the reply to a GET_ALL_VB_SEQNOS opens the stream; ask (again): an earlier
+            # reply may have come before this vbucket was placed here
             node.owned.add(vb)
+            node.conn.request_high_seqnos()
+            await node._send()
             return
         if node.session_started < self.last_session.get(vb, 0.0):
             await node.flush(new_session=True)
@@ -649,6 +657,27 @@ class _Agent:
         self.last_session[vb] = node.session_started
         node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
         await node._send()
+
+    def watch(self) -> None:
+        """Place anew every vbucket still to stream that no connection streams, nothing is
+        placing and no old session is making durable: whatever path lost it (a reply that raced its placement, a move whose
+        node went away), a vbucket must never stall silently."""
+        streaming = {
+            vb
+            for n in self.nodes.values()
+            if n.conn is not None and not n.dead
+            for vb in n.conn.streaming()
+        }
+        for vb in sorted(self.pending - streaming - self.placing - self.settling):
+            if self.stalled.get(vb, 0) >= 1:  # idle at two watches in a row
+                log.info("capture: vbucket %d is not streaming; placing it again", vb)
+                self.stalled.pop(vb)
+                self.spawn(self.place(vb))
+            else:
+                self.stalled[vb] = 1
+        for vb in list(self.stalled):
+            if vb in streaming or vb not in self.pending:
+                self.stalled.pop(vb)
 
     def vb_done(self, vb: int) -> None:
         if vb in self.pending:
@@ -670,12 +699,15 @@ class _Agent:
         """``vb`` left ``node``: make its frames durable there, then place it anew."""
         if node.dead:
             return  # node_lost flushes the node and places its vbuckets
+        self.settling.add(vb)
         try:
             await node.flush()
         except CaptureConnectionError:
             if node.dead:
                 return
             raise
+        finally:
+            self.settling.discard(vb)
         node.owned.discard(vb)
         self.summary.moves += 1
         await self.any_map_refresh()
@@ -685,8 +717,12 @@ class _Agent:
         log.warning("capture: connection to %s lost (%s); resuming elsewhere", node.label, why)
         node.dead = True
         self.summary.reconnects += 1
-        await node.flush(last=True)
-        await node.close()
+        self.settling |= node.owned
+        try:
+            await node.flush(last=True)
+            await node.close()
+        finally:
+            self.settling -= node.owned
         if self.nodes.get(node.endpoint) is node:
             del self.nodes[node.endpoint]
         for vb in sorted(node.owned):
@@ -771,8 +807,11 @@ class _Agent:
                     break
                 self.wake.clear()
                 wake = asyncio.create_task(self.wake.wait())
-                await asyncio.wait({wake, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {wake, stop_wait}, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED
+                )
                 wake.cancel()
+                self.watch()
         finally:
             stop_wait.cancel()
             await self.shutdown()
