@@ -130,12 +130,14 @@ async def _demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, C
         )
         stop = asyncio.Event()
         follow = asyncio.create_task(capture(settings, mode="follow", stop=stop))
-        workload = asyncio.create_task(server.run_workload(sim.ops, batch=100, pause_s=0.005))
+        await asyncio.sleep(1.0)  # the agent connects and opens its streams
+        workload = asyncio.create_task(server.run_workload(sim.ops, batch=50, pause_s=0.02))
         while server.ops_done < sim.ops // 2 and not workload.done():
             await asyncio.sleep(0.01)
         server.failover(3)
         server.rebalance(5, (server.cluster.vbmap[5] + 1) % DEMO_NODES)
         await workload
+        await asyncio.sleep(1.0)  # the last changes reach the agent as they would a follower
         stop.set()
         followed = await follow
         bounded = await capture(settings, mode="until-now")
@@ -172,7 +174,8 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         size = sum(f.stat().st_size for f in files)
         out.write(
             f"      followed {sim.ops:,} live changes through a failover and a rebalance "
-            f"({followed.rollbacks} rollbacks, {followed.moves} moved vbuckets), then "
+            f"({followed.rollbacks + bounded.rollbacks} rollbacks, "
+            f"{followed.moves + bounded.moves} moved vbuckets), then "
             f"{len(bounded.done)} vbuckets up to now: {len(files)} capture files, {size:,} bytes "
             f"under {target / 'landing'}\n"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import subprocess
 import sys
@@ -169,30 +170,32 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
 
 
 @pytest.mark.slow
-def test_pipeline_dag_runs_end_to_end_over_a_simulator_capture(
-    config_file: Path, tmp_path: Path
+def test_pipeline_dag_captures_then_runs_end_to_end(
+    config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``dag.test()``: three spark-submit jobs on a local master; silver equals the truth."""
+    """``dag.test()``: the capture task streams the test producer (a child process, 2 data
+    nodes) up to now, then three spark-submit jobs on a local master; silver equals the truth."""
     from deltalake import DeltaTable
 
-    from dcp_cdc.simulator import simulate
+    from tests.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
-    result = simulate(
-        tmp_path / "sim",
-        scenario="basic",
-        seed=4,
-        vbuckets=16,
-        docs=300,
-        ops=600,
-        bucket="travel-sample",
+    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)  # the capture task's child process reads it
+    stack = contextlib.ExitStack()
+    prod = stack.enter_context(
+        producer(tmp_path, bucket="travel-sample", nodes=2, vbuckets=16, docs=300, ops=0, seed=4)
     )
+    prod.wait_workload()  # no live changes: the truth is the initial load
     _config(
         config_file,
         f"""
-landing = "{tmp_path / "sim" / "landing"}"
+landing = "{tmp_path / "landing"}"
 warehouse = "../warehouse"
 [[buckets]]
 name = "travel-sample"
+[buckets.capture]
+connection_string = "{prod.info["connection_string"]}"
+username = "{USER}"
+password_env = "{PASSWORD_ENV}"
 [spark]
 shuffle_partitions = 2
 conf = {{ "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" }}
@@ -201,13 +204,15 @@ retries = 0
 """,
     )
     dag = _dagbag().dags["dcp_cdc__travel_sample_a8560dff"]
-    run = dag.test()
+    with stack:
+        run = dag.test()
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert states == dict.fromkeys(PIPELINE, "success") and run.state == "success"
+    assert states == dict.fromkeys(("capture", *PIPELINE), "success") and run.state == "success"
+    assert list((tmp_path / "landing").glob("*.dcpcap"))
 
     warehouse = tmp_path / "warehouse"
     truth = set()
-    for line in (result.out / "truth" / "documents.jsonl").read_text().splitlines():
+    for line in (prod.truth_out / "truth" / "documents.jsonl").read_text().splitlines():
         doc = json.loads(line)
         key = doc.get("key") or base64.b64decode(doc["key_b64"]).decode("utf-8", "replace")
         truth.add((doc["collection_id"], key, doc["seqno"]))
@@ -242,3 +247,27 @@ def test_default_configuration_for_a_checkout_and_an_installed_package(
     assert dcp_airflow.config_path() == tmp_path / "conf" / "local.toml"
     monkeypatch.setenv("DCP_CDC_CONFIG", "elsewhere.toml")
     assert dcp_airflow.config_path() == tmp_path / "elsewhere.toml"
+
+
+def test_a_bucket_with_a_capture_section_captures_first(config_file: Path) -> None:
+    _config(
+        config_file,
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n[[buckets]]\n'
+        'name = "live"\n[buckets.capture]\nconnection_string = "couchbase://127.0.0.1"\n'
+        'username = "reader"\npassword_env = "CB_PASSWORD"\n',
+    )
+    bag = _dagbag()
+    assert [t.task_id for t in bag.dags["dcp_cdc__orders"].topological_sort()] == PIPELINE
+    dag = bag.dags["dcp_cdc__live"]
+    assert [t.task_id for t in dag.topological_sort()] == ["capture", *PIPELINE]
+    capture = dag.get_task("capture")
+    assert capture.command()[-7:] == [
+        "capture",
+        "--config",
+        str(config_file),
+        "--bucket",
+        "live",
+        "--until",
+        "now",
+    ]
+    assert "CB_PASSWORD" not in " ".join(capture.command())  # the agent reads it, not Airflow

@@ -188,20 +188,3 @@ def test_help_states_the_configuration_rule() -> None:
         (sub,) = [a for a in parser._actions if a.dest == "command"]
         text = " ".join(sub.choices[verb].format_help().split())  # type: ignore[attr-defined]
         assert "--config FILE a TOML file (default: $DCP_CDC_CONFIG, else" in text, verb
-
-
-def test_the_demo_and_the_default_configuration_agree_on_the_quarantine(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The demo checks its warehouse with the default configuration as it is: the malformed
-    frames it injects must be within that configuration's threshold, in a checkout and
-    outside one, or `dcp-cdc check` on the demo's warehouse fails where `dcp-cdc run` passed
-    (tests/e2e/test_run.py runs both)."""
-    from pipelines.run import demo_simulation
-
-    monkeypatch.delenv(CONFIG_ENV, raising=False)
-    for folder in (REPO, REPO / "conf"):  # conf/local.toml; the built-in settings
-        monkeypatch.chdir(folder)
-        config = load_config(None)
-        injected = demo_simulation(config.buckets[0].name).inject_malformed
-        assert 0 < injected <= config.quality.quarantine_threshold
