@@ -658,6 +658,42 @@ class _Agent:
         node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
         await node._send()
 
+    async def reached(self) -> None:
+        """``until-now``: end the streams already at their end seqno. The server ends a stream
+        at the end seqno asked for; after a failover lowered it (rollback), the server would
+        wait for seqnos the new branch may never reach."""
+        if self.mode != "until-now":
+            return
+        for node in list(self.nodes.values()):
+            if node.conn is None or node.dead or not node.conn.ready:
+                continue
+            positions = node.conn.positions()
+            ended = [
+                vb
+                for vb in node.conn.streaming()
+                if vb in self.pending
+                and vb in positions
+                and positions[vb].seqno >= self.end_seqnos.get(vb, NO_END_SEQNO)
+            ]
+            for vb in ended:
+                node.conn.close_stream(vb)
+                self.vb_done(vb)
+            if ended:
+                with contextlib.suppress(ConnectionLostError):
+                    await node._send()
+
+    async def ask_high_seqnos(self) -> None:
+        """``until-now``, every :data:`WATCH_S` of a run still streaming: the high seqnos
+        again from every node, so that an end a failover made unreachable is lowered (a
+        stream ended and reopened after a failover rolls back only when it was past the
+        branch point)."""
+        for node in list(self.nodes.values()):
+            if node.conn is None or node.dead or not node.conn.ready:
+                continue
+            node.conn.request_high_seqnos()
+            with contextlib.suppress(ConnectionLostError):
+                await node._send()
+
     def watch(self) -> None:
         """Place anew every vbucket still to stream that no connection streams, nothing is
         placing and no old session is making durable: whatever path lost it (a reply that raced its placement, a move whose
@@ -750,6 +786,11 @@ class _Agent:
             await self.on_stream_end(node, event)
         elif isinstance(event, StreamRolledBack):
             self.summary.rollbacks += 1
+            if self.mode == "until-now" and node.conn is not None:
+                # a failover may have lost seqnos up to the end asked for: ask the high seqno
+                # again (HighSeqnos lowers the end; reached() then ends the vbucket)
+                node.conn.request_high_seqnos()
+                await node._send()
         elif isinstance(event, NotMyVbucket):
             self.spawn(self.move_away(node, event.vbucket))
         elif isinstance(event, StreamRefused):
@@ -762,7 +803,9 @@ class _Agent:
             self.refresh_map(event.config, node.endpoint.host)
         elif isinstance(event, HighSeqnos):
             for vb, seqno in event.seqnos.items():
-                self.end_seqnos.setdefault(vb, seqno)
+                # the end is the high seqno at the start; only a failover lowers it
+                self.end_seqnos[vb] = min(self.end_seqnos.get(vb, seqno), seqno)
+            await self.reached()
             streaming = node.conn.streaming() if node.conn else frozenset()
             for vb in sorted(node.owned):
                 if vb in self.pending and vb not in streaming:
@@ -807,11 +850,14 @@ class _Agent:
                     break
                 self.wake.clear()
                 wake = asyncio.create_task(self.wake.wait())
-                await asyncio.wait(
+                woken, _ = await asyncio.wait(
                     {wake, stop_wait}, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED
                 )
                 wake.cancel()
+                await self.reached()
                 self.watch()
+                if not woken and self.mode == "until-now":
+                    await self.ask_high_seqnos()
         finally:
             stop_wait.cancel()
             await self.shutdown()

@@ -189,3 +189,37 @@ def test_tls_and_an_untrusted_certificate(tmp_path: Path) -> None:
             assert info.value.node == f"127.0.0.1:{server.tls_ports[0]}"
 
     asyncio.run(scenario())
+
+
+def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a bounded run is the high seqno at its start. A failover that loses the
+    last changes of a vbucket after that (here: as its stream is about to open) leaves an end
+    the new branch never reaches; the agent asks the high seqnos again, lowers the end and
+    finishes, with the captures equal to the bucket after the failover."""
+    from dcp_cdc.agent import driver
+
+    async def scenario() -> None:
+        config = SimConfig(docs=400, ops=0, vbuckets=4)
+        async with ProducerServer(config, nodes=2) as server:
+            lowered: list[int] = []
+            open_on = driver._Agent.open_on
+
+            async def failing_over(self: Any, node: Any, vb: int) -> None:
+                if vb == 1 and not lowered and vb in self.end_seqnos:
+                    # 5 changes written, then lost: the new branch starts where they began.
+                    # The agent's end is as if its GET_ALL_VB_SEQNOS had answered between
+                    # the writes and the failover.
+                    lowered.append(server.failover(vb, lost=5))
+                    self.end_seqnos[vb] = lowered[0] + 5
+                await open_on(self, node, vb)
+
+            monkeypatch.setattr(driver._Agent, "open_on", failing_over)
+            s = settings(tmp_path, server.connection_string)
+            done = await asyncio.wait_for(capture(s), 20)
+            assert lowered and sorted(done.done) == list(range(4))
+            assert done.positions[1].seqno == lowered[0]
+            assert captured(s.landing) == truth(server, tmp_path / "t")
+
+    asyncio.run(scenario())
