@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcp_cdc import flatbuf
+from dcp_cdc import flatbuf, layouts
 from dcp_cdc.agent.positions import FailoverEntries, VbPosition, prune_log, uuid_at
 from dcp_cdc.errors import (
     AgentUsageError,
@@ -179,7 +179,7 @@ class ConsumerSettings:
 
 # --- wire helpers ---------------------------------------------------------------------------
 
-_HEAD = struct.Struct(">BBHBBHIIQ")  # the 24-byte header (spec §1.1)
+_HEAD = layouts.joined(layouts.HEADER)  # the 24-byte header (spec §1.1), from the one table
 _HEAD_SEQNO = struct.Struct(">BBHBBHI12xQ")  # header up to body_len, then extras' first u64
 _HEAD_SHORT = struct.Struct(">BBHBBHI")  # the same for a frame too short for the seqno
 _U64 = struct.Struct(">Q")
