@@ -36,7 +36,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
@@ -707,7 +707,7 @@ class _Run:
         chunk, storage = self.config.ingest.chunk_bytes, self.storage
         outcomes: Any = self.spark.sparkContext.accumulator({}, ByFile())  # type: ignore[arg-type]
         rows = (
-            _files(self.spark, [_file_row(f) for f in files])
+            _files(self.spark, [_file_row(f) for f in files], self.config.ingest.chunk_bytes)
             .mapInArrow(
                 lambda b: scan_files(
                     b,
@@ -768,7 +768,7 @@ class _Run:
         ingested_at = F.current_timestamp()
         counts: Any = spark.sparkContext.accumulator({}, ByFile())  # type: ignore[arg-type]
         events_schema = schemas.arrow_schema(schemas.DECODED_EVENTS)
-        events = _files(spark, file_rows).mapInArrow(
+        events = _files(spark, file_rows, chunk).mapInArrow(
             lambda batches: decode_files(
                 batches,
                 events_schema,
@@ -829,7 +829,7 @@ class _Run:
         counts: Any = spark.sparkContext.accumulator({}, ByFile())  # type: ignore[arg-type]
         out_schema = schemas.arrow_schema(schemas.DECODE_OUTPUT)
         errors = (
-            _files(spark, [_file_row(f) for f in files])
+            _files(spark, [_file_row(f) for f in files], chunk)
             .mapInArrow(
                 lambda batches: decode_files(
                     batches,
@@ -909,13 +909,38 @@ def _file_row(f: CaptureFile, carry: str | None = None) -> dict[str, Any]:
     }
 
 
-def _files(spark: SparkSession, file_rows: list[dict[str, Any]]) -> DataFrame:
-    """The run's files, one partition (one decode task) each."""
+def task_groups(sizes: Sequence[int], *, target_bytes: int, parallelism: int) -> list[list[int]]:
+    """The files of each decode task, as indices into ``sizes``: as many tasks as the bytes
+    need (``target_bytes`` each), and at least ``parallelism`` while there are files for
+    them; the biggest file first, each to the task with the fewest bytes. A follow mode's
+    many small files then cost a task per core, not one each."""
+    if not sizes:
+        return []
+    total = sum(sizes)
+    count = min(len(sizes), max(parallelism, -(-total // max(target_bytes, 1))))
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += sizes[i]
+    return [sorted(g) for g in groups]
+
+
+def _files(spark: SparkSession, file_rows: list[dict[str, Any]], target_bytes: int) -> DataFrame:
+    """The run's files, grouped into decode tasks (:func:`task_groups`), one partition each."""
     from pipelines import schemas
 
-    return spark.createDataFrame(file_rows, schema=schemas.FILES).repartition(
-        max(len(file_rows), 1)
+    groups = task_groups(
+        [r["size"] for r in file_rows],
+        target_bytes=target_bytes,
+        parallelism=spark.sparkContext.defaultParallelism,
     )
+    fields = schemas.FILES.fieldNames()
+    tasks = [[tuple(file_rows[i][f] for f in fields) for i in g] for g in groups]
+    # one element per slice: each group is exactly one partition, with no shuffle
+    rdd = spark.sparkContext.parallelize(tasks, max(len(tasks), 1)).flatMap(lambda g: g)
+    return spark.createDataFrame(rdd, schema=schemas.FILES)
 
 
 # --- entry point -------------------------------------------------------------------------

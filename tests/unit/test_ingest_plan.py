@@ -17,6 +17,7 @@ from pipelines.bronze.job import (
     Problem,
     check_landing,
     settle,
+    task_groups,
 )
 
 
@@ -94,3 +95,26 @@ def test_a_landing_location_that_is_not_there_fails_naming_the_field(tmp_path: P
     )
     with pytest.raises(ConfigError, match=r"^buckets\[2\]\.landing: .* 'typo' does not exist$"):
         check_landing(config, config.bucket("typo"))
+
+
+# --- decode tasks --------------------------------------------------------------------------
+
+
+def test_many_small_files_make_one_task_per_core_not_one_each() -> None:
+    groups = task_groups([1_000] * 600, target_bytes=64 << 20, parallelism=2)
+    assert len(groups) == 2
+    assert sorted(i for g in groups for i in g) == list(range(600))
+    assert {len(g) for g in groups} == {300}
+
+
+def test_big_files_get_tasks_by_bytes_and_the_biggest_spread_first() -> None:
+    mib = 1 << 20
+    sizes = [64 * mib, 10 * mib, 60 * mib, 5 * mib, 50 * mib, 3 * mib]
+    groups = task_groups(sizes, target_bytes=64 * mib, parallelism=2)
+    # 192 MiB in 64 MiB tasks: 3; the three big files apart, the small ones on the lightest
+    assert groups == [[0], [2, 3], [1, 4, 5]]
+
+
+def test_fewer_files_than_cores_make_a_task_each() -> None:
+    assert task_groups([5, 7], target_bytes=100, parallelism=4) == [[1], [0]]
+    assert task_groups([], target_bytes=100, parallelism=4) == []
