@@ -13,7 +13,7 @@ import sys
 import time
 
 # In the order a change flows through the product.
-BENCHMARKS = ["capture", "decode", "ingest", "apply", "peer", "e2e"]
+BENCHMARKS = ["capture", "decode", "ingest", "apply", "peer", "e2e", "freshness"]
 
 
 def main(argv: list[str]) -> int:

@@ -325,6 +325,21 @@ class SilverConfig(_Model):
     its vbucket at or below the purged seqno is still refused (``__tombstone_purges``)."""
 
 
+class FollowConfig(_Model):
+    """Follow mode (``dcp-cdc run --follow``): one long-running Spark session that ingests
+    what lands and applies it to silver in micro-batches."""
+
+    interval_s: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    """Seconds from the start of one micro-batch to the start of the next (a batch that takes
+    longer is followed at once)."""
+    rotate_seconds: Annotated[float, Field(ge=0.01, le=3600)] = 1.0
+    """The capture agent run by follow mode closes its files at least this often (the lower of
+    this and ``buckets.capture.rotate_seconds``): a change waits in staging no longer."""
+    check_every_s: Annotated[float, Field(ge=0)] = 3600.0
+    """Seconds between quality checks while following (0: only on demand, ``SIGUSR1``). A
+    check runs between micro-batches and holds the next one back while it runs."""
+
+
 Severity = Literal["error", "warn"]
 _EXPECTATION_KEY = re.compile(r"[a-z][a-z_]*(\.[a-z][a-z_]*)?")
 
@@ -553,6 +568,7 @@ class AppConfig(_Model):
     spark: SparkConfig = SparkConfig()
     airflow: AirflowConfig = AirflowConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
+    follow: FollowConfig = FollowConfig()
     thrift: ThriftConfig = ThriftConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the jobs."""

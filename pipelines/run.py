@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import secrets
 import shutil
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from dcp_cdc.config import DEFAULT_WORKDIR, load_config
 
 if TYPE_CHECKING:
-    from dcp_cdc.agent.driver import CaptureSummary
+    from dcp_cdc.agent.driver import CaptureSettings, CaptureSummary
     from dcp_cdc.simulator import SimConfig
     from pipelines.quality.report import QualityReport
 
@@ -89,6 +93,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workdir", default=DEFAULT_WORKDIR, help="where the embedded demo's data go"
     )
     parser.add_argument("--config", help="a TOML file in conf/: run on its landing data instead")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep following: ingest and apply in micro-batches every follow.interval_s, with "
+        "the capture agent alongside, until SIGTERM or Ctrl-C (the embedded demo: a live "
+        "workload at --rate)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=200.0,
+        help="with --follow and no --config: the demo bucket's live changes a second",
+    )
+    parser.add_argument(
+        "--no-capture",
+        action="store_true",
+        help="with --follow --config: run no capture agent (files land by other means)",
+    )
     check_arguments(parser)
 
 
@@ -109,24 +131,33 @@ def demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, CaptureS
     return asyncio.run(_demo_capture(target, sim))
 
 
-async def _demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, CaptureSummary]:
-    from dcp_cdc.agent.driver import CaptureSettings, capture
+def _demo_settings(
+    connection_string: str, bucket: str, user: str, password: str, landing: Path, rotate: float
+) -> CaptureSettings:
+    from dcp_cdc.agent.driver import CaptureSettings
     from dcp_cdc.config import CAPTURE_DIR
+
+    return CaptureSettings(
+        connection_string=connection_string,
+        bucket=bucket,
+        username=user,
+        password=password,
+        landing=landing,
+        staging=landing / CAPTURE_DIR,
+        state_dir=landing / CAPTURE_DIR,
+        rotate_bytes=1 << 20,
+        rotate_seconds=rotate,
+    )
+
+
+async def _demo_capture(target: Path, sim: SimConfig) -> tuple[CaptureSummary, CaptureSummary]:
+    from dcp_cdc.agent.driver import capture
     from dcp_cdc.simulator.server import ProducerServer
 
     user, password = "dcp-cdc-demo", secrets.token_urlsafe(18)  # this run's only
     async with ProducerServer(sim, nodes=DEMO_NODES, users={user: password}) as server:
-        landing = target / "landing"
-        settings = CaptureSettings(
-            connection_string=server.connection_string,
-            bucket=sim.bucket,
-            username=user,
-            password=password,
-            landing=landing,
-            staging=landing / CAPTURE_DIR,
-            state_dir=landing / CAPTURE_DIR,
-            rotate_bytes=1 << 20,
-            rotate_seconds=60,
+        settings = _demo_settings(
+            server.connection_string, sim.bucket, user, password, target / "landing", 60
         )
         stop = asyncio.Event()
         follow = asyncio.create_task(capture(settings, mode="follow", stop=stop))
@@ -149,6 +180,8 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     """The main job. Without ``--config``: simulate a small bucket into ``--workdir`` (fresh
     each time) and run the pipeline on a local warehouse there; with it, run on real data.
     Exit 1 when a quality check of severity error failed (the data stay)."""
+    if args.follow:
+        return follow_command(args, out)
     simulated = not args.config
     total = 5 if simulated else 4
     number = iter(range(1, total + 1))
@@ -242,3 +275,93 @@ def _verdict(report: QualityReport) -> str:
         f"  results:   {report.results_table}",
     ]
     return "\n".join(lines)
+
+
+# --- follow mode ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _stop_signals(stop: threading.Event, check_now: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` (a second Ctrl-C interrupts at once); SIGUSR1 asks
+    for a quality check."""
+
+    def on_stop(signum: int, frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    wanted = {signal.SIGTERM: on_stop, signal.SIGINT: on_stop}
+    wanted[signal.SIGUSR1] = lambda signum, frame: check_now.set()
+    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def follow_command(args: argparse.Namespace, out: TextIO) -> int:
+    """``dcp-cdc run --follow``: micro-batches until a stop signal. With ``--config``, its
+    buckets, each with its capture agent alongside when it has a capture section; without,
+    the embedded demo: a bucket served by the test producer with a steady live workload.
+
+    The signal handlers are set once Spark runs (its context sets a SIGINT handler that
+    cancels every job, which would cut the batch in progress)."""
+    from pipelines.follow import Follower, LoopThread, captures_of
+    from pipelines.spark_session import session_for
+
+    stop, check_now = threading.Event(), threading.Event()
+    if args.config:
+        config = load_config(args.config)
+        buckets = config.bucket(args.bucket)
+        captures = {} if args.no_capture else captures_of(config, buckets)
+        spark = session_for(config, "dcp-cdc-follow")
+        with _stop_signals(stop, check_now):
+            follower = Follower(
+                spark, config, buckets, out, stop, captures=captures, check_now=check_now
+            )
+            return follower.run()
+    target = Path(args.workdir).resolve()
+    for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
+        shutil.rmtree(target / folder, ignore_errors=True)
+    config = load_config(None, landing=str(target / "landing"), warehouse=str(target / "warehouse"))
+    sim = dataclasses.replace(demo_simulation(config.buckets[0].name), ops=0)
+    user, password = "dcp-cdc-demo", secrets.token_urlsafe(18)
+    served: list[str] = []
+    started = threading.Event()
+
+    async def serve(halt: asyncio.Event) -> None:
+        from dcp_cdc.simulator.server import ProducerServer
+
+        async with ProducerServer(sim, nodes=DEMO_NODES, users={user: password}) as server:
+            served.append(server.connection_string)
+            started.set()
+            await server.steady_workload(args.rate, halt)
+
+    producer = LoopThread("the demo's test producer", serve)
+    producer.start()
+    try:
+        while not started.wait(0.1):
+            producer.check()
+        out.write(
+            f"serving bucket {sim.bucket!r} from {DEMO_NODES} simulated data nodes on 127.0.0.1, "
+            f"{args.rate:g} live changes a second\n"
+        )
+        settings = _demo_settings(
+            served[0], sim.bucket, user, password, target / "landing", config.follow.rotate_seconds
+        )
+        with _Step(out, 1, 1, f"starting Spark ({config.spark.master}) on {config.warehouse}"):
+            spark = session_for(config, "dcp-cdc-follow")
+        with _stop_signals(stop, check_now):
+            follower = Follower(
+                spark,
+                config,
+                config.buckets,
+                out,
+                stop,
+                captures={sim.bucket: settings},
+                check_now=check_now,
+            )
+            return follower.run()
+    finally:
+        producer.stop()

@@ -27,7 +27,8 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import cast
@@ -237,6 +238,40 @@ class ProducerServer:
             self.kick()
             await asyncio.sleep(pause_s)
         self.workload_done.set()
+
+    async def steady_workload(
+        self,
+        rate: float,
+        stop: asyncio.Event,
+        *,
+        tick_s: float = 0.02,
+        sent: Callable[[float, list[int]], None] | None = None,
+    ) -> None:
+        """Live changes at ``rate`` a second until ``stop`` is set (updates, creates, deletes;
+        the TTL pager). Every ``tick_s`` the changes due are made and reach the open streams;
+        then ``sent(wall time, high seqno of every vbucket)`` is called."""
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate}")
+        loop = asyncio.get_running_loop()
+        sim, bucket = self.sim, self.sim.bucket
+        started, done = loop.time(), 0
+        while not stop.is_set():
+            due = int((loop.time() - started) * rate) - done
+            cids = [c.collection_id for c in bucket.live_collections()]
+            for i in range(due):
+                sim.random_op(cids)
+                if (done + i) % 100 == 99:
+                    bucket.advance(5)
+                    sim.pager()
+            done += due
+            self.ops_done += due
+            for vb in bucket.vbuckets:
+                bucket.trim_undo(vb, vb.high_seqno)
+            self.kick()
+            if sent is not None:
+                sent(time.time(), [vb.high_seqno for vb in bucket.vbuckets])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), tick_s)
 
     def _grow_manifest(self) -> None:
         """A scope and a collection created, then the collection modified (max TTL)."""

@@ -54,6 +54,8 @@ class ApplySummary:
     ignored: int = 0
     tables: dict[str, int] = field(default_factory=dict)  # table -> rows merged
     open_snapshots: int = 0
+    positions: dict[int, int] = field(default_factory=dict)
+    """vbucket -> the consistent seqno silver reached in it, for the vbuckets this run walked."""
     seconds: float = 0.0
 
     def render(self) -> str:
@@ -119,6 +121,7 @@ def apply_bucket(
             return summary
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
         summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
+        summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
         changes = walked.where(F.col("kind") == "change")
         change_cids = {
             r["collection_id"] for r in changes.select("collection_id").distinct().collect()

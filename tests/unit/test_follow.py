@@ -1,0 +1,129 @@
+"""Follow mode without Spark: the signals, the lag against the agent's checkpoint, the status
+line, the threads the agent and the demo's producer run in (the loop itself runs in
+``tests/spark/test_follow.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dcp_cdc.agent.driver import CaptureSettings
+from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.writer import CheckpointStore
+from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
+from pipelines.follow import (
+    Batch,
+    BucketProgress,
+    LoopThread,
+    captured_seqnos,
+    follow_settings,
+    status_line,
+)
+from pipelines.run import _stop_signals
+
+
+def _settings(tmp_path: Path, rotate: float = 300.0) -> CaptureSettings:
+    return CaptureSettings(
+        connection_string="couchbase://127.0.0.1:1",
+        bucket="b",
+        username="u",
+        password="p",
+        landing=tmp_path,
+        staging=tmp_path / ".dcp-cdc-capture",
+        state_dir=tmp_path / ".dcp-cdc-capture",
+        rotate_seconds=rotate,
+    )
+
+
+def _wait(event: threading.Event) -> bool:
+    deadline = time.monotonic() + 5
+    while not event.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the handler runs between two bytecodes of this thread
+    return event.is_set()
+
+
+def test_sigterm_asks_a_stop_sigusr1_a_check_and_a_second_ctrl_c_interrupts() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    stop, check = threading.Event(), threading.Event()
+    with _stop_signals(stop, check):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait(check) and not stop.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait(stop)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_first_ctrl_c_only_asks_a_stop() -> None:
+    stop, check = threading.Event(), threading.Event()
+    with _stop_signals(stop, check):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert _wait(stop)
+
+
+def test_the_lag_is_what_the_agent_captured_beyond_what_silver_applied(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    progress = BucketProgress(BucketConfig(name="b"), settings, applied={0: 10, 1: 7})
+    assert progress.lag() is None  # no checkpoint yet: unknown, not 0
+    store = CheckpointStore(settings.checkpoint_path, bucket="b", bucket_uuid=None)
+    store.commit({vb: VbPosition(vb, seqno, 99) for vb, seqno in {0: 10, 1: 12, 2: 5}.items()})
+    assert captured_seqnos(settings) == {0: 10, 1: 12, 2: 5}
+    assert progress.lag() == (5 + 5, 2)
+    progress.applied[1] = 20  # a rollback lowered the capture below silver for a moment
+    assert progress.lag() == (5, 1)
+    progress.as_of = 1000.0
+    progress.window.extend([(995.0, 300), (1004.0, 200)])
+    line = status_line(progress, Batch("b", 3, 200, 0.4, 1.1, files=2), now=1005.0)
+    assert "b: batch 3, 200 frames in 2 files (ingest 0.4 s, apply 1.1 s)" in line
+    assert "lag 5 seqnos in 1 vbuckets" in line
+    assert "50 events/s" in line  # 500 frames in the last 10 s
+    assert "silver 5.0 s behind landing" in line
+
+
+def test_follow_closes_the_agents_files_at_least_every_rotate_seconds(tmp_path: Path) -> None:
+    config = AppConfig(
+        landing=str(tmp_path),
+        warehouse=str(tmp_path / "w"),
+        buckets=[BucketConfig(name="b")],
+        follow=FollowConfig(rotate_seconds=0.5),
+    )
+    assert follow_settings(_settings(tmp_path, 300.0), config).rotate_seconds == 0.5
+    assert follow_settings(_settings(tmp_path, 0.2), config).rotate_seconds == 0.2
+
+
+def test_a_loop_thread_raises_its_error_and_stops_on_request() -> None:
+    async def fails(stop: asyncio.Event) -> None:
+        raise ConnectionRefusedError("node 127.0.0.1:1 refused")
+
+    thread = LoopThread("failing", fails)
+    thread.start()
+    thread.join(5)
+    with pytest.raises(ConnectionRefusedError):
+        thread.check()
+
+    async def waits(stop: asyncio.Event) -> str:
+        await stop.wait()
+        return "stopped"
+
+    waiting = LoopThread("waiting", waits)
+    waiting.start()
+    waiting.check()  # running: nothing to raise
+    waiting.stop(timeout=5)
+    assert waiting.result == "stopped"
+
+    async def ends(stop: asyncio.Event) -> None:
+        return None
+
+    early = LoopThread("early", ends)
+    early.start()
+    early.join(5)
+    with pytest.raises(RuntimeError, match="ended before it was stopped"):
+        early.check()
