@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -121,11 +122,11 @@ def agent_thread(settings: CaptureSettings) -> LoopThread:
     )
 
 
-def captured_seqnos(settings: CaptureSettings) -> dict[int, int]:
+def captured_seqnos(checkpoint: Path, bucket: str) -> dict[int, int]:
     """vbucket -> the seqno the agent's files reach (its checkpoint); {} before the first."""
     from dcp_cdc.agent.writer import CheckpointStore
 
-    store = CheckpointStore(settings.checkpoint_path, bucket=settings.bucket, bucket_uuid=None)
+    store = CheckpointStore(checkpoint, bucket=bucket, bucket_uuid=None)
     return {vb: p.seqno for vb, p in store.load().items()}  # replaced by rename: never torn
 
 
@@ -134,7 +135,8 @@ class BucketProgress:
     """What follow mode knows of one bucket between micro-batches."""
 
     bucket: BucketConfig
-    capture: CaptureSettings | None
+    checkpoint: Path | None
+    """The capture agent's checkpoint, when the bucket has one (the lag is read from it)."""
     applied: dict[int, int] = field(default_factory=dict)
     """vbucket -> the consistent seqno silver reached."""
     batches: int = 0
@@ -147,9 +149,9 @@ class BucketProgress:
 
     def lag(self) -> tuple[int, int] | None:
         """(seqnos captured but not applied, summed; vbuckets behind), if the capture is known."""
-        if self.capture is None or not self.capture.checkpoint_path.exists():
+        if self.checkpoint is None or not self.checkpoint.exists():
             return None
-        captured = captured_seqnos(self.capture)
+        captured = captured_seqnos(self.checkpoint, self.bucket.name)
         behind = [max(0, s - self.applied.get(vb, 0)) for vb, s in captured.items()]
         return sum(behind), sum(1 for b in behind if b)
 
@@ -228,7 +230,7 @@ class Follower:
 
         interval = self.config.follow.interval_s
         for b in self.buckets:
-            progress = BucketProgress(b, self.captures.get(b.name))
+            progress = BucketProgress(b, checkpoint_of(self.config, b, self.captures.get(b.name)))
             table = BucketTables(b.name).stream_state
             if self.spark.catalog.tableExists(table):
                 progress.applied = {
@@ -312,6 +314,20 @@ class Follower:
             )
             self.out.flush()
             self.failed_check = not report.passed
+
+
+def checkpoint_of(
+    config: AppConfig, bucket: BucketConfig, settings: CaptureSettings | None
+) -> Path | None:
+    """Where the capture agent of ``bucket`` keeps its checkpoint: ``settings``' (an agent
+    this process runs), else the one of its capture section (an agent running elsewhere)."""
+    from dcp_cdc.agent.writer import checkpoint_name
+
+    if settings is not None:
+        return settings.checkpoint_path
+    if bucket.capture is None:
+        return None
+    return config.capture_dirs(bucket)[2] / checkpoint_name(bucket.name, bucket.capture.agent_id)
 
 
 def follow_settings(settings: CaptureSettings, config: AppConfig) -> CaptureSettings:

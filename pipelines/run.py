@@ -314,7 +314,7 @@ def follow_command(args: argparse.Namespace, out: TextIO) -> int:
     if args.config:
         config = load_config(args.config)
         buckets = config.bucket(args.bucket)
-        captures = {} if args.no_capture else captures_of(config, buckets)
+        captures = {} if args.no_capture else captures_of(config, buckets)  # lag: checkpoints
         spark = session_for(config, "dcp-cdc-follow")
         with _stop_signals(stop, check_now):
             follower = Follower(

@@ -59,7 +59,7 @@ from dcp_cdc.agent.consumer import (
     StreamRolledBack,
 )
 from dcp_cdc.agent.positions import VbPosition
-from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, clear_staging
+from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, checkpoint_name, clear_staging
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import (
     AuthenticationError,
@@ -111,7 +111,7 @@ class CaptureSettings:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.state_dir / f"{self.bucket}.{self.agent_id}.checkpoint.json"
+        return self.state_dir / checkpoint_name(self.bucket, self.agent_id)
 
 
 @dataclass

@@ -186,6 +186,11 @@ class SessionWriter:
             ) from self._failed
 
 
+def checkpoint_name(bucket: str, agent_id: str) -> str:
+    """The file name of an agent's checkpoint in its state folder."""
+    return f"{bucket}.{agent_id}.checkpoint.json"
+
+
 class CheckpointStore:
     """The agent's resume positions, one JSON file per agent (bucket and vbucket range):
     ``{format, bucket, bucket_uuid, agent, updated_at, vbuckets: {"<vb>": position}}``.

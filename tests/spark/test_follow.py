@@ -80,7 +80,9 @@ def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
             stop, out = threading.Event(), io.StringIO()
 
             def caught_up(batch: Batch, progress: BucketProgress) -> None:
-                if captured_seqnos(captures[bucket]) == high and progress.lag() == (0, 0):
+                if captured_seqnos(
+                    captures[bucket].checkpoint_path, bucket
+                ) == high and progress.lag() == (0, 0):
                     stop.set()
 
             again = Follower(

@@ -16,12 +16,13 @@ import pytest
 from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import CheckpointStore
-from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
+from dcp_cdc.config import AppConfig, BucketConfig, CaptureConfig, FollowConfig
 from pipelines.follow import (
     Batch,
     BucketProgress,
     LoopThread,
     captured_seqnos,
+    checkpoint_of,
     follow_settings,
     status_line,
 )
@@ -71,11 +72,13 @@ def test_the_first_ctrl_c_only_asks_a_stop() -> None:
 
 def test_the_lag_is_what_the_agent_captured_beyond_what_silver_applied(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
-    progress = BucketProgress(BucketConfig(name="b"), settings, applied={0: 10, 1: 7})
+    progress = BucketProgress(
+        BucketConfig(name="b"), settings.checkpoint_path, applied={0: 10, 1: 7}
+    )
     assert progress.lag() is None  # no checkpoint yet: unknown, not 0
     store = CheckpointStore(settings.checkpoint_path, bucket="b", bucket_uuid=None)
     store.commit({vb: VbPosition(vb, seqno, 99) for vb, seqno in {0: 10, 1: 12, 2: 5}.items()})
-    assert captured_seqnos(settings) == {0: 10, 1: 12, 2: 5}
+    assert captured_seqnos(settings.checkpoint_path, "b") == {0: 10, 1: 12, 2: 5}
     assert progress.lag() == (5 + 5, 2)
     progress.applied[1] = 20  # a rollback lowered the capture below silver for a moment
     assert progress.lag() == (5, 1)
@@ -127,3 +130,22 @@ def test_a_loop_thread_raises_its_error_and_stops_on_request() -> None:
     early.join(5)
     with pytest.raises(RuntimeError, match="ended before it was stopped"):
         early.check()
+
+
+def test_the_lag_of_an_agent_running_elsewhere_is_read_from_its_capture_section(
+    tmp_path: Path,
+) -> None:
+    capture = CaptureConfig(
+        connection_string="couchbase://cb1", username="u", password_env="X", agent_id="east"
+    )
+    config = AppConfig(
+        landing=str(tmp_path),
+        warehouse=str(tmp_path / "w"),
+        buckets=[BucketConfig(name="b", capture=capture), BucketConfig(name="c")],
+    )
+    b, c = config.buckets
+    expected = tmp_path / ".dcp-cdc-capture" / "b.east.checkpoint.json"
+    assert checkpoint_of(config, b, None) == expected
+    assert checkpoint_of(config, c, None) is None
+    own = _settings(tmp_path)
+    assert checkpoint_of(config, b, own) == own.checkpoint_path
