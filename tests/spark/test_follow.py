@@ -1,4 +1,4 @@
-"""Follow mode end to end in the test session: the test producer (a child process with a live
+"""Follow mode end to end in the test session: the test producer (in a thread, a steady live
 workload), the capture agent in follow mode's thread, micro-batches of ingest and apply.
 
 A stop asked in the middle of a micro-batch (its events written, its log not yet committed)
@@ -8,9 +8,10 @@ over and the lag is 0, silver equals the producer's truth.
 
 from __future__ import annotations
 
+import asyncio
 import io
-import json
 import threading
+import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,85 +19,109 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import FollowConfig, load_config
+from dcp_cdc.agent.driver import CaptureSettings
+from dcp_cdc.config import CAPTURE_DIR, AppConfig, BucketConfig, FollowConfig
+from dcp_cdc.simulator import SimConfig
+from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.job import read_log
-from pipelines.follow import Batch, BucketProgress, Follower, captured_seqnos, captures_of
+from pipelines.follow import (
+    Batch,
+    BucketProgress,
+    Follower,
+    LoopThread,
+    captured_seqnos,
+    follow_settings,
+)
 from pipelines.tables import BucketTables
-from tests.capture_harness import PASSWORD, PASSWORD_ENV, producer, write_config
+from tests.capture_harness import PASSWORD, USER
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth
 
 
 @pytest.mark.slow
 def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
-    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
     bucket = f"fol{uuid.uuid4().hex[:6]}"
-    with producer(
-        tmp_path,
-        bucket=bucket,
-        nodes=2,
-        vbuckets=16,
-        docs=300,
-        ops=3000,
-        batch=20,
-        pause=0.05,
-        seed=11,
-    ) as prod:
-        path = write_config(
-            tmp_path / "conf" / "follow.toml",
-            landing=tmp_path / "landing",
-            warehouse=spark_warehouse,
+    sim = SimConfig(scenario="mixed", seed=11, bucket=bucket, vbuckets=16, docs=300, ops=0)
+    served: list[ProducerServer] = []
+    workload_stop: list[asyncio.Event] = []
+    started = threading.Event()
+
+    async def serve(halt: asyncio.Event) -> None:
+        async with ProducerServer(sim, nodes=2, users={USER: PASSWORD}) as server:
+            served.append(server)
+            workload_stop.append(asyncio.Event())
+            started.set()
+            await server.steady_workload(300, workload_stop[0])
+            await halt.wait()
+
+    producer = LoopThread("the test producer", serve)
+    producer.start()
+    try:
+        assert started.wait(30)
+        landing = tmp_path / "landing"
+        config = AppConfig(
+            landing=str(landing),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+            follow=FollowConfig(interval_s=0.5, rotate_seconds=0.3, check_every_s=0),
+        )
+        settings = CaptureSettings(
+            connection_string=served[0].connection_string,
             bucket=bucket,
-            connection_string=prod.info["connection_string"],
+            username=USER,
+            password=PASSWORD,
+            landing=landing,
+            staging=landing / CAPTURE_DIR,
+            state_dir=landing / CAPTURE_DIR,
+            rotate_seconds=300,
         )
-        config = load_config(path).model_copy(
-            update={"follow": FollowConfig(interval_s=0.5, rotate_seconds=0.3, check_every_s=0)}
-        )
-        captures = captures_of(config, config.buckets)
+        captures = {bucket: follow_settings(settings, config)}
         assert captures[bucket].rotate_seconds == 0.3  # the agent's 300 s capped by follow
+
+        # 1: a stop while a micro-batch after the first writes its events
+        stop, out = threading.Event(), io.StringIO()
+        follower = Follower(spark, config, config.buckets, out, stop, captures=captures)
+
+        def hook(point: str) -> None:
+            if point == "events" and follower.progress[bucket].batches >= 1:
+                stop.set()
+
+        follower.hook = hook
+        assert follower.run() == 0
+        text = out.getvalue()
+        batches = follower.progress[bucket].batches
+        assert batches >= 2 and stop.is_set(), text
+        assert f"batch {batches}," in text and f"batch {batches + 1}," not in text, text
+        assert f"stopped after {batches} micro-batches" in text
+        assert not read_log(spark, BucketTables(bucket).ingest_log).open_plan
+        assert follower.progress[bucket].applied  # the interrupted batch applied too
+
+        # 2: the workload ends; a restart follows until silver reached every seqno
+        producer.call(workload_stop[0].set)
+        time.sleep(0.5)
+        served[0].write_truth(tmp_path)
+        high = {vb.vbid: vb.high_seqno for vb in served[0].sim.bucket.vbuckets}
+        stop, out = threading.Event(), io.StringIO()
+
+        def caught_up(batch: Batch, progress: BucketProgress) -> None:
+            checkpoint = captures[bucket].checkpoint_path
+            if captured_seqnos(checkpoint, bucket) == high and progress.lag() == (0, 0):
+                stop.set()
+
+        again = Follower(
+            spark, config, config.buckets, out, stop, captures=captures, on_batch=caught_up
+        )
+        watchdog = threading.Timer(240, stop.set)
+        watchdog.start()
         try:
-            # 1: a stop while the second micro-batch writes its events
-            stop, out = threading.Event(), io.StringIO()
-            follower = Follower(spark, config, config.buckets, out, stop, captures=captures)
-
-            def hook(point: str) -> None:
-                if point == "events" and follower.progress[bucket].batches == 1:
-                    stop.set()
-
-            follower.hook = hook
-            assert follower.run() == 0
-            text = out.getvalue()
-            assert stop.is_set() and "batch 2," in text and "batch 3," not in text, text
-            assert "stopped after 2 micro-batches" in text
-            assert not read_log(spark, BucketTables(bucket).ingest_log).open_plan
-            first = follower.progress[bucket]
-            assert first.frames > 0 and first.applied
-
-            # 2: a restart, until the workload is over and silver reached every captured seqno
-            prod.wait_workload()
-            summary = json.loads((prod.truth_out / "truth" / "summary.json").read_text())
-            high = {v["vbucket"]: v["high_seqno"] for v in summary["vbuckets"]}
-            stop, out = threading.Event(), io.StringIO()
-
-            def caught_up(batch: Batch, progress: BucketProgress) -> None:
-                if captured_seqnos(
-                    captures[bucket].checkpoint_path, bucket
-                ) == high and progress.lag() == (0, 0):
-                    stop.set()
-
-            again = Follower(
-                spark, config, config.buckets, out, stop, captures=captures, on_batch=caught_up
-            )
-            watchdog = threading.Timer(240, stop.set)
-            watchdog.start()
-            try:
-                assert again.run() == 0
-            finally:
-                watchdog.cancel()
-            text = out.getvalue()
-            assert "lag 0 seqnos in 0 vbuckets" in text, text[-2000:]
-            assert again.progress[bucket].applied == high
-            assert_equal_to_truth(spark, bucket, SimpleNamespace(out=prod.truth_out))  # type: ignore[arg-type]
+            assert again.run() == 0
         finally:
-            _drop_all(spark, bucket)
+            watchdog.cancel()
+        text = out.getvalue()
+        assert "lag 0 seqnos in 0 vbuckets" in text, text[-2000:]
+        assert again.progress[bucket].applied == high
+        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=tmp_path))  # type: ignore[arg-type]
+    finally:
+        producer.stop()
+        _drop_all(spark, bucket)
