@@ -36,6 +36,7 @@ from benchmarks.common import Case, report
 
 DATA = Path(__file__).resolve().parent / ".data" / "small_run"
 BUCKET = "hourly"
+HOUR1 = DATA.with_name("small_run.hour1")
 _RESULT = "SMALL-RUN-RESULT "
 
 
@@ -61,21 +62,34 @@ def worker(work: Path) -> None:
     spark = build_spark_session("dcp-cdc-bench-small-run", config.warehouse, master="local[2]")
     spark_started = time.perf_counter()
     first = {"python": imported - started, "spark start": spark_started - imported}
+    profile = os.environ.get("SMALL_RUN_PROFILE")  # a folder: a pyinstrument page per step
+    rounds = 0
+
+    def step(name: str, fn: Any) -> Any:
+        t = time.perf_counter()
+        if not profile:
+            result = fn()
+        else:
+            from pyinstrument import Profiler
+
+            with Profiler(interval=0.005) as profiler:
+                result = fn()
+            Path(profile).mkdir(parents=True, exist_ok=True)
+            page = Path(profile) / f"round{rounds}-{name}.txt"
+            page.write_text(profiler.output_text(unicode=False, show_all=False))
+        steps[name] = time.perf_counter() - t
+        return result
+
     try:
         for line in sys.stdin:
             if line.strip() == "quit":
                 break
+            rounds += 1
             steps: dict[str, Any] = dict(first)
             first = {}
-            t = time.perf_counter()
-            ingested = ingest_bucket(spark, config, bucket)
-            steps["ingest"] = time.perf_counter() - t
-            t = time.perf_counter()
-            applied = apply_bucket(spark, config, bucket)
-            steps["apply"] = time.perf_counter() - t
-            t = time.perf_counter()
-            quality = check_bucket(spark, config, bucket)
-            steps["check"] = time.perf_counter() - t
+            ingested = step("ingest", lambda: ingest_bucket(spark, config, bucket))
+            applied = step("apply", lambda: apply_bucket(spark, config, bucket))
+            quality = step("check", lambda: check_bucket(spark, config, bucket))
             facts = {
                 "frames": ingested.frames,
                 "changes": applied.changes,
@@ -211,6 +225,9 @@ def main(argv: list[str] | None = None) -> None:
         bucket.workload(args.ops)
         files, nbytes = bucket.capture()
         print(f"  hour 1 captured: {files} file(s), {nbytes:,} bytes", flush=True)
+        # kept for profiling: ``--worker`` on a copy of it runs hour 1 again
+        shutil.rmtree(HOUR1, ignore_errors=True)
+        shutil.copytree(work, HOUR1)
         hourly = Worker(work)
         result = hourly.round()
         all_in = time.perf_counter() - hourly.started

@@ -68,6 +68,12 @@ class ApplySummary:
         return "\n".join(lines)
 
 
+MERGE_OVERLAP = 3
+SMALL_BATCH_FRAMES = 200_000
+"""A run of at most this many frames MERGEs up to :data:`MERGE_OVERLAP` collections at once
+(their fixed costs overlap); a larger one MERGEs one at a time (memory, and its tasks keep
+every core busy already)."""
+
 # --- the run -----------------------------------------------------------------------------
 
 
@@ -136,12 +142,20 @@ def apply_bucket(
                 c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
             ]
             changes = changes.where(F.col("collection_id").isin(keep))
+            change_cids &= set(keep)
         if rollbacks:
             summary.rebuilt_keys = store.rebuild_rolled_back(
                 spark, name, names.events, registry, rollbacks, new_states, changes
             )
         summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
-        summary.tables = store.merge_changes(spark, name, registry, changes)
+        summary.tables = store.merge_changes(
+            spark,
+            name,
+            registry,
+            changes,
+            change_cids,
+            overlap=MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1,
+        )
         summary.changes = sum(summary.tables.values())
         store.retire_dropped(spark, name, registry, new_states, config)
         store.save_states(spark, names.stream_state, states, new_states)
