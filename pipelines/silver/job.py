@@ -113,9 +113,18 @@ def apply_bucket(
         spark, frames, states, again, eager=config.silver.eager_apply
     ).cache()
     try:
-        controls = [
-            r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()
+        # One job for the control rows and the collections changed (a row of kind
+        # ``change`` per collection, with nothing else, comes with the control rows).
+        is_change = F.col("kind") == "change"
+        changed = walked.where(is_change).select("kind", "collection_id").distinct()
+        found = [
+            r.asDict(recursive=True)
+            for r in walked.where(~is_change)
+            .unionByName(changed, allowMissingColumns=True)
+            .collect()
         ]
+        controls = [r for r in found if r["kind"] != "change"]
+        change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
         summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
         new_states = {
             r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
@@ -125,10 +134,7 @@ def apply_bucket(
             return summary
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
         summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
-        changes = walked.where(F.col("kind") == "change")
-        change_cids = {
-            r["collection_id"] for r in changes.select("collection_id").distinct().collect()
-        }
+        changes = walked.where(is_change)
         registry = store.update_registry(
             spark, name, controls, config.tables.properties, change_cids
         )
