@@ -70,6 +70,8 @@ def ensure_database(spark: SparkSession, table: str) -> None:
     """The database (layer) ``table`` is in exists. ``IF NOT EXISTS`` also adopts the folder
     of a creation killed between making it and its catalog entry."""
     name = database(table)
+    if spark.catalog.databaseExists(name):  # a catalog lookup; CREATE ... IF NOT EXISTS is a
+        return  # statement to parse, plan and run, paid by every run of every job
     faults.point("database", name)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {name}")
     faults.point("databased", name)
@@ -215,9 +217,18 @@ def clear_interrupted_creation(spark: SparkSession, table: str, location: str) -
     return True
 
 
+_UPGRADED: set[tuple[str, str, str]] = set()
+"""(Spark application, table, schema) this process saw with every column of the schema."""
+
+
 def add_missing_columns(spark: SparkSession, table: str, schema: StructType) -> None:
     """``table``, made by an earlier version, gets the columns of ``schema`` it lacks, at the
-    end (Delta appends match columns by name, so their place does not matter)."""
+    end (Delta appends match columns by name, so their place does not matter). Checked once
+    per process and table: a table only gains columns (one dropped and created again since
+    is created by this version, with all of them)."""
+    seen = (spark.sparkContext.applicationId, table, schema.simpleString())
+    if seen in _UPGRADED:
+        return
     have = set(spark.table(table).columns)
     missing = [f for f in schema.fields if f.name not in have]
     if missing:
@@ -227,6 +238,34 @@ def add_missing_columns(spark: SparkSession, table: str, schema: StructType) -> 
             lambda: spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})"),
             race="FIELD_ALREADY_EXISTS",
         )
+    _UPGRADED.add(seen)
+
+
+def ensure_view(spark: SparkSession, view: str, query: str) -> None:
+    """The view ``view`` exists and is ``query``: created, or replaced when its text differs
+    (a view of an earlier version); left alone when it is already so, which a catalog lookup
+    tells (replacing it would analyse ``query`` and alter the catalog, every run). A
+    :func:`catalog_step`: ``catalog:VIEW``, ``cataloged:VIEW``."""
+    if view_text(spark, view) == query:
+        return
+    catalog_step(
+        view,
+        lambda: spark.sql(f"CREATE OR REPLACE VIEW {view} AS {query}"),
+        "TABLE_OR_VIEW_ALREADY_EXISTS",
+    )
+
+
+def view_text(spark: SparkSession, view: str) -> str | None:
+    """The query of the view ``view`` (``DB.NAME``) as the catalog keeps it; None when there
+    is no such view (no table of that name, or a table that is not a view)."""
+    jvm: Any = spark._jvm
+    db, _, name = view.partition(".")
+    catalog = spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
+    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
+    if not catalog.tableExists(ident):
+        return None
+    text = catalog.getTableRawMetadata(ident).viewText()
+    return str(text.get()) if text.isDefined() else None
 
 
 def catalog_step(name: str, step: Callable[[], object], race: str) -> None:

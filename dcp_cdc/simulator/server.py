@@ -214,12 +214,15 @@ class ProducerServer:
 
     # --- the live workload ---------------------------------------------------------------
 
-    async def run_workload(self, ops: int, *, batch: int = 200, pause_s: float = 0.0) -> None:
-        """``ops`` live changes (updates, creates, deletes; the TTL pager; a scope and a
-        collection created and modified half-way), ``batch`` at a time, each batch reaching
-        the open streams as memory snapshots before the next."""
+    async def run_workload(
+        self, ops: int, *, batch: int = 200, pause_s: float = 0.0, manifest: bool = True
+    ) -> None:
+        """``ops`` live changes (updates, creates, deletes; the TTL pager; with ``manifest``,
+        a scope and a collection created and modified half-way), ``batch`` at a time, each
+        batch reaching the open streams as memory snapshots before the next. A second
+        workload on the same server passes ``manifest=False``: the scope exists by then."""
         sim, bucket = self.sim, self.sim.bucket
-        manifest_at = ops // 2
+        manifest_at = ops // 2 if manifest else -1
         done = 0
         while done < ops:
             n = min(batch, ops - done)

@@ -70,6 +70,12 @@ class ApplySummary:
         return "\n".join(lines)
 
 
+MERGE_OVERLAP = 3
+SMALL_BATCH_FRAMES = 200_000
+"""A run of at most this many frames MERGEs up to :data:`MERGE_OVERLAP` collections at once
+(their fixed costs overlap); a larger one MERGEs one at a time (memory, and its tasks keep
+every core busy already)."""
+
 # --- the run -----------------------------------------------------------------------------
 
 
@@ -109,9 +115,18 @@ def apply_bucket(
         spark, frames, states, again, eager=config.silver.eager_apply
     ).cache()
     try:
-        controls = [
-            r.asDict(recursive=True) for r in walked.where(F.col("kind") != "change").collect()
+        # One job for the control rows and the collections changed (a row of kind
+        # ``change`` per collection, with nothing else, comes with the control rows).
+        is_change = F.col("kind") == "change"
+        changed = walked.where(is_change).select("kind", "collection_id").distinct()
+        found = [
+            r.asDict(recursive=True)
+            for r in walked.where(~is_change)
+            .unionByName(changed, allowMissingColumns=True)
+            .collect()
         ]
+        controls = [r for r in found if r["kind"] != "change"]
+        change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
         summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
         new_states = {
             r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
@@ -122,10 +137,7 @@ def apply_bucket(
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
         summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
-        changes = walked.where(F.col("kind") == "change")
-        change_cids = {
-            r["collection_id"] for r in changes.select("collection_id").distinct().collect()
-        }
+        changes = walked.where(is_change)
         registry = store.update_registry(
             spark, name, controls, config.tables.properties, change_cids
         )
@@ -139,12 +151,20 @@ def apply_bucket(
                 c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
             ]
             changes = changes.where(F.col("collection_id").isin(keep))
+            change_cids &= set(keep)
         if rollbacks:
             summary.rebuilt_keys = store.rebuild_rolled_back(
                 spark, name, names.events, registry, rollbacks, new_states, changes
             )
         summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
-        summary.tables = store.merge_changes(spark, name, registry, changes)
+        summary.tables = store.merge_changes(
+            spark,
+            name,
+            registry,
+            changes,
+            change_cids,
+            overlap=MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1,
+        )
         summary.changes = sum(summary.tables.values())
         store.retire_dropped(spark, name, registry, new_states, config)
         store.save_states(spark, names.stream_state, states, new_states)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
 
@@ -51,11 +53,11 @@ def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str
         {"delta.enableChangeDataFeed": "true", **properties},
         cluster_by=("_vbucket", "key"),
     )
-    view = (
-        f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {table} "
-        "WHERE NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
+    delta_io.ensure_view(
+        spark,
+        name,
+        f"SELECT * FROM {table} WHERE NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())",
     )
-    delta_io.catalog_step(name, lambda: spark.sql(view), "TABLE_OR_VIEW_ALREADY_EXISTS")
 
 
 # --- stream state and what to walk ---------------------------------------------------------
@@ -188,7 +190,8 @@ def update_registry(
     it) is registered as ``_unknown.collection_<id hex>`` rather than losing its changes.
     """
     table = BucketTables(bucket).registry
-    current = {r["collection_id"]: r.asDict(recursive=True) for r in spark.table(table).collect()}
+    stored = spark.table(table).collect()
+    current = {r["collection_id"]: r.asDict(recursive=True) for r in stored}
     scopes = {0: "_default"}
     for r in current.values():
         scopes[r["scope_id"]] = r["scope"]
@@ -235,7 +238,7 @@ def update_registry(
     for row in current.values():
         if row["status"] != "retired":
             ensure_collection_table(spark, row["table_name"], properties)
-    if changed or len(current) != spark.table(table).count():
+    if changed or len(current) != len(stored):
         _save_registry(spark, table, list(current.values()))
     return list(current.values())
 
@@ -329,30 +332,45 @@ def apply_drops(
 
 
 def merge_changes(
-    spark: SparkSession, bucket: str, registry: Registry, changes: DataFrame
+    spark: SparkSession,
+    bucket: str,
+    registry: Registry,
+    changes: DataFrame,
+    collection_ids: Iterable[int] | None = None,
+    *,
+    overlap: int = 1,
 ) -> dict[str, int]:
     """MERGE each collection's newest changes, only where newer than the row (§7.1).
 
     A key the table does not have is inserted unless its change is at or below the
     tombstone-purge mark of its vbucket (:data:`pipelines.schemas.PURGES`).
+    ``collection_ids``: the collections ``changes`` holds, when the caller knows them
+    already (else a job over ``changes`` finds them). ``overlap``: how many MERGEs (each into
+    its own table, each its own commit, as one at a time) may run at once: a small batch's
+    MERGE is mostly the driver planning and committing, which others can overlap.
     """
     purges = spark.table(BucketTables(bucket).purges)
     columns: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
     # Not cached: the caller's changes are (the walk is), and the MERGE materializes its
     # source itself; a second copy here cost a tenth of a 1M-change MERGE.
     rows = transforms.silver_rows(changes)
-    merged: dict[str, int] = {}
-    for cid in [r["collection_id"] for r in changes.select("collection_id").distinct().collect()]:
-        table = _table_of(registry, cid)
-        if table is None:
-            continue
+    if collection_ids is None:
+        found = changes.select("collection_id").distinct().collect()
+        collection_ids = [r["collection_id"] for r in found]
+    targets = [
+        (cid, table)
+        for cid in sorted(collection_ids)
+        if (table := _table_of(registry, cid)) is not None
+    ]
+
+    def merge(cid: int, table: str) -> int:
         source = transforms.merge_source(rows, cid, purges, table)
         metrics = with_retry(
             table,
-            lambda t=table, s=source: (  # type: ignore[misc]
-                DeltaTable.forName(spark, t)
+            lambda: (
+                DeltaTable.forName(spark, table)
                 .alias("t")
-                .merge(s.alias("s"), "t.key = s.key")
+                .merge(source.alias("s"), "t.key = s.key")
                 .whenMatchedUpdate(condition="s._seqno > t._seqno", set=columns)
                 .whenNotMatchedInsert(
                     condition="s._purged_through IS NULL OR s._seqno > s._purged_through",
@@ -361,8 +379,16 @@ def merge_changes(
                 .execute()
             ),
         )
-        merged[tables.view_of(table)] = metric(metrics, "num_affected_rows")
-    return merged
+        return metric(metrics, "num_affected_rows")
+
+    if overlap > 1 and len(targets) > 1:
+        with ThreadPoolExecutor(min(overlap, len(targets)), "silver-merge") as pool:
+            futures = [pool.submit(merge, cid, table) for cid, table in targets]
+            wait(futures)  # every MERGE ends (commits or fails) before the first error is raised
+            counts = [f.result() for f in futures]
+    else:
+        counts = [merge(cid, table) for cid, table in targets]
+    return {tables.view_of(table): n for (_, table), n in zip(targets, counts, strict=True)}
 
 
 def rebuild_rolled_back(

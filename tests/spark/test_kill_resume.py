@@ -66,6 +66,29 @@ def test_a_location_holding_data_is_never_cleared(
     assert spark.read.format("delta").load(location).count() == 1
 
 
+def test_a_view_is_replaced_only_when_its_query_differs(
+    spark: SparkSession, warehouse: Warehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table, view = f"{warehouse.database}.t", f"{warehouse.database}.v"
+    delta_io.create_table(spark, table, SCHEMA, {})
+    spark.createDataFrame([(1, "a"), (2, "b")], SCHEMA).writeTo(table).append()
+    steps: list[str] = []
+    monkeypatch.setattr(delta_io.faults, "point", lambda step, name: steps.append(step))
+    query = f"SELECT * FROM {table} WHERE id > 1"
+    assert delta_io.view_text(spark, view) is None
+    delta_io.ensure_view(spark, view, query)
+    assert delta_io.view_text(spark, view) == query
+    delta_io.ensure_view(spark, view, query)  # as it is: no catalog step
+    assert steps == ["catalog", "cataloged"]
+    delta_io.ensure_view(spark, view, query.replace("> 1", ">= 1"))  # an older definition
+    assert steps == ["catalog", "cataloged"] * 2
+    assert spark.table(view).count() == 2
+    spark.sql(f"DROP VIEW {view}")  # dropped behind our back: made again
+    delta_io.ensure_view(spark, view, query)
+    assert [tuple(r) for r in spark.table(view).collect()] == [(2, "b")]
+    assert delta_io.view_text(spark, table) is None  # a table is not a view
+
+
 def test_a_rerun_after_a_killed_apply_publishes_no_older_state(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
