@@ -337,7 +337,8 @@ class FollowConfig(_Model):
     this and ``buckets.capture.rotate_seconds``): a change waits in staging no longer."""
     check_every_s: Annotated[float, Field(ge=0)] = 3600.0
     """Seconds between quality checks while following (0: only on demand, ``SIGUSR1``). A
-    check runs between micro-batches and holds the next one back while it runs."""
+    check runs beside the micro-batches (in a thread, Spark's fair scheduler sharing the
+    cores), reading every table as of one moment between two of them."""
 
 
 Severity = Literal["error", "warn"]

@@ -334,6 +334,17 @@ def committed_version(spark: SparkSession, table: str, app_id: str) -> int | Non
     return int(found.get()) if found.isDefined() else None
 
 
+def table_version(spark: SparkSession, table: str) -> int:
+    """The latest committed version of the Delta table ``table`` (``DB.NAME``), from its log
+    (no Spark job)."""
+    jvm: Any = spark._jvm
+    db, _, name = table.partition(".")
+    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
+    nothing = jvm.scala.Option.empty()
+    return int(delta_log.update(False, nothing, nothing).version())
+
+
 def metric(metrics: DataFrame | None, name: str) -> int:
     """One number of the metrics a MERGE, UPDATE or DELETE returns (0 when it returned none)."""
     if metrics is None:

@@ -11,7 +11,8 @@ cluster in a thread of its own, closing files at least every ``follow.rotate_sec
 After each micro-batch a status line per bucket says how far behind silver is: the lag (the
 seqnos captured, from the agent's checkpoint, that silver has not reached yet, summed over
 vbuckets), the events per second, and the age of what silver holds. Quality checks run every
-``follow.check_every_s`` and on demand (``SIGUSR1``), between micro-batches.
+``follow.check_every_s`` and on demand (``SIGUSR1``), in a thread beside the micro-batches,
+reading every table as of one moment between two of them.
 
 A stop (``SIGTERM``, ``SIGINT``) lets the current micro-batch finish, stops the agents
 cleanly (files closed, checkpoint committed) and returns; a restart carries on from there.
@@ -205,6 +206,9 @@ class Follower:
     on_batch: Callable[[Batch, BucketProgress], None] | None = None
     progress: dict[str, BucketProgress] = field(default_factory=dict)
     failed_check: bool = False
+    _checking: threading.Thread | None = None
+    _check_error: BaseException | None = None
+    _out_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self) -> int:
         """Micro-batches until ``stop``; 0, or 1 when the latest quality check failed."""
@@ -239,11 +243,10 @@ class Follower:
                 }
             self.progress[b.name] = progress
         names = ", ".join(repr(b.name) for b in self.buckets)
-        self.out.write(
+        self._say(
             f"following bucket {names}: a micro-batch every {interval:g} s; stop with Ctrl-C "
-            "or SIGTERM (the current batch finishes), a quality check now with SIGUSR1\n"
+            "or SIGTERM (the current batch finishes), a quality check now with SIGUSR1"
         )
-        self.out.flush()
         last_check = time.monotonic()
         next_at = time.monotonic()
         while not self.stop.is_set():
@@ -255,15 +258,18 @@ class Follower:
                     break
             every = self.config.follow.check_every_s
             due = every > 0 and time.monotonic() - last_check >= every
-            if (due or self.check_now.is_set()) and not self.stop.is_set():
+            asked = due or self.check_now.is_set()
+            if asked and not self.stop.is_set() and self.check_done():
                 self.check_now.clear()
-                self.check()
+                self.start_check()
                 last_check = time.monotonic()
             next_at = max(next_at + interval, time.monotonic())
             self.stop.wait(next_at - time.monotonic())
+        if not self.check_done():
+            self._say("waiting for the quality check to finish")
+            self.check_done(wait=True)
         total = sum(p.batches for p in self.progress.values())
-        self.out.write(f"stopped after {total} micro-batches; a restart carries on from here\n")
-        self.out.flush()
+        self._say(f"stopped after {total} micro-batches; a restart carries on from here")
 
     def micro_batch(self, progress: BucketProgress) -> Batch:
         """Ingest what landed; apply when bronze holds frames silver has not consumed."""
@@ -293,27 +299,61 @@ class Follower:
             apply_s,
             files=ingested.files,
         )
-        self.out.write(status_line(progress, batch, now) + "\n")
-        self.out.flush()
+        self._say(status_line(progress, batch, now))
         if self.on_batch is not None:
             self.on_batch(batch, progress)
         return batch
 
-    def check(self) -> None:
-        """The quality suites of every bucket, between two micro-batches."""
+    def start_check(self) -> None:
+        """The quality suites of every bucket, in a thread beside the micro-batches: each
+        table is read at the version it had now, between two batches (one consistent moment),
+        and its jobs go to a scheduler pool of their own (fair with the batches' under
+        ``spark.scheduler.mode=FAIR``, which ``dcp-cdc run --follow`` sets)."""
+        from pipelines.quality.job import pinned_versions
+
+        at = {b.name: pinned_versions(self.spark, b.name) for b in self.buckets}
+        self._check_error = None
+        self._checking = threading.Thread(
+            target=self._check, args=(at,), name="quality check", daemon=True
+        )
+        self._checking.start()
+
+    def _check(self, at: dict[str, dict[str, int]]) -> None:
         from pipelines.quality.job import check_bucket
 
-        for b in self.buckets:
-            report = check_bucket(self.spark, self.config, b)
-            met = sum(1 for o in report.outcomes if o.success)
-            verdict = "PASSED" if report.passed else "FAILED"
-            failed = "".join(f", {k} failed" for k in report.failed_errors)
-            self.out.write(
-                f"{time.strftime('%H:%M:%S')} {b.name}: quality {verdict}, {met} of "
-                f"{len(report.outcomes)} expectations met{failed} ({report.report_path})\n"
-            )
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "quality")
+        try:
+            for b in self.buckets:
+                report = check_bucket(self.spark, self.config, b, at=at[b.name])
+                met = sum(1 for o in report.outcomes if o.success)
+                verdict = "PASSED" if report.passed else "FAILED"
+                failed = "".join(f", {k} failed" for k in report.failed_errors)
+                self._say(
+                    f"{time.strftime('%H:%M:%S')} {b.name}: quality {verdict}, {met} of "
+                    f"{len(report.outcomes)} expectations met{failed} ({report.report_path})"
+                )
+                self.failed_check = not report.passed
+        except BaseException as exc:  # raised again in the loop's thread (check_done)
+            self._check_error = exc
+
+    def check_done(self, *, wait: bool = False) -> bool:
+        """Whether no check is running (``wait``: once the running one ended); the error of
+        a check that failed is raised here, in the loop's thread."""
+        if self._checking is None:
+            return True
+        if wait:
+            self._checking.join()
+        if self._checking.is_alive():
+            return False
+        self._checking = None
+        if self._check_error is not None:
+            raise self._check_error
+        return True
+
+    def _say(self, line: str) -> None:
+        with self._out_lock:
+            self.out.write(line + "\n")
             self.out.flush()
-            self.failed_check = not report.passed
 
 
 def checkpoint_of(

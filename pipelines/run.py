@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import DEFAULT_WORKDIR, load_config
+from dcp_cdc.config import DEFAULT_WORKDIR, AppConfig, load_config
 
 if TYPE_CHECKING:
     from dcp_cdc.agent.driver import CaptureSettings, CaptureSummary
@@ -300,6 +300,13 @@ def _stop_signals(stop: threading.Event, check_now: threading.Event) -> Iterator
             signal.signal(sig, handler)
 
 
+def _fair(config: AppConfig) -> AppConfig:
+    """``config`` with Spark's fair scheduler: a quality check's jobs share the cores with
+    the micro-batches' instead of queueing them."""
+    conf = {"spark.scheduler.mode": "FAIR", **config.spark.conf}
+    return config.model_copy(update={"spark": config.spark.model_copy(update={"conf": conf})})
+
+
 def follow_command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc run --follow``: micro-batches until a stop signal. With ``--config``, its
     buckets, each with its capture agent alongside when it has a capture section; without,
@@ -312,7 +319,7 @@ def follow_command(args: argparse.Namespace, out: TextIO) -> int:
 
     stop, check_now = threading.Event(), threading.Event()
     if args.config:
-        config = load_config(args.config)
+        config = _fair(load_config(args.config))
         buckets = config.bucket(args.bucket)
         captures = {} if args.no_capture else captures_of(config, buckets)  # lag: checkpoints
         spark = session_for(config, "dcp-cdc-follow")
@@ -324,7 +331,9 @@ def follow_command(args: argparse.Namespace, out: TextIO) -> int:
     target = Path(args.workdir).resolve()
     for folder in ("landing", "truth", "warehouse"):  # the embedded demo starts afresh
         shutil.rmtree(target / folder, ignore_errors=True)
-    config = load_config(None, landing=str(target / "landing"), warehouse=str(target / "warehouse"))
+    config = _fair(
+        load_config(None, landing=str(target / "landing"), warehouse=str(target / "warehouse"))
+    )
     sim = dataclasses.replace(demo_simulation(config.buckets[0].name), ops=0)
     user, password = "dcp-cdc-demo", secrets.token_urlsafe(18)
     served: list[str] = []

@@ -120,3 +120,7 @@ def report_location(config: AppConfig, bucket: str) -> str:
     if is_uri(config.warehouse):
         return f"{config.warehouse.rstrip('/')}/quality/{identifier(bucket)}"
     return str(Path(config.warehouse).expanduser().resolve() / "quality" / identifier(bucket))
+
+
+LIVE_ROWS = "NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
+"""The rows of a collection's ``_all`` table its view shows: live documents, not expired."""

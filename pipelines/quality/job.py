@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -89,7 +89,17 @@ class SilverFrames:
     names: DataFrame  # collection_id, name (scope.collection)
 
 
-def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
+def read_at(spark: SparkSession, table: str, at: Mapping[str, int] | None) -> DataFrame:
+    """``table`` as it is now, or at the Delta version ``at`` gives it: a check running beside
+    follow mode's micro-batches reads every table as of one moment between two of them."""
+    if at is not None and table in at:
+        return spark.sql(f"SELECT * FROM {table} VERSION AS OF {at[table]}")
+    return spark.table(table)
+
+
+def silver_frames(
+    spark: SparkSession, bucket: str, at: Mapping[str, int] | None = None
+) -> SilverFrames:
     """Silver's side. Tables come from the registry (not retired); a table it names that is
     missing is left out, so reconciliation reports its collection as empty in silver."""
     from pyspark.sql import functions as F
@@ -105,7 +115,7 @@ def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
     registry, state = silver_tables.registry, silver_tables.stream_state
     state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno")
     if spark.catalog.tableExists(state):
-        states = spark.table(state).select(*state_columns)
+        states = read_at(spark, state, at).select(*state_columns)
     else:
         states = empty(*projection(STATE, *state_columns))
     rows_columns = ("_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key")
@@ -115,7 +125,7 @@ def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
     names = empty(*projection(REGISTRY, "collection_id", "name"))
     if not spark.catalog.tableExists(registry):
         return SilverFrames(states, rows, live, names)
-    reg = spark.table(registry)
+    reg = read_at(spark, registry, at)
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
     for r in reg.where(F.col("status") != "retired").select("table_name").distinct().collect():
         table = r["table_name"]
@@ -124,15 +134,36 @@ def silver_frames(spark: SparkSession, bucket: str) -> SilverFrames:
             log.warning("silver table %s (or its _all table) is missing", table)
             continue
         rows = rows.unionByName(
-            spark.table(all_rows).select(*rows_columns, F.lit(table).alias("table"))
+            read_at(spark, all_rows, at).select(*rows_columns, F.lit(table).alias("table"))
         )
         live = live.unionByName(
-            spark.table(table).select(*live_columns, F.lit(table).alias("table"))
+            live_rows(spark, table, at).select(*live_columns, F.lit(table).alias("table"))
         )
     return SilverFrames(states, rows, live, names)
 
 
-def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
+def live_rows(spark: SparkSession, view: str, at: Mapping[str, int] | None) -> DataFrame:
+    """The rows of a collection's view: the view, or its ``_all`` table at its version."""
+    if at is not None and tables.all_rows(view) in at:
+        return read_at(spark, tables.all_rows(view), at).where(tables.LIVE_ROWS)
+    return spark.table(view)
+
+
+def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
+    """The current Delta version of every table a check of ``bucket`` reads (for
+    :func:`check_bucket`'s ``at``); taken between two micro-batches."""
+    names = BucketTables(bucket)
+    wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
+    if spark.catalog.tableExists(names.registry):
+        wanted.append(names.registry)
+        for r in spark.table(names.registry).where("status != 'retired'").collect():
+            wanted.append(tables.all_rows(r["table_name"]))
+    return {t: delta_io.table_version(spark, t) for t in wanted if spark.catalog.tableExists(t)}
+
+
+def metric_frames(
+    spark: SparkSession, bucket: str, at: Mapping[str, int] | None = None
+) -> dict[str, Metrics]:
     """The metric frame of every suite, by suite name (bronze read once).
 
     Intermediate frames are local checkpoints: materialized once and cut from their lineage,
@@ -148,7 +179,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         return kept[-1]
 
     try:
-        base = keep(tr.base_frames(spark.table(names.events)))
+        base = keep(tr.base_frames(read_at(spark, names.events, at)))
         frames = keep(tr.stream_frames(base))
         snaps = keep(tr.snapshots(frames))
         streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
@@ -157,7 +188,7 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         alive = keep(alive)
         committed = keep(tr.committed_items(alive, snaps))
         cuts = tr.collection_cuts(committed)
-        silver = silver_frames(spark, bucket)
+        silver = silver_frames(spark, bucket, at)
         silver_rows = keep(silver.rows)
         coverage = _collect(
             spark,
@@ -177,7 +208,11 @@ def metric_frames(spark: SparkSession, bucket: str) -> dict[str, Metrics]:
         )
         files = _collect(
             spark,
-            tr.file_metrics(base, spark.table(names.quarantine), spark.table(names.ingest_log)),
+            tr.file_metrics(
+                base,
+                read_at(spark, names.quarantine, at),
+                read_at(spark, names.ingest_log, at),
+            ),
         )
     finally:
         for df in kept:
@@ -234,9 +269,15 @@ def counts(metrics: dict[str, Metrics]) -> dict[str, int]:
 
 
 def check_bucket(
-    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, screenshot: bool = False
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    *,
+    screenshot: bool = False,
+    at: Mapping[str, int] | None = None,
 ) -> QualityReport:
-    """Run the four suites on one bucket: results table, Data Docs and summary page."""
+    """Run the four suites on one bucket: results table, Data Docs and summary page. ``at``
+    (:func:`pinned_versions`): read the tables at those versions, not as they are now."""
     from pipelines.quality.validate import import_soon, validate
 
     started = time.perf_counter()
@@ -251,7 +292,7 @@ def check_bucket(
         )
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    metrics = metric_frames(spark, name)
+    metrics = metric_frames(spark, name, at)
     target = tables.report_location(config, name)
     local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
     shutil.rmtree(local / DOCS_NAME, ignore_errors=True)  # the site shows this run only

@@ -56,7 +56,7 @@ def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str
     delta_io.ensure_view(
         spark,
         name,
-        f"SELECT * FROM {table} WHERE NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())",
+        f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}",
     )
 
 
