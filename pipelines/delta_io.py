@@ -268,19 +268,21 @@ def view_text(spark: SparkSession, view: str) -> str | None:
     return str(text.get()) if text.isDefined() else None
 
 
-def catalog_step(name: str, step: Callable[[], object], race: str) -> None:
+def catalog_step(name: str, step: Callable[[], object], race: str | tuple[str, ...]) -> None:
     """A catalog change a concurrent run may make first: its ``race`` error (the other run's
-    effect) means done; a second such error in a row fails with a clear message. A fault
-    point (:mod:`pipelines.faults`): ``catalog:NAME``, ``cataloged:NAME``."""
+    effect; one of several when a tuple) means done; a second such error in a row fails with
+    a clear message. A fault point (:mod:`pipelines.faults`): ``catalog:NAME``,
+    ``cataloged:NAME``."""
     from pyspark.errors import AnalysisException
 
+    races = (race,) if isinstance(race, str) else race
     faults.point("catalog", name)
     for attempt in (1, 2):
         try:
             step()
             break
         except AnalysisException as exc:
-            if exc.getCondition() != race:
+            if exc.getCondition() not in races:
                 raise
             if attempt == 2:
                 raise CommitConflictError(

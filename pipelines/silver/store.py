@@ -288,7 +288,13 @@ def retire_dropped(
             archived = tables.archived(name, row["collection_id"], stamp)
             if not spark.catalog.tableExists(archived):  # or a concurrent run archived it
                 rename = f"ALTER TABLE {tables.all_rows(name)} RENAME TO {archived}"
-                delta_io.catalog_step(name, partial(spark.sql, rename), "TABLE_OR_VIEW_NOT_FOUND")
+                # a concurrent run that renamed it first: the source is gone, or (asked in
+                # the other order) the target exists
+                delta_io.catalog_step(
+                    name,
+                    partial(spark.sql, rename),
+                    ("TABLE_OR_VIEW_NOT_FOUND", "TABLE_OR_VIEW_ALREADY_EXISTS"),
+                )
         else:
             delta_io.catalog_step(
                 name, partial(spark.sql, f"DROP TABLE IF EXISTS {tables.all_rows(name)}"), ""

@@ -201,3 +201,26 @@ def test_tls_accepts_plain_and_scram(tmp_path: Path) -> None:
             assert config["nodesExt"][0]["services"]["kvSSL"] == port
 
     asyncio.run(run())
+
+
+def test_a_later_workload_without_manifest_keeps_the_manifest() -> None:
+    """The small-run benchmark runs a workload an hour on one server: the first grows the
+    manifest half-way (a scope, a collection, a max TTL), the later ones (manifest=False)
+    only change documents."""
+
+    async def main() -> tuple[list[str], int, int, int]:
+        server = ProducerServer(SimConfig(docs=20, ops=0, vbuckets=4), nodes=1)
+        bucket = server.sim.bucket
+        before = bucket.manifest_uid
+        await server.run_workload(40, batch=10)
+        grown = bucket.manifest_uid
+        high = sum(vb.high_seqno for vb in bucket.vbuckets)
+        await server.run_workload(40, batch=10, manifest=False)
+        names = [s.name for s in bucket.scopes.values()]
+        assert sum(vb.high_seqno for vb in bucket.vbuckets) > high  # documents changed
+        return names, before, grown, bucket.manifest_uid
+
+    names, before, grown, after = asyncio.run(main())
+    assert grown == before + 3  # scope, collection, max TTL
+    assert after == grown
+    assert names.count("tenant-b%1") == 1
