@@ -5,7 +5,8 @@
 #   make check      the same as make test
 #   make test-long  silver against the truth over 200 simulator seeds; 200,000 fuzzed frames;
 #                   kill -9 at every step; the capture agent through every fault and 20 kills;
-#                   dcp-cdc run on a standalone Spark cluster
+#                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
+#                   by SIGTERM and started again
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
@@ -66,6 +67,7 @@ test-long: setup
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
+	DCP_CDC_FOLLOW_CLI=1 $(PY) -m pytest tests/e2e/test_follow_cli.py $(PYTEST_ARGS)
 
 # kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.
 kill-trials: setup

@@ -59,6 +59,20 @@ TXN_APP_ID = "dcp-cdc-bronze"
 EVENTS_CLUSTERING = ("vbucket", "by_seqno")
 """Liquid clustering keys of the events table (applied by OPTIMIZE, not at ingest)."""
 
+EVENTS_STATS = {
+    "delta.dataSkippingStatsColumns": ",".join(
+        (
+            *EVENTS_CLUSTERING,
+            *("op", "opcode", "collection_id", "rev_seqno", "cas", "offset", "frame_len"),
+            *("session_started_at", "session_id", "file", "file_sequence", "frame_index"),
+            *("ingest_run_id", "ingested_at"),
+        )
+    )
+}
+"""The events columns Delta keeps file statistics of: those runs filter on, ``ingest_run_id``
+above all (silver reads only the runs it has not consumed: files of other runs are skipped).
+Not the default first 32 columns, which include document bodies and miss the run."""
+
 
 @dataclass(frozen=True, order=True)
 class CaptureFile:
@@ -227,8 +241,10 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
         (names.quarantine, schemas.QUARANTINE),
         (names.ingest_log, schemas.INGEST_LOG),
     ):
-        clustering = EVENTS_CLUSTERING if table == names.events else ()
-        delta_io.create_table(spark, table, schema, config.tables.properties, cluster_by=clustering)
+        events = table == names.events
+        clustering = EVENTS_CLUSTERING if events else ()
+        properties = {**config.tables.properties, **(EVENTS_STATS if events else {})}
+        delta_io.create_table(spark, table, schema, properties, cluster_by=clustering)
         # a table made by an earlier version: an ingest log without ``digest``, events
         # without ``stream_flag_names`` and ``stream_opaque``
         delta_io.add_missing_columns(spark, table, schema)
