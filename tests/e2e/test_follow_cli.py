@@ -4,11 +4,10 @@ session and capture agent, stopped by SIGTERM in the middle of its work and star
 The first stop comes while micro-batches run, at a random instant after the first status
 line; the process must finish the batch, stop the agent cleanly and exit 0. The restart
 carries on (the same tables, the agent resuming from its checkpoint), runs the quality suites
-when SIGUSR1 asks, and exits 0 on SIGTERM again. ``make test`` runs the same stop and restart
-in its session (``tests/spark/test_follow.py``) and the signals in ``tests/unit/test_follow.py``;
-this test runs in ``make test-long``. What silver holds is proved against the
-producer's truth in ``tests/spark/test_follow.py``; here the quality suites reconcile silver
-with bronze.
+when SIGUSR1 asks, and exits 0 on SIGTERM again. Here the quality suites reconcile silver with
+bronze; ``tests/spark/test_follow.py`` proves silver against the producer's truth. Both run in
+``make test-long`` (``DCP_CDC_FOLLOW=1``); ``make test`` checks the signals, the lag and the
+threads (``tests/unit/test_follow.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ from tests.capture_harness import agent_env, producer, write_config
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        not os.environ.get("DCP_CDC_FOLLOW_CLI"),
-        reason="make test-long (DCP_CDC_FOLLOW_CLI=1): two Spark processes and a quality check",
+        not os.environ.get("DCP_CDC_FOLLOW"),
+        reason="make test-long (DCP_CDC_FOLLOW=1): two Spark processes and a quality check",
     ),
 ]
 
