@@ -142,7 +142,7 @@ def jvm_pid() -> int | None:
 
 def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[str, Any]:
     from dcp_cdc.agent.driver import CaptureSettings
-    from dcp_cdc.config import CAPTURE_DIR, AppConfig, BucketConfig
+    from dcp_cdc.config import AppConfig, BucketConfig
     from dcp_cdc.simulator import SimConfig
     from dcp_cdc.simulator.server import ProducerServer
     from pipelines.bronze.job import ingest_bucket
@@ -180,14 +180,12 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
     while not started.wait(0.1):
         producer.check()
     landing = work / "landing"
-    settings = CaptureSettings(
+    settings = CaptureSettings.into(
+        landing,
         connection_string=served[0].connection_string,
         bucket=BUCKET,
         username=user,
         password=password,
-        landing=landing,
-        staging=landing / CAPTURE_DIR,
-        state_dir=landing / CAPTURE_DIR,
         rotate_bytes=64 << 20,
         rotate_seconds=config.follow.rotate_seconds,
     )

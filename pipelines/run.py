@@ -135,16 +135,13 @@ def _demo_settings(
     connection_string: str, bucket: str, user: str, password: str, landing: Path, rotate: float
 ) -> CaptureSettings:
     from dcp_cdc.agent.driver import CaptureSettings
-    from dcp_cdc.config import CAPTURE_DIR
 
-    return CaptureSettings(
+    return CaptureSettings.into(
+        landing,
         connection_string=connection_string,
         bucket=bucket,
         username=user,
         password=password,
-        landing=landing,
-        staging=landing / CAPTURE_DIR,
-        state_dir=landing / CAPTURE_DIR,
         rotate_bytes=1 << 20,
         rotate_seconds=rotate,
     )

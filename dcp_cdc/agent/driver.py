@@ -60,7 +60,7 @@ from dcp_cdc.agent.consumer import (
 )
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, checkpoint_name, clear_staging
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import CAPTURE_DIR, AppConfig, BucketConfig
 from dcp_cdc.errors import (
     AuthenticationError,
     CaptureConnectionError,
@@ -108,6 +108,13 @@ class CaptureSettings:
     connect_timeout_s: float = 10.0
     backoff_s: float = 0.5
     """First reconnection delay; doubled per failure, at most 30 s."""
+
+    @classmethod
+    def into(cls, landing: Path, **settings: Any) -> CaptureSettings:
+        """Settings whose staging folder and checkpoint are in ``landing``'s capture folder,
+        where a bucket's capture section puts them by default."""
+        folder = landing / CAPTURE_DIR
+        return cls(landing=landing, staging=folder, state_dir=folder, **settings)
 
     @property
     def checkpoint_path(self) -> Path:

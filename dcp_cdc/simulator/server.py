@@ -221,26 +221,37 @@ class ProducerServer:
         a scope and a collection created and modified half-way), ``batch`` at a time, each
         batch reaching the open streams as memory snapshots before the next. A second
         workload on the same server passes ``manifest=False``: the scope exists by then."""
-        sim, bucket = self.sim, self.sim.bucket
         manifest_at = ops // 2 if manifest else -1
         done = 0
         while done < ops:
             n = min(batch, ops - done)
-            cids = [c.collection_id for c in bucket.live_collections()]
-            for i in range(n):
-                sim.random_op(cids)
-                if (done + i) % 100 == 99:
-                    bucket.advance(5)
-                    sim.pager()
-                if done + i == manifest_at:
-                    self._grow_manifest()
+            cids = self._collection_ids()
+            if done <= manifest_at < done + n:  # right after change number manifest_at
+                self._changes(manifest_at - done + 1, done, cids)
+                self._grow_manifest()
+                self._changes(done + n - manifest_at - 1, manifest_at + 1, cids)
+            else:
+                self._changes(n, done, cids)
             done += n
             self.ops_done = done
-            for vb in bucket.vbuckets:
-                bucket.trim_undo(vb, vb.high_seqno)
             self.kick()
             await asyncio.sleep(pause_s)
         self.workload_done.set()
+
+    def _collection_ids(self) -> list[int]:
+        return [c.collection_id for c in self.sim.bucket.live_collections()]
+
+    def _changes(self, n: int, done: int, cids: list[int]) -> None:
+        """``n`` random live changes to ``cids`` after ``done`` others, the TTL pager run
+        every 100th; then each vbucket's undo log is trimmed to its high seqno."""
+        sim, bucket = self.sim, self.sim.bucket
+        for i in range(n):
+            sim.random_op(cids)
+            if (done + i) % 100 == 99:
+                bucket.advance(5)
+                sim.pager()
+        for vb in bucket.vbuckets:
+            bucket.trim_undo(vb, vb.high_seqno)
 
     async def steady_workload(
         self,
@@ -256,20 +267,13 @@ class ProducerServer:
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
         loop = asyncio.get_running_loop()
-        sim, bucket = self.sim, self.sim.bucket
+        bucket = self.sim.bucket
         started, done = loop.time(), 0
         while not stop.is_set():
             due = int((loop.time() - started) * rate) - done
-            cids = [c.collection_id for c in bucket.live_collections()]
-            for i in range(due):
-                sim.random_op(cids)
-                if (done + i) % 100 == 99:
-                    bucket.advance(5)
-                    sim.pager()
+            self._changes(due, done, self._collection_ids())
             done += due
             self.ops_done += due
-            for vb in bucket.vbuckets:
-                bucket.trim_undo(vb, vb.high_seqno)
             self.kick()
             if sent is not None:
                 sent(time.time(), [vb.high_seqno for vb in bucket.vbuckets])

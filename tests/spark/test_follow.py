@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.agent.driver import CaptureSettings
-from dcp_cdc.config import CAPTURE_DIR, AppConfig, BucketConfig, FollowConfig
+from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.job import read_log
@@ -71,14 +71,12 @@ def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
             buckets=[BucketConfig(name=bucket)],
             follow=FollowConfig(interval_s=0.5, rotate_seconds=0.3, check_every_s=0),
         )
-        settings = CaptureSettings(
+        settings = CaptureSettings.into(
+            landing,
             connection_string=served[0].connection_string,
             bucket=bucket,
             username=USER,
             password=PASSWORD,
-            landing=landing,
-            staging=landing / CAPTURE_DIR,
-            state_dir=landing / CAPTURE_DIR,
             rotate_seconds=300,
         )
         captures = {bucket: follow_settings(settings, config)}

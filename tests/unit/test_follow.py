@@ -30,14 +30,12 @@ from pipelines.run import _stop_signals
 
 
 def _settings(tmp_path: Path, rotate: float = 300.0) -> CaptureSettings:
-    return CaptureSettings(
+    return CaptureSettings.into(
+        tmp_path,
         connection_string="couchbase://127.0.0.1:1",
         bucket="b",
         username="u",
         password="p",
-        landing=tmp_path,
-        staging=tmp_path / ".dcp-cdc-capture",
-        state_dir=tmp_path / ".dcp-cdc-capture",
         rotate_seconds=rotate,
     )
 
@@ -148,4 +146,9 @@ def test_the_lag_of_an_agent_running_elsewhere_is_read_from_its_capture_section(
     assert checkpoint_of(config, b, None) == expected
     assert checkpoint_of(config, c, None) is None
     own = _settings(tmp_path)
-    assert checkpoint_of(config, b, own) == own.checkpoint_path
+    assert own.staging == own.state_dir == tmp_path / ".dcp-cdc-capture"
+    assert (
+        checkpoint_of(config, b, own)
+        == own.checkpoint_path
+        == tmp_path / (".dcp-cdc-capture/b.agent.checkpoint.json")
+    )
