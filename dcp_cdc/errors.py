@@ -155,6 +155,11 @@ class CaptureConnectionError(DcpError):
         self.cause = cause
         super().__init__(f"{node}: {cause}")
 
+    def __reduce__(self) -> tuple[type[CaptureConnectionError], tuple[str, str]]:
+        # a copy made from (node, cause), not from the message: the agent's child process
+        # sends its error back to follow mode pickled (pipelines.follow.AgentProcess)
+        return type(self), (self.node, self.cause)
+
 
 class AuthenticationError(CaptureConnectionError):
     """SASL authentication failed (wrong user or password, no common mechanism)."""

@@ -6,7 +6,8 @@ landed (:func:`pipelines.bronze.job.ingest_bucket`), then, when it brought frame
 ordinary apply (:func:`pipelines.silver.job.apply_bucket`). A micro-batch is a batch run, so
 exactly-once and snapshot consistency hold as they do there, through kills and restarts too.
 Alongside, the capture agent of each bucket with a ``[buckets.capture]`` section follows the
-cluster in a thread of its own, closing files at least every ``follow.rotate_seconds``.
+cluster in a child process (:class:`AgentProcess`), closing files at least every
+``follow.rotate_seconds``.
 
 After each micro-batch a status line per bucket says how far behind silver is: the lag (the
 seqnos captured, from the agent's checkpoint, that silver has not reached yet, summed over
@@ -21,13 +22,19 @@ cleanly (files closed, checkpoint committed) and returns; a restart carries on f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import multiprocessing
+import os
+import pickle
+import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -112,15 +119,100 @@ class LoopThread:
             raise self.error
 
 
-def agent_thread(settings: CaptureSettings) -> LoopThread:
-    """The capture agent of one bucket following the cluster until stopped; its stop is
-    clean (streams closed, files renamed into landing, checkpoint committed)."""
+class AgentProcess:
+    """The capture agent of one bucket following the cluster in a child process until
+    :meth:`stop`; its stop is clean (streams closed, files renamed into landing, checkpoint
+    committed), and its error is raised again by :meth:`check` and :meth:`stop`.
+
+    A process, not a thread: an agent busy with thousands of frames a second in the driver's
+    interpreter holds the GIL that every py4j call of the micro-batches waits for (a Spark
+    call loop ran 2.4 times slower beside one busy thread). The child ignores SIGINT (a
+    Ctrl-C reaches the whole process group; the parent decides when the agent stops), stops
+    on SIGTERM, and stops by itself if the parent dies. Its settings, the password among
+    them, reach it through a pipe, never its command line or environment."""
+
+    def __init__(self, settings: CaptureSettings) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no copy of the JVM gateway's threads
+        self.name = f"the capture agent of bucket {settings.bucket!r}"
+        self._outcome, self._sender = ctx.Pipe(duplex=False)
+        level = logging.getLogger().getEffectiveLevel()
+        self._process = ctx.Process(
+            target=_agent_main, args=(settings, level, self._sender), name=self.name, daemon=True
+        )
+        self._error: BaseException | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._process.start()
+        self._sender.close()  # the child's end alone: its exit reads as the end of the pipe
+
+    def _ended(self) -> None:
+        """Take the child's outcome (its error, if any) once it has ended."""
+        if self._error is None and self._outcome.poll():
+            with contextlib.suppress(EOFError):  # it ended without an error to send
+                self._error = self._outcome.recv()
+        code = self._process.exitcode
+        asked = self._stopping and code == -signal.SIGTERM  # stopped before it had begun
+        if self._error is None and code not in (0, None) and not asked:
+            self._error = RuntimeError(f"{self.name} exited with code {self._process.exitcode}")
+
+    def check(self) -> None:
+        """Raise the agent's error, if it failed; one that ended unasked is an error."""
+        if self._process.is_alive():
+            return
+        self._ended()
+        if self._error is not None:
+            raise self._error
+        if not self._stopping:
+            raise RuntimeError(f"{self.name} ended before it was stopped")
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Ask the agent to stop (SIGTERM) and wait for it."""
+        self._stopping = True
+        if self._process.is_alive() and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGTERM)
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            raise RuntimeError(f"{self.name} did not stop in {timeout:g} s")
+        self._ended()
+        if self._error is not None:
+            raise self._error
+
+
+def _agent_main(settings: CaptureSettings, level: int, outcome: Connection) -> None:
+    """The child of :class:`AgentProcess`: follow until SIGTERM or an orphaning; the error
+    that ended it goes back through ``outcome`` (a picklable copy of it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_follow_until_stopped(settings, os.getppid()))
+    except BaseException as exc:
+        try:
+            copy = pickle.loads(pickle.dumps(exc))
+        except Exception:  # an error that does not pickle: its type and text
+            copy = RuntimeError(f"{type(exc).__name__}: {exc}")
+        outcome.send(copy)
+        raise SystemExit(1) from None
+
+
+async def _follow_until_stopped(settings: CaptureSettings, parent: int) -> None:
     from dcp_cdc.agent.driver import capture
 
-    return LoopThread(
-        f"the capture agent of bucket {settings.bucket!r}",
-        lambda stop: capture(settings, mode="follow", stop=stop),
-    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def orphaned() -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("%s: the follow process is gone; stopping", settings.bucket)
+        stop.set()
+
+    watcher = asyncio.create_task(orphaned())
+    try:
+        await capture(settings, mode="follow", stop=stop)
+    finally:
+        watcher.cancel()
 
 
 def captured_seqnos(checkpoint: Path, bucket: str) -> dict[int, int]:
@@ -212,7 +304,7 @@ class Follower:
 
     def run(self) -> int:
         """Micro-batches until ``stop``; 0, or 1 when the latest quality check failed."""
-        agents = [agent_thread(s) for s in self.captures.values()]
+        agents = [AgentProcess(s) for s in self.captures.values()]
         try:
             for agent in agents:
                 agent.start()
@@ -228,7 +320,7 @@ class Follower:
                 raise errors[0]
         return 1 if self.failed_check else 0
 
-    def _follow(self, agents: list[LoopThread]) -> None:
+    def _follow(self, agents: list[AgentProcess]) -> None:
         from pipelines.silver import store
         from pipelines.tables import BucketTables
 

@@ -17,7 +17,11 @@ from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import CheckpointStore
 from dcp_cdc.config import AppConfig, BucketConfig, CaptureConfig, FollowConfig
+from dcp_cdc.errors import AuthenticationError
+from dcp_cdc.simulator.server import ProducerServer
+from dcp_cdc.simulator.state import SimConfig
 from pipelines.follow import (
+    AgentProcess,
     Batch,
     BucketProgress,
     LoopThread,
@@ -152,3 +156,59 @@ def test_the_lag_of_an_agent_running_elsewhere_is_read_from_its_capture_section(
         == own.checkpoint_path
         == tmp_path / (".dcp-cdc-capture/b.agent.checkpoint.json")
     )
+
+
+def test_the_agent_process_raises_its_typed_error_and_stops_cleanly(tmp_path: Path) -> None:
+    """The agent runs in a child process (out of the driver's GIL): a wrong password comes
+    back as the same typed error, naming the node and not the password; a right one follows
+    the bucket until stopped, and its checkpoint reaches every vbucket's high seqno."""
+    sim = SimConfig(docs=60, ops=0, vbuckets=4)
+    served: list[ProducerServer] = []
+    started = threading.Event()
+
+    async def serve(halt: asyncio.Event) -> None:
+        async with ProducerServer(sim, nodes=2, users={"u": "right"}) as server:
+            served.append(server)
+            started.set()
+            await halt.wait()
+
+    producer = LoopThread("the test producer", serve)
+    producer.start()
+    try:
+        assert started.wait(30)
+        server = served[0]
+
+        def agent(folder: str, password: str) -> tuple[AgentProcess, CaptureSettings]:
+            settings = CaptureSettings.into(
+                tmp_path / folder,
+                connection_string=server.connection_string,
+                bucket=sim.bucket,
+                username="u",
+                password=password,
+                rotate_seconds=0.2,
+            )
+            return AgentProcess(settings), settings
+
+        wrong, _ = agent("wrong", "not-the-password")
+        wrong.start()
+        wrong._process.join(60)
+        with pytest.raises(AuthenticationError) as info:
+            wrong.check()
+        assert info.value.node.startswith("127.0.0.1:")
+        assert "not-the-password" not in str(info.value)
+
+        right, settings = agent("right", "right")
+        right.start()
+        highs = {vb.vbid: vb.high_seqno for vb in server.sim.bucket.vbuckets}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            right.check()  # following: nothing to raise
+            done = settings.checkpoint_path.exists()
+            if done and captured_seqnos(settings.checkpoint_path, sim.bucket) == highs:
+                break
+            time.sleep(0.2)
+        right.stop(timeout=30)
+        assert captured_seqnos(settings.checkpoint_path, sim.bucket) == highs
+        assert list((tmp_path / "right").glob("*.dcpcap")), "no capture file landed"
+    finally:
+        producer.stop()
