@@ -7,10 +7,11 @@ it at top level and still print their help without a JVM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
@@ -29,6 +30,22 @@ _NON_EMPTY = "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
 _FIRST_COMMIT = f"{0:020d}.json"
 
 log = logging.getLogger("dcp_cdc.delta_io")
+
+
+@contextlib.contextmanager
+def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """``conf`` set on the session for the block, then what was there before."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def with_retry(what: str, action: Callable[[], _T]) -> _T:

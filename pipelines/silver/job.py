@@ -57,6 +57,14 @@ class ApplySummary:
     positions: dict[int, int] = field(default_factory=dict)
     """vbucket -> the consistent seqno silver reached in it, for the vbuckets this run walked."""
     seconds: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
+    """Seconds of each step, in the order they ran (where a run's time goes)."""
+
+    def step(self, name: str, since: float) -> float:
+        """Record the step that ran from ``since`` until now; returns now."""
+        now = time.perf_counter()
+        self.steps[name] = round(now - since, 3)
+        return now
 
     def render(self) -> str:
         lines = [
@@ -66,6 +74,8 @@ class ApplySummary:
             f"flushes, {self.ignored} changes to dropped collections ignored, "
             f"{self.open_snapshots} vbuckets with an open snapshot, {self.seconds:.1f} s"
         ]
+        if self.steps:
+            lines.append("  steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.steps.items()))
         lines += [f"  {t}: {n} changes" for t, n in sorted(self.tables.items())]
         return "\n".join(lines)
 
@@ -101,7 +111,9 @@ def apply_bucket(
     if not spark.catalog.tableExists(names.events):
         log.info("no bronze table for bucket %s yet", name)
         return summary
+    at = summary.step("tables", started)
     states = store.read_states(spark, names.stream_state)
+    at = summary.step("read_states", at)
     if rebuild:
         emptied = empty_tables(spark, name, collection)
         log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), name)
@@ -109,6 +121,7 @@ def apply_bucket(
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
     frames, again = store.unconsumed_frames(spark, names, states)
+    at = summary.step("unconsumed", at)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
     walked = store.walk_vbuckets(
@@ -125,6 +138,7 @@ def apply_bucket(
             .unionByName(changed, allowMissingColumns=True)
             .collect()
         ]
+        at = summary.step("walk", at)
         controls = [r for r in found if r["kind"] != "change"]
         change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
         summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
@@ -141,6 +155,7 @@ def apply_bucket(
         registry = store.update_registry(
             spark, name, controls, config.tables.properties, change_cids
         )
+        at = summary.step("registry", at)
         rollbacks = [
             (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
         ]
@@ -157,6 +172,7 @@ def apply_bucket(
                 spark, name, names.events, registry, rollbacks, new_states, changes
             )
         summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
+        at = summary.step("rollbacks_drops", at)
         summary.tables = store.merge_changes(
             spark,
             name,
@@ -166,8 +182,10 @@ def apply_bucket(
             overlap=MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1,
         )
         summary.changes = sum(summary.tables.values())
+        at = summary.step("merge", at)
         store.retire_dropped(spark, name, registry, new_states, config)
         store.save_states(spark, names.stream_state, states, new_states)
+        at = summary.step("save_states", at)
     finally:
         walked.unpersist()
     summary.seconds = time.perf_counter() - started
