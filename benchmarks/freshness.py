@@ -1,29 +1,38 @@
 """Freshness of follow mode: the time from a change sent by the cluster to its row in silver.
 
 ``make bench ARGS=freshness`` runs, for each rate (changes a second), in a process of its own:
-the test DCP producer (``dcp_cdc.simulator.server``, 2 data nodes on 127.0.0.1, 64 vbuckets)
-making live changes at that rate, each tick's changes stamped with their send time and the
-high seqnos they reached; follow mode (:class:`pipelines.follow.Follower`: the capture agent
-and micro-batches of ingest and apply in one Spark session); and a probe reading silver every
-``--probe-s``: per vbucket the highest seqno in the collection tables. A change is visible
-once its vbucket's seqno in silver reaches it; its freshness is the probe's end minus its send
-time (an upper bound: the probe's period and query time are in it). The probe reads the
-``_all`` tables under the views, so that deletions count as visible too.
+follow mode (:class:`pipelines.follow.Follower`: micro-batches of ingest and apply in one
+Spark session, the capture agent in its child process) and a probe; the test DCP producer
+(``python -m dcp_cdc.simulator.server``, 2 data nodes on 127.0.0.1, 64 vbuckets) runs in a
+process of its own too, so that its work is not the measured process's. Its control port
+starts a steady workload once the initial load is in silver (``steady RATE``): every 20 ms
+the changes due, and a line in its ticks file with the send time and the high seqno of every
+vbucket.
 
-At the end the workload stops, a last micro-batch runs, and silver must equal the producer's
+The probe costs nothing between micro-batches and little at them: it watches the Delta log of
+silver's stream state, which apply commits after every MERGE of the batch. For each new
+version it reads the ``_all`` tables under the views (so that deletions count too) as of the
+newest version each had by then, per vbucket the highest seqno, with delta-rs (the
+``deltalake`` package) rather than Spark, so that its queries do not take the batches' cores. A change is visible once its vbucket's seqno in
+silver reaches it; its freshness is the commit time of the newest of those table versions
+(the moment silver showed it) minus its send time.
+
+At the end the workload halts, a last micro-batch runs, and silver must equal the producer's
 truth (every live key at its seqno). Reported: freshness p50/p95/max over the changes of the
-measured period (after ``--warmup-s``), micro-batch seconds, and the RSS of the process and its
-JVM sampled every 5 s (first, last, max of the measured period).
+measured period (after ``--warmup-s``), micro-batch seconds, and the RSS of the follow process,
+its JVM, the agent's process and the producer's, sampled every 5 s (first, last, max of the
+measured period).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import logging
 import os
-import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,69 +44,102 @@ from benchmarks.common import RESULTS, machine
 
 DATA = Path(__file__).resolve().parent / ".data" / "freshness"
 BUCKET = "fresh"
+VBUCKETS = 64
 
 
-class Sent:
-    """The ticks of the workload: (send time, high seqno per vbucket), appended by the
-    producer's thread, read by the probe's."""
+class Ticks:
+    """The producer's ticks (send time, high seqno per vbucket), read from its ticks file as
+    they are appended."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.times: list[float] = []
         self.highs: list[list[int]] = []
-        self.lock = threading.Lock()
+        self._offset = 0
+        self._partial = b""
 
-    def __call__(self, at: float, highs: list[int]) -> None:
-        with self.lock:
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            at, highs = json.loads(line)
             self.times.append(at)
             self.highs.append(highs)
 
 
-class Probe:
-    """Reads silver every ``period`` s and turns what became visible into freshness samples
-    (``latency``, ``changes``): each vbucket's ticks up to its visible seqno, once."""
+def _versions(table: Path) -> list[tuple[int, float]]:
+    """A Delta table's versions and their commit times (the commit file's mtime)."""
+    found = []
+    for commit in (table / "_delta_log").glob("*.json"):
+        if commit.stem.isdigit():
+            found.append((int(commit.stem), commit.stat().st_mtime))
+    return sorted(found)
 
-    def __init__(self, spark: Any, sent: Sent, period: float) -> None:
-        self.spark, self.sent, self.period = spark, sent, period
+
+class Probe:
+    """Turns each stream-state commit of silver into freshness samples (``latency``,
+    ``changes``): each vbucket's ticks up to the seqno silver shows, once."""
+
+    def __init__(self, silver: Path, ticks: Ticks, period: float) -> None:
+        self.silver, self.ticks, self.period = silver, ticks, period
         self.samples: list[tuple[float, float, int]] = []  # (sent at, latency, changes)
         self.next_tick: dict[int, int] = {}
         self.base: list[int] | None = None
+        self.state_version = -1
         self.queries: list[float] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
-    def visible(self) -> dict[int, int]:
-        from pipelines import tables
-        from pipelines.silver.store import read_registry
+    def visible(self) -> tuple[float, dict[int, int]] | None:
+        """When silver's newest applied state became visible, and its seqno per vbucket."""
+        state = _versions(self.silver / f"{BUCKET}__stream_state")
+        if not state or state[-1][0] == self.state_version:
+            return None
+        self.state_version, state_at = state[-1]
+        chosen = []
+        for table in sorted(self.silver.glob(f"{BUCKET}__*_all")):
+            before = [(v, t) for v, t in _versions(table) if t <= state_at]
+            if before:
+                chosen.append((table, *before[-1]))
+        if not chosen:
+            return None
+        import pyarrow as pa
+        from deltalake import DeltaTable
 
-        live = [r for r in read_registry(self.spark, BUCKET) if r["status"] != "retired"]
-        names = [tables.all_rows(r["table_name"]) for r in live]
-        names = [n for n in names if self.spark.catalog.tableExists(n)]
-        if not names:
-            return {}
-        union = " UNION ALL ".join(f"SELECT _vbucket, _seqno FROM {n}" for n in names)
-        rows = self.spark.sql(
-            f"SELECT _vbucket, max(_seqno) AS s FROM ({union}) GROUP BY _vbucket"
-        ).collect()
-        return {r["_vbucket"]: r["s"] for r in rows}
+        started = time.perf_counter()
+        rows = (
+            pa.concat_tables(
+                DeltaTable(str(t), version=v).to_pyarrow_table(columns=["_vbucket", "_seqno"])
+                for t, v, _ in chosen
+            )
+            .group_by("_vbucket")
+            .aggregate([("_seqno", "max")])
+        )
+        self.queries.append(time.perf_counter() - started)
+        tops = dict(zip(rows["_vbucket"].to_pylist(), rows["_seqno_max"].to_pylist(), strict=True))
+        return max(at for _, _, at in chosen), tops
 
     def once(self) -> None:
-        started = time.perf_counter()
         seen = self.visible()
-        now = time.time()
-        self.queries.append(time.perf_counter() - started)
-        with self.sent.lock:
-            times, highs = self.sent.times, self.sent.highs
+        self.ticks.read()
+        times, highs = self.ticks.times, self.ticks.highs
+        if seen is None or not highs:
+            return
+        at, tops = seen
         if self.base is None:
-            if not highs:
-                return
             self.base = highs[0]  # the initial load: not part of the stream measured
             self.next_tick = {vb: 1 for vb in range(len(self.base))}
-        for vb, top in seen.items():
+        for vb, top in tops.items():
             i = self.next_tick.get(vb, 1)
             while i < len(highs) and highs[i][vb] <= top:
                 changes = highs[i][vb] - highs[i - 1][vb]
                 if changes:
-                    self.samples.append((times[i], now - times[i], changes))
+                    self.samples.append((times[i], at - times[i], changes))
                 i += 1
             self.next_tick[vb] = i
 
@@ -107,6 +149,46 @@ class Probe:
                 self.once()
         except BaseException as exc:
             self.error = exc
+
+
+class Producer:
+    """The test producer in a process of its own, driven through its control port."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        ports = work / "ports.json"
+        self.ticks = work / "ticks.jsonl"
+        command = [sys.executable, "-m", "dcp_cdc.simulator.server", "--nodes", "2"]
+        command += ["--vbuckets", str(VBUCKETS), "--scenario", "mixed", "--seed", "1"]
+        command += ["--docs", "2000", "--ops", "0", "--bucket", BUCKET]
+        command += ["--port-file", str(ports), "--truth-out", str(work / "producer")]
+        command += ["--ticks-out", str(self.ticks)]
+        self.log = (work / "producer.log").open("w", encoding="utf-8")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not ports.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test producer did not start: see {self.log.name}")
+            time.sleep(0.1)
+        self.info = json.loads(ports.read_text())
+        self._control = socket.create_connection(("127.0.0.1", self.info["control_port"]))
+        self._io = self._control.makefile("rw", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def ask(self, line: str) -> str:
+        with self._lock:
+            self._io.write(line + "\n")
+            self._io.flush()
+            answer = self._io.readline().strip()
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"the test producer answered {line!r} with {answer!r}")
+        return answer[3:]
+
+    def close(self) -> None:
+        self._control.close()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+        self.log.close()
 
 
 def percentile(samples: list[tuple[float, int]], q: float) -> float:
@@ -131,80 +213,84 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def jvm_pid() -> int | None:
+def _pid_of(match: str) -> int | None:
+    """A child process of this one whose command line has ``match`` (the JVM, the agent)."""
     import psutil
 
     for child in psutil.Process().children(recursive=True):
-        if "java" in child.name():
-            return int(child.pid)
+        try:
+            if match in " ".join(child.cmdline()):
+                return int(child.pid)
+        except psutil.Error:
+            continue
     return None
 
 
 def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[str, Any]:
     from dcp_cdc.agent.driver import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig
-    from dcp_cdc.simulator import SimConfig
-    from dcp_cdc.simulator.server import ProducerServer
-    from pipelines.bronze.job import ingest_bucket
-    from pipelines.follow import Batch, BucketProgress, Follower, LoopThread
-    from pipelines.silver.job import apply_bucket
     from pipelines.spark_session import session_for
 
     work = DATA / f"rate{int(rate)}"
     shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    logging.basicConfig(  # the runs' summaries, each step's seconds among them
+        filename=work / "pipeline.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     config = AppConfig(
         landing=str(work / "landing"),
         warehouse=str(work / "warehouse"),
         buckets=[BucketConfig(name=BUCKET)],
     )
-    sim = SimConfig(scenario="mixed", seed=1, bucket=BUCKET, vbuckets=64, docs=2000, ops=0)
-    user, password = "bench", secrets.token_urlsafe(12)
-    sent = Sent()
-    served: list[ProducerServer] = []
-    workload_stop: list[asyncio.Event] = []
-    workload_go: list[asyncio.Event] = []
-    started = threading.Event()
+    producer = Producer(work)
+    try:
+        settings = CaptureSettings.into(
+            work / "landing",
+            connection_string=producer.info["connection_string"],
+            bucket=BUCKET,
+            username="Administrator",  # the test producer's own user
+            password="password",
+            rotate_bytes=64 << 20,
+            rotate_seconds=config.follow.rotate_seconds,
+        )
+        spark = session_for(config, "dcp-cdc-bench-freshness")
+        jvm = _pid_of("org.apache.spark.deploy.SparkSubmit")
+        return _measure(spark, config, settings, producer, jvm, rate, seconds, warmup, probe_s)
+    finally:
+        producer.close()
 
-    async def serve(halt: asyncio.Event) -> None:
-        async with ProducerServer(sim, nodes=2, users={user: password}) as server:
-            served.append(server)
-            workload_stop.append(asyncio.Event())
-            workload_go.append(asyncio.Event())
-            started.set()
-            await workload_go[0].wait()  # the initial load is in silver, its tables made
-            await server.steady_workload(rate, workload_stop[0], sent=sent)
-            await halt.wait()  # the agent is served until the end
 
-    producer = LoopThread("the test producer", serve)
-    producer.start()
-    while not started.wait(0.1):
-        producer.check()
-    landing = work / "landing"
-    settings = CaptureSettings.into(
-        landing,
-        connection_string=served[0].connection_string,
-        bucket=BUCKET,
-        username=user,
-        password=password,
-        rotate_bytes=64 << 20,
-        rotate_seconds=config.follow.rotate_seconds,
-    )
-    spark = session_for(config, "dcp-cdc-bench-freshness")
-    jvm = jvm_pid()
+def _measure(
+    spark: Any,
+    config: Any,
+    settings: Any,
+    producer: Producer,
+    jvm: int | None,
+    rate: float,
+    seconds: float,
+    warmup: float,
+    probe_s: float,
+) -> dict[str, Any]:
+    from pipelines.bronze.job import ingest_bucket
+    from pipelines.follow import Batch, BucketProgress, Follower
+    from pipelines.silver.job import apply_bucket
+
     stop = threading.Event()
     batches: list[dict[str, Any]] = []
     began = threading.Event()
 
     def on_batch(batch: Batch, progress: BucketProgress) -> None:
-        if not began.is_set():  # the initial load: the workload starts now
+        if not began.is_set():  # the initial load is in silver: the workload starts now
+            producer.ask(f"steady {int(rate)}")
             began.set()
-            producer.call(workload_go[0].set)
             return
         batches.append(
             {"frames": batch.frames, "ingest_s": batch.ingest_s, "apply_s": batch.apply_s}
         )
 
-    log = open(work / "follow.log", "w", encoding="utf-8")  # noqa: SIM115
+    log = open(producer.work / "follow.log", "w", encoding="utf-8")  # noqa: SIM115
     follower = Follower(
         spark,
         config,
@@ -214,8 +300,10 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
         captures={BUCKET: settings},
         on_batch=on_batch,
     )
-    probe = Probe(spark, sent, probe_s)
-    memory: list[tuple[float, float, float]] = []
+    ticks = Ticks(producer.ticks)
+    probe = Probe(Path(config.warehouse) / "silver.db", ticks, probe_s)
+    memory: list[tuple[float, ...]] = []
+    t0 = time.time()
 
     def watch() -> None:
         while not began.wait(1.0):
@@ -223,19 +311,20 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
                 return
         nonlocal t0
         t0 = time.time()
+        agent = _pid_of("spawn_main")
         probe_thread = threading.Thread(target=probe.run, daemon=True)
         probe_thread.start()
+        pids = (os.getpid(), jvm, agent, producer.process.pid)
         while not stop.wait(5.0):
-            memory.append((time.time() - t0, rss_mb(os.getpid()), rss_mb(jvm) if jvm else 0.0))
+            memory.append((time.time() - t0, *(rss_mb(p) if p else 0.0 for p in pids)))
             if time.time() - t0 >= seconds:
-                producer.call(workload_stop[0].set)
+                producer.ask("halt")
                 time.sleep(3 * config.follow.rotate_seconds + 2 * config.follow.interval_s)
                 probe.stop.set()
                 probe_thread.join()
                 stop.set()
         probe.stop.set()
 
-    t0 = time.time()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     follower.run()  # until the watcher stops it; the agent's last files land
@@ -245,20 +334,21 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     probe.once()
-    server = served[0]
-    truth_dir = server.write_truth(work).parent
-    producer.stop()
+    truth_dir = Path(producer.ask("truth")).parent
     equal, detail = _compare(spark, truth_dir)
     measured = [(lat, n) for at, lat, n in probe.samples if at - t0 >= warmup]
-    never = sum(
-        sent.highs[-1][vb] - sent.highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(64)
-    )
+    highs = ticks.highs
+    never = sum(highs[-1][vb] - highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(VBUCKETS))
     tail = [m for m in memory if m[0] >= warmup]
-    result = {
+
+    def rss(i: int) -> list[int]:
+        return [round(tail[0][i]), round(tail[-1][i]), round(max(m[i] for m in tail))]
+
+    return {
         "rate": rate,
         "seconds": seconds,
         "warmup_s": warmup,
-        "changes_sent": sum(sent.highs[-1]) - sum(sent.highs[0]),
+        "changes_sent": sum(highs[-1]) - sum(highs[0]),
         "changes_measured": sum(n for _, n in measured),
         "changes_never_seen": never,
         "freshness_p50_s": percentile(measured, 0.5),
@@ -270,16 +360,13 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
         "apply_s_median": _median([b["apply_s"] for b in batches]),
         "frames_per_batch_median": _median([b["frames"] for b in batches]),
         "probe_query_s_median": _median(probe.queries),
-        "rss_python_mb": [round(tail[0][1]), round(tail[-1][1]), round(max(m[1] for m in tail))]
-        if tail
-        else [],
-        "rss_jvm_mb": [round(tail[0][2]), round(tail[-1][2]), round(max(m[2] for m in tail))]
-        if tail
-        else [],
+        "rss_python_mb": rss(1) if tail else [],
+        "rss_jvm_mb": rss(2) if tail else [],
+        "rss_agent_mb": rss(3) if tail else [],
+        "rss_producer_mb": rss(4) if tail else [],
         "silver_equals_truth": equal,
         "truth_detail": detail,
     }
-    return result
 
 
 def _median(values: list[float]) -> float:
@@ -324,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="1000,5000", help="changes a second, comma-separated")
     parser.add_argument("--seconds", type=float, default=600.0, help="how long each rate runs")
     parser.add_argument("--warmup-s", type=float, default=60.0)
-    parser.add_argument("--probe-s", type=float, default=1.0)
+    parser.add_argument("--probe-s", type=float, default=0.2, help="how often the probe looks")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:

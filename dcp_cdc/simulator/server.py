@@ -12,8 +12,9 @@ or as a command::
 
 which serves until SIGTERM; a line-based control port (in the port file) takes
 ``failover VB``, ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``,
-``cut_node NODE`` and ``truth``. ``--bulk-docs N --body-bytes B`` adds N small documents
-made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
+``cut_node NODE``, ``truth``, and ``steady RATE`` / ``halt`` (a steady workload of RATE
+changes a second, its ticks appended to ``--ticks-out``, until halted). ``--bulk-docs N
+--body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
 """
 
 from __future__ import annotations
@@ -342,6 +343,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pause", type=float, default=0.01, help="seconds between workload batches")
     p.add_argument("--port-file", type=Path, required=True)
     p.add_argument("--truth-out", type=Path)
+    p.add_argument(
+        "--ticks-out",
+        type=Path,
+        help="the steady workload's ticks, a JSON line each: [wall time, high seqno per vbucket]",
+    )
     p.add_argument("--tls-cert", type=Path)
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--users", action="append", default=[], help="user:password (repeatable)")
@@ -360,7 +366,46 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def _control(server: ProducerServer, truth_out: Path | None, line: str) -> str:
+class _Steady:
+    """The control port's ``steady RATE`` and ``halt``: one steady workload at a time, its
+    ticks appended to ``ticks_out``."""
+
+    def __init__(self, server: ProducerServer, ticks_out: Path | None) -> None:
+        self.server, self.ticks_out = server, ticks_out
+        self.task: asyncio.Task[None] | None = None
+        self.stop = asyncio.Event()
+
+    def start(self, rate: int) -> str:
+        if self.ticks_out is None:
+            return "error steady needs --ticks-out"
+        if self.task is not None:
+            return "error a steady workload runs already"
+        out = self.ticks_out.open("a", encoding="utf-8")
+
+        def sent(at: float, highs: list[int]) -> None:
+            out.write(json.dumps([at, highs]) + "\n")
+            out.flush()  # a reader tails the file
+
+        async def run() -> None:
+            try:
+                await self.server.steady_workload(rate, self.stop, sent=sent)
+            finally:
+                out.close()
+
+        self.task = asyncio.create_task(run())
+        return "ok"
+
+    async def halt(self) -> str:
+        if self.task is None:
+            return "error no steady workload runs"
+        self.stop.set()
+        await self.task
+        return f"ok {self.server.ops_done}"
+
+
+async def _control(
+    server: ProducerServer, truth_out: Path | None, line: str, steady: _Steady | None = None
+) -> str:
     words = line.split()
     if not words:
         return "error empty command"
@@ -379,6 +424,10 @@ async def _control(server: ProducerServer, truth_out: Path | None, line: str) ->
         return f"ok {server.cut_node(args[0])}"
     if cmd == "truth" and truth_out is not None:
         return f"ok {server.write_truth(truth_out)}"
+    if cmd == "steady" and len(args) == 1 and steady is not None:
+        return steady.start(args[0])
+    if cmd == "halt" and steady is not None:
+        return await steady.halt()
     return f"error unknown command {line.strip()!r}"
 
 
@@ -405,6 +454,7 @@ async def _serve(args: argparse.Namespace) -> int:
         bulk_docs=args.bulk_docs,
         body_bytes=args.body_bytes,
     )
+    steady = _Steady(server, args.ticks_out)
     gc.freeze()  # the loaded bucket is long-lived: collections need not scan it (speed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -414,7 +464,7 @@ async def _serve(args: argparse.Namespace) -> int:
     async def on_control(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while line := await reader.readline():
             try:
-                answer = await _control(server, args.truth_out, line.decode())
+                answer = await _control(server, args.truth_out, line.decode(), steady)
             except (ValueError, IndexError, KeyError) as exc:
                 answer = f"error {exc}"
             writer.write(answer.encode() + b"\n")
@@ -442,6 +492,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
         task = asyncio.create_task(workload())
         await stop.wait()
+        steady.stop.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
