@@ -114,11 +114,19 @@ def unconsumed_frames(
     applied. Walking its whole history again in session order gives what one run over all
     of it would have given; the MERGE guard and the idempotent deletes make the replay safe.
     """
-    versions_df = transforms.finished_runs(spark.table(names.ingest_log))
-    events = transforms.walk_input(spark.table(names.events), versions_df)
+    log = spark.table(names.ingest_log)
+    events = spark.table(names.events)
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        return events, set()
+        return transforms.walk_input(events, transforms.finished_runs(log)), set()
+    # The runs from the oldest one a vbucket's position is in: the log's rows before it are
+    # skipped by their statistics, so the read follows the runs not consumed, not the log's
+    # age (until each vbucket was walked once since states kept their run's version, the
+    # whole log is read, as before).
+    floors = [s["state"].get("position_version") for s in states.values()]
+    if all(f is not None for f in floors):
+        log = log.where(F.col("run_version") >= min(floors))
+    versions_df = transforms.finished_runs(log)
     versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
     seen = min(s["state"].get("seen_version", 0) for s in states.values())
     late: set[int] = set()
@@ -134,7 +142,7 @@ def unconsumed_frames(
         saved_position = F.struct("p_started", "p_session", "p_seq", "p_offset")
         late = {
             r["vb_key"]
-            for r in events.where(of_runs(new_runs))
+            for r in transforms.walk_input(events.where(of_runs(new_runs)), versions_df)
             .join(F.broadcast(saved), F.col("vb_key") == F.col("p_vb"))
             .where(position <= saved_position)
             .select("vb_key")
@@ -143,8 +151,12 @@ def unconsumed_frames(
         }
     oldest = min(versions.get(r, 0) for r in run_ids)
     recent = of_runs([r for r, v in versions.items() if v >= oldest])
-    wanted = (recent | F.col("vb_key").isin(sorted(late))) if late else recent
-    return events.where(wanted), late
+    if not late:
+        return transforms.walk_input(events, versions_df).where(recent), late
+    # a late vbucket is walked again from its first frame: every finished run
+    every_run = transforms.finished_runs(spark.table(names.ingest_log))
+    wanted = recent | F.col("vb_key").isin(sorted(late))
+    return transforms.walk_input(events, every_run).where(wanted), late
 
 
 def of_runs(run_ids: list[str]) -> Column:

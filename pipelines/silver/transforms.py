@@ -141,9 +141,11 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table
     # the run holding the first frame not consumed (or the last one read): the next run reads
     # bronze from that run on
     after = [r for r in fresh if state.position is None or position_of(r) > state.position]
-    position_run = (after[0] if after else fresh[-1])["ingest_run_id"] if fresh else None
+    first = (after[0] if after else fresh[-1]) if fresh else None
+    position_run = first["ingest_run_id"] if first else None
+    position_version = first["run_version"] if first else None
     if position_run is None and saved:
-        position_run = saved.get("run_id")
+        position_run, position_version = saved.get("run_id"), saved.get("position_version")
     seen = max([seen, *(r["run_version"] for r in rows)])
     out.append(
         {
@@ -151,7 +153,14 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table
             "vbucket": vb,
             "frames": len(fresh),
             "ignored": result.ignored,
-            "state": json.dumps({**state.to_json(), "run_id": position_run, "seen_version": seen}),
+            "state": json.dumps(
+                {
+                    **state.to_json(),
+                    "run_id": position_run,
+                    "position_version": position_version,
+                    "seen_version": seen,
+                }
+            ),
             "position_run_id": position_run,
         }
     )

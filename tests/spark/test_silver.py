@@ -181,6 +181,17 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
         apply_bucket(spark, config, config.buckets[0])
     again = apply_bucket(spark, config, config.buckets[0])  # no new bronze data
     assert again.changes == 0 and not again.rollbacks
+    # each vbucket's state keeps the version of the run its position is in: the next run
+    # reads the ingest log from the oldest of them on
+    names = BucketTables(bucket)
+    run_versions = {
+        r["ingest_run_id"]: r["run_version"] for r in spark.table(names.ingest_log).collect()
+    }
+    states = spark.table(names.stream_state).collect()
+    assert states
+    for row in states:
+        state = json.loads(row["state"])
+        assert state["position_version"] == run_versions[row["position_run_id"]], row["vbucket"]
     for result, prefix in zip(results, ("mixed/", "interrupted/"), strict=True):
         assert_equal_to_truth(spark, bucket, result, key_prefix=prefix)
     versions = {
