@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from pipelines import delta_io
 from pipelines.quality.job import prune_results
 from pipelines.silver.job import purge_tombstones
 from pipelines.tables import BucketTables, all_rows
@@ -94,12 +95,8 @@ def _retention_check(spark: SparkSession, *, enabled: bool) -> Iterator[None]:
     if enabled:
         yield
         return
-    before = spark.conf.get(key, "true") or "true"
-    spark.conf.set(key, "false")
-    try:
+    with delta_io.session_conf(spark, {key: "false"}):
         yield
-    finally:
-        spark.conf.set(key, before)
 
 
 def maintain_bucket(
