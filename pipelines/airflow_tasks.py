@@ -234,13 +234,33 @@ class DcpCaptureOperator(BaseOperator):
             text=True,
         ) as child:
             assert child.stdout is not None
-            for line in child.stdout:
-                self.log.info("%s", line.rstrip("\n"))
+            try:
+                for line in child.stdout:
+                    self.log.info("%s", line.rstrip("\n"))
+            except BaseException:
+                # the execution timeout (or a kill of the task): stop the agent as SIGTERM
+                # does, so that what it captured is made durable, before Popen waits for it
+                _stop(child, grace_s=STOP_GRACE_S)
+                raise
         if child.returncode:
             raise RuntimeError(
                 f"dcp-cdc capture of bucket {self.bucket!r} failed (exit {child.returncode}); "
                 "its output is above"
             )
+
+
+STOP_GRACE_S = 60.0
+"""How long a stopped capture task gives its agent to close its files before killing it."""
+
+
+def _stop(child: subprocess.Popen[str], *, grace_s: float) -> None:
+    """SIGTERM ``child``, then SIGKILL it if it is still running after ``grace_s``."""
+    child.terminate()
+    try:
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def capture(bucket: str, *, config: AppConfig, config_path: Path) -> DcpCaptureOperator:

@@ -83,6 +83,8 @@ STOP_GRACE_S = 5.0
 """How long a stop waits for STREAM_END (closed) before closing the sockets anyway."""
 WATCH_S = 2.0
 """How often the run looks for vbuckets that nothing streams (:meth:`_Agent.watch`)."""
+WAITING_LOG_S = 60.0
+"""``until-now`` with no vbucket done for this long logs what each one waits for."""
 
 
 @dataclass(frozen=True)
@@ -453,6 +455,8 @@ class _Agent:
         self.connecting: dict[HostPort, asyncio.Future[_Node]] = {}
         self.placing: set[int] = set()
         self.stalled: dict[int, int] = {}
+        self.waiting_since = time.monotonic()
+        """When ``until-now`` last saw a vbucket done (or started): what :meth:`watch` reports."""
         self.settling: set[int] = set()
         """vbuckets whose old session is being made durable before they move on."""
         self.node_index: dict[HostPort, int] = {}
@@ -721,11 +725,37 @@ class _Agent:
         for vb in list(self.stalled):
             if vb in streaming or vb not in self.pending:
                 self.stalled.pop(vb)
+        if self.mode == "until-now" and time.monotonic() - self.waiting_since > WAITING_LOG_S:
+            self.waiting_since = time.monotonic()
+            log.info("capture: still waiting for %s", self.waiting(streaming))
+
+    def waiting(self, streaming: set[int]) -> str:
+        """``until-now``: each vbucket not done yet, where it is and what it waits for."""
+        positions: dict[int, VbPosition] = dict(self.durable)
+        for node in self.nodes.values():
+            if node.conn is not None and not node.dead:
+                positions.update(node.conn.positions())
+        parts = []
+        for vb in sorted(self.pending):
+            at = positions[vb].seqno if vb in positions else None
+            end = self.end_seqnos.get(vb)
+            how = (
+                "streaming"
+                if vb in streaming
+                else "placing"
+                if vb in self.placing
+                else "settling"
+                if vb in self.settling
+                else "idle"
+            )
+            parts.append(f"vbucket {vb} at seqno {at} of end {end} ({how})")
+        return "; ".join(parts)
 
     def vb_done(self, vb: int) -> None:
         if vb in self.pending:
             self.pending.discard(vb)
             self.summary.done.append(vb)
+            self.waiting_since = time.monotonic()
             if not self.pending:
                 self.wake.set()
 

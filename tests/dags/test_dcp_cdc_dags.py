@@ -201,6 +201,7 @@ shuffle_partitions = 2
 conf = {{ "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" }}
 [airflow]
 retries = 0
+execution_timeout_minutes = 10
 """,
     )
     dag = _dagbag().dags["dcp_cdc__travel_sample_a8560dff"]
@@ -271,3 +272,36 @@ def test_a_bucket_with_a_capture_section_captures_first(config_file: Path) -> No
         "now",
     ]
     assert "CB_PASSWORD" not in " ".join(capture.command())  # the agent reads it, not Airflow
+
+
+def test_a_capture_task_stopped_midway_stops_its_agent(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow's execution timeout interrupts the task while the agent runs: the agent gets
+    SIGTERM (what makes its capture durable) and the task fails at once, not when it ends."""
+    import signal
+    import time
+
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout
+
+    from pipelines import airflow_tasks
+
+    children: list[subprocess.Popen[str]] = []
+    popen = subprocess.Popen
+
+    def spawn(*args: Any, **kwargs: Any) -> subprocess.Popen[str]:
+        children.append(popen(*args, **kwargs))
+        return children[-1]
+
+    operator = airflow_tasks.DcpCaptureOperator(
+        task_id="capture", config_path=str(config_file), bucket="live"
+    )
+    agent = "import time; print('capturing', flush=True); time.sleep(120)"
+    monkeypatch.setattr(operator, "command", lambda: [sys.executable, "-c", agent])
+    monkeypatch.setattr(airflow_tasks.subprocess, "Popen", spawn)
+    started = time.monotonic()
+    with pytest.raises(AirflowTaskTimeout), timeout(2):
+        operator.execute({})  # type: ignore[arg-type]
+    assert children and children[0].returncode == -signal.SIGTERM
+    assert time.monotonic() - started < 30

@@ -223,3 +223,21 @@ def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
             assert captured(s.landing) == truth(server, tmp_path / "t")
 
     asyncio.run(scenario())
+
+
+def test_until_now_names_what_each_vbucket_not_done_waits_for(tmp_path: Path) -> None:
+    """A run that waits long for its last vbuckets says, per vbucket, its seqno, its end and
+    whether a stream, a placement or nothing has it (what a stalled run is debugged from)."""
+    from dcp_cdc.agent.driver import _Agent
+    from dcp_cdc.agent.positions import VbPosition
+
+    agent = _Agent(settings(tmp_path, "couchbase://127.0.0.1"), "until-now", asyncio.Event())
+    agent.pending = {3, 5, 9}
+    agent.end_seqnos = {3: 23, 5: 22}
+    agent.durable = {3: VbPosition(3, 21, 77)}
+    agent.placing = {5}
+    assert agent.waiting({3}) == (
+        "vbucket 3 at seqno 21 of end 23 (streaming); "
+        "vbucket 5 at seqno None of end 22 (placing); "
+        "vbucket 9 at seqno None of end None (idle)"
+    )
