@@ -10,8 +10,12 @@ machine, CPU seconds move less than wall seconds); the JVM's heap peak comes fro
 own executor metrics in the event log. Each size runs in its own process (its own JVM), on
 tables created before the timed run (a bucket's tables are created once).
 
+Both writers of the events' Parquet files run (``[ingest] writer``): ``arrow``, the decode
+tasks write them (the default), and ``spark``, Spark's Delta writer (what bronze used before):
+one run of the benchmark gives the before and the after.
+
     python -m benchmarks.ingest [--events 1000000 --events 10000000] [--runs 1]
-        [--event-log DIR]
+        [--writer arrow --writer spark] [--event-log DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import psutil
 
 from benchmarks.common import Case, report
 from benchmarks.corpus import DATA, captures
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig
 from pipelines.bronze.job import ensure_tables, ingest_bucket
 from pipelines.tables import BucketTables
 
@@ -116,7 +120,7 @@ def _executor_metrics(event: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
+def measure(n_events: int, runs: int, event_log: Path, writer: str) -> dict[str, Any]:
     """Runs of one size in this process (one JVM), on a fresh warehouse."""
     from pipelines.spark_session import build_spark_session
 
@@ -136,7 +140,10 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
         },
     )
     config = AppConfig(
-        landing=str(corpus.landing), warehouse=str(warehouse), buckets=[BucketConfig(name=BUCKET)]
+        landing=str(corpus.landing),
+        warehouse=str(warehouse),
+        buckets=[BucketConfig(name=BUCKET)],
+        ingest=IngestConfig(writer=writer),  # type: ignore[arg-type]
     )
     seconds, peaks, cpu, setup = [], [], [], []
     try:
@@ -155,7 +162,7 @@ def measure(n_events: int, runs: int, event_log: Path) -> dict[str, Any]:
             stored = spark.table(BucketTables(BUCKET).events).count()
             assert summary.frames == stored == n_events, (summary.frames, stored, n_events)
             print(
-                f"  {n_events:,} events: {seconds[-1]:.1f} s, CPU s "
+                f"  {n_events:,} events ({writer} writer): {seconds[-1]:.1f} s, CPU s "
                 + ", ".join(f"{k} {v:,.1f}" for k, v in sampler.cpu.items())
                 + "; peak RSS "
                 + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sampler.peak.items()),
@@ -188,6 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument(
+        "--writer",
+        choices=["arrow", "spark"],
+        action="append",
+        help="who writes the Parquet files (repeatable; default both)",
+    )
+    parser.add_argument(
         "--event-log",
         type=Path,
         default=DATA / "spark-events",
@@ -196,13 +209,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: write results here
     args = parser.parse_args(argv)
     sizes = args.events or [1_000_000, 10_000_000]
+    writers = args.writer or ["arrow", "spark"]
     if args.one:
-        args.one.write_text(json.dumps(measure(sizes[0], args.runs, args.event_log)))
+        result = measure(sizes[0], args.runs, args.event_log, writers[0])
+        args.one.write_text(json.dumps(result))
         return
     load_before = os.getloadavg()
     cases = []
-    for n_events in sizes:  # each size in its own process: its own JVM, its own memory peak
-        out = DATA / f"ingest-{n_events}.json"
+    # each size and writer in its own process: its own JVM, its own memory peak
+    for n_events, writer in [(n, w) for n in sizes for w in writers]:
+        out = DATA / f"ingest-{n_events}-{writer}.json"
         subprocess.run(
             [
                 sys.executable,
@@ -214,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
                 str(args.runs),
                 "--event-log",
                 str(args.event_log),
+                "--writer",
+                writer,
                 "--one",
                 str(out),
             ],
@@ -222,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         result = json.loads(out.read_text())
         cases.append(
             Case(
-                f"capture → bronze, {n_events // 1_000_000}M events",
+                f"capture → bronze, {n_events // 1_000_000}M events, {writer} writer",
                 n_events,
                 "events",
                 result["seconds"],

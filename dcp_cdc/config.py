@@ -293,6 +293,11 @@ class IngestConfig(_Model):
     """Raw bytes kept per quarantined record."""
     max_files_per_run: Annotated[int, Field(ge=0)] = 0
     """0 = every new file."""
+    writer: Literal["arrow", "spark"] = "arrow"
+    """Who writes the events' Parquet files: ``arrow``, the decode tasks themselves (pyarrow,
+    columnar; the driver commits them in one Delta transaction), or ``spark``, Spark's Delta
+    writer (row at a time, slower; kept as the reference the tests compare
+    with). Either way a run commits once, exactly once."""
 
 
 class TableConfig(_Model):

@@ -340,16 +340,109 @@ def append_once(df: DataFrame, table: str, *, app_id: str, version: int) -> None
     faults.point("committed", table)
 
 
+def commit_files(
+    spark: SparkSession,
+    table: str,
+    files: Iterable[Mapping[str, Any]],
+    *,
+    app_id: str,
+    version: int,
+) -> bool:
+    """Commit Parquet files already in ``table``'s folder (rows of ``schemas.WRITTEN``) as
+    one append, unless ``(app_id, version)`` already committed to it: :func:`append_once` for
+    files the tasks wrote themselves (:mod:`pipelines.bronze.writer`). Returns whether this
+    call committed. Idempotence is Delta's own: the transaction reads the app's version from
+    the snapshot it commits on and writes it with the files (a ``txn`` action), so of two
+    attempts of one run only one commits; a concurrent writer's commit is retried over."""
+    adds = [
+        json.dumps(
+            {
+                "add": {
+                    "path": f["path"],
+                    "partitionValues": {},
+                    "size": f["size"],
+                    "modificationTime": f["modification_time"],
+                    "dataChange": True,
+                    "stats": f["stats"],
+                }
+            }
+        )
+        for f in files
+    ]
+    txn = json.dumps(
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": int(time.time() * 1000)}}
+    )
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        delta_log = _delta_log(spark, table)
+        transaction = delta_log.startTransaction()
+        if transaction.txnVersion(app_id) >= version:
+            return False
+        actions = jvm.java.util.ArrayList()
+        for action in (*adds, txn):
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+_CONFLICTS = {
+    "DeltaConcurrentModificationException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+}
+
+
+def _typed_conflicts(action: Callable[[], _T]) -> _T:
+    """Run ``action``, which calls Delta through py4j: a commit conflict comes back as the
+    ``delta.exceptions`` class :func:`with_retry` retries on, not as a bare Java error."""
+    from delta import exceptions as dx
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        return action()
+    except Py4JJavaError as exc:
+        java = exc.java_exception
+        name = java.getClass().getSimpleName()
+        if name in _CONFLICTS:
+            raise getattr(dx, name)(message=str(java.getMessage())) from exc
+        raise
+
+
+def _delta_log(spark: SparkSession, table: str) -> Any:
+    jvm: Any = spark._jvm
+    db, _, name = table.partition(".")
+    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
+    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
+
+
+def location_and_properties(spark: SparkSession, table: str) -> tuple[str, dict[str, str]]:
+    """The Delta table ``table``'s location (a URI) and its table properties."""
+    detail = spark.sql(f"DESCRIBE DETAIL {table}").first()
+    assert detail is not None
+    return str(detail["location"]), dict(detail["properties"] or {})
+
+
 def committed_version(spark: SparkSession, table: str, app_id: str) -> int | None:
     """The latest ``txnVersion`` of ``app_id`` that committed to the Delta table ``table``
     (the version :func:`append_once` skips at and below), or None if none did: what tells a
     resumed run whether its killed attempt's write committed. Read from the table's snapshot
     (its log's transaction actions), as Delta does before an idempotent write."""
     jvm: Any = spark._jvm
-    location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]  # type: ignore[index]
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location)
     nothing = jvm.scala.Option.empty()
-    found = delta_log.update(False, nothing, nothing).transactions().get(app_id)
+    found = _delta_log(spark, table).update(False, nothing, nothing).transactions().get(app_id)
     return int(found.get()) if found.isDefined() else None
 
 
@@ -357,11 +450,8 @@ def table_version(spark: SparkSession, table: str) -> int:
     """The latest committed version of the Delta table ``table`` (``DB.NAME``), from its log
     (no Spark job)."""
     jvm: Any = spark._jvm
-    db, _, name = table.partition(".")
-    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
     nothing = jvm.scala.Option.empty()
-    return int(delta_log.update(False, nothing, nothing).version())
+    return int(_delta_log(spark, table).update(False, nothing, nothing).version())
 
 
 def metric(metrics: DataFrame | None, name: str) -> int:

@@ -188,6 +188,19 @@ FILES = T.StructType(
 state of the session's streams before the file (JSON ``{vb_key: [start, end, flags, oso,
 vb_uuid]}``, as in the ingest log's ``end_state``)."""
 
+WRITTEN = T.StructType(
+    _fields(
+        ("path", T.StringType()),
+        ("size", T.LongType()),
+        ("modification_time", T.LongType()),
+        ("num_records", T.LongType()),
+        ("stats", T.StringType()),
+    )
+)
+"""A Parquet file a decode task wrote into a table's folder (:mod:`pipelines.bronze.writer`):
+its path relative to the table, size, time (ms), rows and Delta statistics (JSON), what its
+``add`` action carries when the driver commits it."""
+
 QUALITY_RESULTS = T.StructType(
     _fields(
         ("run_id", T.StringType()),

@@ -31,19 +31,23 @@ same digest): one that changed or vanished is logged ``changed`` or ``missing`` 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+import pyarrow as pa
 
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
 from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from dcp_cdc.errors import CaptureFormatError, ConfigError
 from pipelines import delta_io, landing
+from pipelines.bronze import writer
 from pipelines.bronze.decode import FileScan, StreamState, decode_files, scan_files
 from pipelines.errors import LandingChangedError
 from pipelines.tables import BucketTables
@@ -59,8 +63,9 @@ TXN_APP_ID = "dcp-cdc-bronze"
 EVENTS_CLUSTERING = ("vbucket", "by_seqno")
 """Liquid clustering keys of the events table (applied by OPTIMIZE, not at ingest)."""
 
+STATS_COLUMNS_PROPERTY = "delta.dataSkippingStatsColumns"
 EVENTS_STATS = {
-    "delta.dataSkippingStatsColumns": ",".join(
+    STATS_COLUMNS_PROPERTY: ",".join(
         (
             *EVENTS_CLUSTERING,
             *("op", "opcode", "collection_id", "rev_seqno", "cas", "offset", "frame_len"),
@@ -781,11 +786,11 @@ class _Run:
         chunk, raw_limit = self.config.ingest.chunk_bytes, self.config.ingest.quarantine_raw_bytes
         storage = self.storage
         file_rows = [_file_row(f, carries[f.path]) for f in files]
-        ingested_at = F.current_timestamp()
         counts: Any = spark.sparkContext.accumulator({}, ByFile())  # type: ignore[arg-type]
         events_schema = schemas.arrow_schema(schemas.DECODED_EVENTS)
-        events = _files(spark, file_rows, chunk).mapInArrow(
-            lambda batches: decode_files(
+
+        def decoded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return decode_files(
                 batches,
                 events_schema,
                 chunk_bytes=chunk,
@@ -794,17 +799,20 @@ class _Run:
                 done=lambda path, frames, errors: counts.add({path: (frames, errors)}),
                 storage=storage,
                 planned_digests=digests,
-            ),
-            schemas.DECODED_EVENTS,
-        )
-        _relay_landing_changes(
-            lambda: delta_io.append_once(
-                transforms.events(events, run_id, ingested_at),
-                names.events,
-                app_id=TXN_APP_ID,
-                version=version,
             )
-        )
+
+        if self.config.ingest.writer == "arrow":
+            self.write_events(version, run_id, file_rows, decoded)
+        else:
+            events = _files(spark, file_rows, chunk).mapInArrow(decoded, schemas.DECODED_EVENTS)
+            _relay_landing_changes(
+                lambda: delta_io.append_once(
+                    transforms.events(events, run_id, F.current_timestamp()),
+                    names.events,
+                    app_id=TXN_APP_ID,
+                    version=version,
+                )
+            )
         self.hook("events")
         found: dict[str, tuple[int, int]] = dict(counts.value)
         # Files with malformed frames, or all when the events were written by an earlier
@@ -825,6 +833,46 @@ class _Run:
                 for f in files
             ]
             + closing,
+        )
+
+    def write_events(
+        self,
+        version: int,
+        run_id: str,
+        file_rows: list[dict[str, Any]],
+        decoded: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    ) -> None:
+        """The ``arrow`` writer: each decode task writes its events' Parquet file into the
+        events table's folder (:mod:`pipelines.bronze.writer`) and the driver commits all
+        of them as run ``version``, unless an earlier attempt of the run committed (then
+        nothing is decoded, as when Spark's idempotent append skips)."""
+        from pipelines import schemas
+
+        spark, table = self.spark, self.names.events
+        if _at_least(delta_io.committed_version(spark, table, TXN_APP_ID), version):
+            return
+        location, properties = delta_io.location_and_properties(spark, table)
+        stats = properties.get(STATS_COLUMNS_PROPERTY, EVENTS_STATS[STATS_COLUMNS_PROPERTY])
+        target = writer.Target(
+            location=location,
+            schema=schemas.arrow_schema(schemas.EVENTS),
+            stats_columns=tuple(c.strip() for c in stats.split(",") if c.strip()),
+            storage=self.storage,
+            constants={"ingest_run_id": run_id, "ingested_at": dt.datetime.now(dt.UTC)},
+        )
+        written_schema = schemas.arrow_schema(schemas.WRITTEN)
+
+        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            rows = list(writer.write_files(decoded(batches), target))
+            yield pa.RecordBatch.from_pylist(rows, schema=written_schema)
+
+        chunk = self.config.ingest.chunk_bytes
+        written = _relay_landing_changes(
+            lambda: _files(spark, file_rows, chunk).mapInArrow(task, schemas.WRITTEN).collect()
+        )
+        self.hook("written")
+        delta_io.commit_files(
+            spark, table, [r.asDict() for r in written], app_id=TXN_APP_ID, version=version
         )
 
     def quarantine(

@@ -137,7 +137,7 @@ def test_rerun_is_a_no_op(
     }
 
 
-@pytest.mark.parametrize("point", ["planned", "events", "quarantine"])
+@pytest.mark.parametrize("point", ["planned", "written", "events", "quarantine"])
 def test_a_run_killed_midway_then_rerun_is_exactly_once(
     spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path, point: str
 ) -> None:
@@ -228,3 +228,57 @@ def test_a_file_changed_after_ingest_is_reported_not_reread(
     assert _op_counts(spark, bucket) == before
     log = spark.table(BucketTables(bucket).ingest_log).where("status = 'changed'").collect()
     assert len(log) == 1 and log[0]["file"] == str(result.files[0])
+
+
+def _added_files(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """The ``add`` actions of ``table``'s log, in commit order."""
+    location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]  # type: ignore[index]
+    adds = []
+    for commit in sorted(Path(location.removeprefix("file:"), "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            adds += [json.loads(line)["add"]] if '"add"' in line else []
+    return adds
+
+
+def test_the_arrow_writer_gives_the_rows_and_statistics_of_sparks_writer(
+    spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
+) -> None:
+    """The same captures ingested by each writer: the same rows, Parquet that Spark and
+    delta-rs read, and per file the statistics Delta's own writer computes (which is what
+    data skipping reads), but for the two columns that name the run."""
+    from deltalake import DeltaTable
+
+    simulate(
+        tmp_path / "sim",
+        scenario="mixed",
+        seed=8,
+        bucket=bucket,
+        vbuckets=4,
+        docs=80,
+        ops=300,
+        max_file_bytes=30_000,
+    )
+    run_columns = ("ingest_run_id", "ingested_at")
+    rows, stats = {}, {}
+    for writer in ("arrow", "spark"):
+        config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket, writer=writer)
+        assert _ingest(spark, config).frames > 0
+        table = BucketTables(bucket).events
+        rows[writer] = Counter(
+            json.dumps(r.asDict(recursive=True), default=repr, sort_keys=True)
+            for r in spark.table(table).drop(*run_columns).collect()
+        )
+        stats[writer] = Counter()
+        for add in _added_files(spark, table):
+            parsed = json.loads(add["stats"])
+            for part in ("minValues", "maxValues", "nullCount"):
+                for column in run_columns:
+                    parsed[part].pop(column, None)
+            stats[writer][json.dumps(parsed, sort_keys=True)] += 1
+        if writer == "arrow":
+            location = spark.sql(f"DESCRIBE DETAIL {table}").first()["location"]  # type: ignore[index]
+            assert DeltaTable(location).to_pyarrow_table().num_rows == rows[writer].total()
+        for name in BucketTables(bucket).bronze.values():
+            spark.sql(f"DROP TABLE {name}")
+    assert rows["arrow"] == rows["spark"] and rows["arrow"].total() > 300
+    assert stats["arrow"] == stats["spark"] and stats["arrow"].total() > 1
