@@ -11,9 +11,9 @@ whole ``merge_changes``. The table and batch of each size are built once and cac
 ``benchmarks/.data/apply`` (the 10M table takes minutes). The result says how the apply time
 grows with the table: the goal is at most 2x from 1M to 10M keys.
 
-The tables have the product's default properties with deletion vectors on (:data:`PROPERTIES`,
-as ``conf/cluster.example.toml`` sets them): a MERGE then marks the rows it changes in the
-files it touches instead of rewriting those files, so its cost follows the batch.
+Each size runs with deletion vectors on and off (``--deletion-vectors``), on tables of their
+own, the product's default properties otherwise: with them a MERGE marks the rows it changes
+in the files it touches instead of rewriting those files.
 """
 
 from __future__ import annotations
@@ -50,21 +50,22 @@ _METRICS = (
 )
 
 
-def table_properties() -> dict[str, str]:
+def table_properties(deletion_vectors: bool = True) -> dict[str, str]:
     """The Delta properties of the benchmarks' tables (ours and AutoCDC's alike)."""
     from dcp_cdc.config import TableConfig
 
-    return TableConfig().properties | {"delta.enableDeletionVectors": "true"}
+    dv = "true" if deletion_vectors else "false"
+    return TableConfig().properties | {"delta.enableDeletionVectors": dv}
 
 
-def bucket_of(keys: int) -> str:
-    return f"bench_{keys}"
+def bucket_of(keys: int, deletion_vectors: bool = True) -> str:
+    return f"bench_{keys}" if deletion_vectors else f"bench_{keys}_nodv"
 
 
-def registry_of(keys: int) -> list[dict[str, Any]]:
+def registry_of(keys: int, deletion_vectors: bool = True) -> list[dict[str, Any]]:
     from pipelines.tables import BucketTables
 
-    name = BucketTables(bucket_of(keys)).collection("_default", "_default")
+    name = BucketTables(bucket_of(keys, deletion_vectors)).collection("_default", "_default")
     return [{"collection_id": 0, "table_name": name, "status": "live"}]
 
 
@@ -87,23 +88,27 @@ def session(event_log: Path | None = None) -> Any:
     )
 
 
-def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tuple[str, int, Path]:
+def prepare(
+    spark: Any, keys: int, changes: int, *, fresh: bool = False, deletion_vectors: bool = True
+) -> tuple[str, int, Path]:
     """The ``_all`` table of ``keys`` keys (built or reused), its built version, and the
     parquet folder of the change batch."""
     from pipelines.silver import store
     from pipelines.tables import all_rows, view_of
 
-    table = all_rows(registry_of(keys)[0]["table_name"])
-    marker = DATA / f"table-{keys}.json"
+    dv = deletion_vectors
+    table = all_rows(registry_of(keys, dv)[0]["table_name"])
+    marker = DATA / f"table-{bucket_of(keys, dv)}.json"
     batch = DATA / f"changes-{keys}-{changes}.parquet"
-    wanted = {"generator": GENERATOR, "keys": keys, "properties": table_properties()}
+    properties = table_properties(dv)
+    wanted = {"generator": GENERATOR, "keys": keys, "properties": properties}
     built = json.loads(marker.read_text()) if marker.exists() else {}
     if fresh or {k: built.get(k) for k in wanted} != wanted or not spark.catalog.tableExists(table):
         print(f"  building {table} ({keys:,} keys)", flush=True)
         marker.unlink(missing_ok=True)
         spark.sql(f"DROP TABLE IF EXISTS {table}")
-        store.ensure_support_tables(spark, bucket_of(keys), table_properties())
-        store.ensure_collection_table(spark, view_of(table), table_properties())
+        store.ensure_support_tables(spark, bucket_of(keys, dv), properties)
+        store.ensure_collection_table(spark, view_of(table), properties)
         files = max(1, keys // ROWS_PER_FILE)
         (
             table_rows(spark, keys)
@@ -116,7 +121,7 @@ def prepare(spark: Any, keys: int, changes: int, *, fresh: bool = False) -> tupl
         )
         version = spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"]
         marker.write_text(json.dumps(wanted | {"version": version}) + "\n")
-        for old in DATA.glob(f"changes-{keys}-*.parquet"):  # built against the old table
+        for old in DATA.glob(f"changes-{keys}-*.parquet"):  # maybe of an older generator
             shutil.rmtree(old)
     if not batch.exists():
         print(f"  building a batch of {changes:,} changes", flush=True)
@@ -138,13 +143,15 @@ def last_merge_metrics(spark: Any, table: str) -> dict[str, int]:
     return {k: int(metrics[k]) for k in _METRICS if k in metrics}
 
 
-def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = False) -> list[Case]:
+def measure(
+    spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = False, dv: bool = True
+) -> list[Case]:
     from pipelines import schemas
     from pipelines.silver import store, transforms
 
-    table, version, batch = prepare(spark, keys, changes, fresh=fresh)
+    table, version, batch = prepare(spark, keys, changes, fresh=fresh, deletion_vectors=dv)
     walked = spark.read.schema(schemas.WALKED).parquet(str(batch))
-    registry = registry_of(keys)
+    registry = registry_of(keys, dv)
 
     def newest_rows() -> None:
         transforms.silver_rows(walked).write.format("noop").mode("overwrite").save()
@@ -157,7 +164,7 @@ def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = Fal
         spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {version}")
         cpu = jvm_cpu_seconds(spark)
         seconds, merged = timed(
-            lambda: store.merge_changes(spark, bucket_of(keys), registry, walked), 1
+            lambda: store.merge_changes(spark, bucket_of(keys, dv), registry, walked), 1
         )
         merge_cpu.append(jvm_cpu_seconds(spark) - cpu)
         merge_seconds += seconds
@@ -171,10 +178,11 @@ def measure(spark: Any, keys: int, changes: int, runs: int, *, fresh: bool = Fal
             f"got {live} and {merged}"
         )
     size = f"{keys // 1_000_000}M" if keys >= 1_000_000 else f"{keys // 1000}k"
+    size += ", DVs on" if dv else ", DVs off"
     return [
         Case(f"silver_rows -> {size} keys", changes, "changes", rows_seconds),
         Case(
-            f"merge_changes -> {size} keys",
+            f"merge_changes -> {size}",
             changes,
             "changes",
             merge_seconds,
@@ -199,23 +207,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fresh", action="store_true", help="rebuild the cached tables")
     parser.add_argument("--event-log", type=Path, help="write Spark event logs here")
+    parser.add_argument(
+        "--deletion-vectors",
+        default="on,off",
+        help="comma-separated: on, off (the tables' delta.enableDeletionVectors)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(k) for k in args.keys.split(",")]
+    settings = [v.strip() == "on" for v in args.deletion_vectors.split(",")]
     spark = session(args.event_log)
     try:
         cases: list[Case] = []
-        for keys in sizes:
-            cases += measure(spark, keys, args.changes, args.runs, fresh=args.fresh)
+        for dv in settings:
+            for keys in sizes:
+                cases += measure(spark, keys, args.changes, args.runs, fresh=args.fresh, dv=dv)
     finally:
         spark.stop()
     merges = [c for c in cases if c.name.startswith("merge_changes")]
     merges[0].baseline = True
-    growth = {f"{m.name} / {merges[0].name}": m.median / merges[0].median for m in merges[1:]}
-    cpu_growth = {
-        f"{m.name} / {merges[0].name}": m.extra["jvm_cpu_median_s"]
-        / merges[0].extra["jvm_cpu_median_s"]
-        for m in merges[1:]
-    }
+    growth, cpu_growth = {}, {}
+    for dv in ("DVs on", "DVs off"):  # growth with the table, per setting
+        same = [m for m in merges if m.name.endswith(dv)]
+        for m in same[1:]:
+            growth[f"{m.name} / {same[0].name}"] = m.median / same[0].median
+            cpu_growth[f"{m.name} / {same[0].name}"] = (
+                m.extra["jvm_cpu_median_s"] / same[0].extra["jvm_cpu_median_s"]
+            )
     report(
         "apply",
         cases,

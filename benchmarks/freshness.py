@@ -109,19 +109,16 @@ class Probe:
         if not chosen:
             return None
         import pyarrow as pa
-        from deltalake import DeltaTable
+        from deltalake import DeltaTable, QueryBuilder
 
         started = time.perf_counter()
-        rows = (
-            pa.concat_tables(
-                DeltaTable(str(t), version=v).to_pyarrow_table(columns=["_vbucket", "_seqno"])
-                for t, v, _ in chosen
-            )
-            .group_by("_vbucket")
-            .aggregate([("_seqno", "max")])
-        )
+        tops: dict[int, int] = {}
+        for t, v, _ in chosen:  # delta-rs's SQL reader: silver has deletion vectors
+            query = QueryBuilder().register("t", DeltaTable(str(t), version=v))
+            result = query.execute("SELECT _vbucket, max(_seqno) AS s FROM t GROUP BY _vbucket")
+            for r in pa.table(result.read_all()).to_pylist():
+                tops[r["_vbucket"]] = max(tops.get(r["_vbucket"], 0), r["s"])
         self.queries.append(time.perf_counter() - started)
-        tops = dict(zip(rows["_vbucket"].to_pylist(), rows["_seqno_max"].to_pylist(), strict=True))
         return max(at for _, _, at in chosen), tops
 
     def once(self) -> None:

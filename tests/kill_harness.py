@@ -24,6 +24,7 @@ from typing import Any
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines import faults
 from pipelines.tables import BucketTables, all_rows
+from tests import delta_rs
 
 CLI = [sys.executable, "-m", "pipelines.cli"]
 BUCKET = "kill-test"
@@ -134,10 +135,7 @@ def table_path(setup: Setup, table: str) -> Path:
 
 
 def _rows(path: Path, columns: list[str], version: int | None = None) -> list[dict[str, Any]]:
-    from deltalake import DeltaTable
-
-    dt = DeltaTable(str(path), version=version) if version is not None else DeltaTable(str(path))
-    return list(dt.to_pyarrow_table(columns=columns).to_pylist())
+    return delta_rs.rows(path, columns, version)
 
 
 def bronze_rows(setup: Setup) -> dict[str, list[tuple[Any, ...]]]:

@@ -153,7 +153,7 @@ def apply_bucket(
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
         changes = walked.where(is_change)
         registry = store.update_registry(
-            spark, name, controls, config.tables.properties, change_cids
+            spark, name, controls, store.collection_properties(config), change_cids
         )
         at = summary.step("registry", at)
         rollbacks = [

@@ -43,6 +43,17 @@ def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str
         delta_io.create_table(spark, table, schema, properties)
 
 
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def collection_properties(config: AppConfig) -> dict[str, str]:
+    """The properties a new ``_all`` table gets: ``[tables] properties`` with deletion vectors
+    as ``[silver] deletion_vectors`` says."""
+    return config.tables.properties | {
+        DELETION_VECTORS: "true" if config.silver.deletion_vectors else "false"
+    }
+
+
 def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str, str]) -> None:
     """The ``_all`` table of the collection whose view is ``name``, and the view, exist."""
     table = tables.all_rows(name)

@@ -175,8 +175,7 @@ def test_pipeline_dag_captures_then_runs_end_to_end(
 ) -> None:
     """``dag.test()``: the capture task streams the test producer (a child process, 2 data
     nodes) up to now, then three spark-submit jobs on a local master; silver equals the truth."""
-    from deltalake import DeltaTable
-
+    from tests import delta_rs
     from tests.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)  # the capture task's child process reads it
@@ -219,12 +218,9 @@ execution_timeout_minutes = 10
         truth.add((doc["collection_id"], key, doc["seqno"]))
     silver = set()
     for table in sorted((warehouse / "silver.db").glob("*_all")):
-        rows = DeltaTable(str(table)).to_pyarrow_table(
-            columns=["_collection_id", "key", "_seqno", "_deleted"]
-        )
         silver |= {
             (r["_collection_id"], r["key"], r["_seqno"])
-            for r in rows.to_pylist()
+            for r in delta_rs.rows(table, ["_collection_id", "key", "_seqno", "_deleted"])
             if not r["_deleted"]
         }
     assert silver == truth

@@ -169,12 +169,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, executor_python: Path) -> 
 
 
 def _silver(warehouse: Path) -> dict[tuple[int, str], tuple[Any, ...]]:
-    from deltalake import DeltaTable
+    from tests import delta_rs
 
     rows = {}
     for table in sorted((warehouse / "silver.db").glob("*_all")):
         columns = ["_collection_id", "key", "_seqno", "_rev_seqno", "_vbucket", "_deleted"]
-        for r in DeltaTable(str(table)).to_pyarrow_table(columns=columns).to_pylist():
+        for r in delta_rs.rows(table, columns):
             if not r["_deleted"]:
                 rows[(r["_collection_id"], r["key"])] = (
                     r["_seqno"],

@@ -256,11 +256,11 @@ def test_beeline_queries_silver_over_jdbc(
     the server checks users) returns what delta-rs reads from the same table: the catalog the
     run wrote outlives its process, and another Spark process (the Thrift server) finds its
     tables."""
-    from deltalake import DeltaTable
+    from tests import delta_rs
 
     tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
-    table = next(t for t in tables if DeltaTable(str(t)).to_pyarrow_table().num_rows)
-    rows = DeltaTable(str(table)).to_pyarrow_table(columns=["key", "_deleted"]).to_pylist()
+    table = next(t for t in tables if delta_rs.read_delta(t).num_rows)
+    rows = delta_rs.rows(table, ["key", "_deleted"])
     expected = sorted(r["key"] for r in rows if not r["_deleted"])[:5]
     query = f"SELECT key FROM silver.{table.name} WHERE NOT _deleted ORDER BY key LIMIT 5"
     user, password = (directory.user, directory.password) if directory else ("dcp", "any")
