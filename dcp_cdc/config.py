@@ -328,8 +328,9 @@ class SilverConfig(_Model):
     deletion_vectors: bool = True
     """Deletion vectors on the ``_all`` tables (set when a table is created): a MERGE then
     marks the rows it replaces in the files it touches instead of rewriting those files, so
-    its cost follows the batch (10,000 changes into 1M keys: 6.8 s with them, 12.5 s
-    without; 1M changes into 1M keys: 26.6 s and 24.1 s, on 2 cores). Readers must support
+    its cost follows the batch (on 2 cores, 10,000 changes into 1M keys: 6.8 s with them,
+    12.5 s without; 1M changes into 10M keys: 52 s and 81 s; into 1M keys, about even at
+    24-32 s). Readers must support
     them: Spark, Delta Kernel, delta-rs's SQL reader (``deltalake.QueryBuilder``), not
     ``deltalake``'s ``to_pyarrow_table``. Off: those readers too, every MERGE rewrites."""
     tombstone_retention_hours: Annotated[int, Field(ge=0)] = 168
