@@ -383,6 +383,8 @@ def commit_files(
         for action in (*adds, txn):
             actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
         none = jvm.scala.Option.empty()
+        # The history's WRITE (mode Append); py4j cannot use Scala's default arguments, so
+        # every optional one is given: 8 in delta-spark 4.4 (tests/spark/test_bronze.py).
         write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
             jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
         )
