@@ -98,7 +98,7 @@ def _timestamp(micros: int) -> str:
 
 @dataclass
 class _ColumnStats:
-    kind: str  # "number", "string", "timestamp", "bool" or "" (null count only)
+    kind: str  # "number", "string", "timestamp", or "" (a null count only)
     nulls: int = 0
     low: Any = None
     high: Any = None
