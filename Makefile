@@ -27,11 +27,11 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test test-long kill-trials check lint format typecheck run bench pyfiles lock clean distclean
+.PHONY: help setup test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
-	@echo "  make lint | format | typecheck | run ARGS=... | bench | pyfiles | clean | distclean"
+	@echo "  make lint | format | typecheck | run ARGS=... | bench | pyfiles | wheel | clean | distclean"
 
 setup: $(STAMPS)/editable $(JARS_STAMP)
 
@@ -43,7 +43,8 @@ $(STAMPS)/deps: requirements.lock | $(PY)
 	$(PIP) install -q -r requirements.lock
 	@mkdir -p $(@D) && touch $@
 
-$(STAMPS)/editable: pyproject.toml $(STAMPS)/deps
+# The editable install also compiles the columnar decoder's pass (dcp_cdc/_native.c).
+$(STAMPS)/editable: pyproject.toml dcp_cdc/_native.c $(STAMPS)/deps
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	@mkdir -p $(@D) && touch $@
 
@@ -107,6 +108,12 @@ bench: setup
 pyfiles: setup
 	$(PY) -m pipelines.shipping --out dist/dcp_cdc.zip
 
+# A wheel of the package with the compiled decoder pass, for executors' Pythons (a zip from
+# pyfiles decodes with numpy alone: an extension module cannot be imported from a zip).
+wheel: setup
+	$(PIP) wheel -q --no-deps --no-build-isolation -w dist .
+	@rm -rf build
+
 # A throwaway venv resolves pyproject.toml (with the dev extra) and is frozen into the lock.
 # pip itself is left out: the venv's own pip installs the lock.
 lock:
@@ -127,3 +134,4 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) .cache
+	rm -f dcp_cdc/_native*.so

@@ -2,7 +2,9 @@
 
 Every face decodes the same capture files (benchmarks/corpus.py), held in memory, one file
 buffer at a time as the bronze ingest does (files rotate at 64 MiB, the ingest's default
-chunk). Runs are interleaved (baseline, iterator, columnar, then again) so that load from
+chunk), and, as its decode tasks do, in a process that keeps freed memory for reuse
+(``dcp_cdc.columnar.keep_freed_memory``). The columnar face runs its compiled pass; "numpy
+only" is its fallback. Runs are interleaved (baseline, iterator, columnar, then again) so that load from
 other processes on the machine falls on every face alike; CPU seconds are kept beside the
 wall-clock seconds for the same reason.
 
@@ -19,13 +21,14 @@ from collections.abc import Callable
 
 from benchmarks.common import Case, report
 from benchmarks.corpus import captures, frames_of
-from dcp_cdc.columnar import decode_batch
+from dcp_cdc.columnar import NATIVE, decode_batch, keep_freed_memory
 from dcp_cdc.decoder import DcpDecoder
 from dcp_cdc.snappy import decompress
 from dcp_cdc.varint import read_uleb128
 from dcp_cdc.xattrs import split_xattrs
 
 LARGE = 5_000_000  # from this many frames, the two slow faces run once
+KEEP_FREED_MEMORY = False  # set by main(), reported with the figures
 
 
 def iterator_face(buffers: list[bytes]) -> int:
@@ -38,13 +41,17 @@ def iterator_face(buffers: list[bytes]) -> int:
     return count
 
 
-def columnar_face(buffers: list[bytes]) -> int:
+def columnar_face(buffers: list[bytes], *, native: bool | None = None) -> int:
     count = 0
     for data in buffers:
-        batch = decode_batch(data, collections=True)
+        batch = decode_batch(data, collections=True, native=native)
         assert batch.fatal is None and not batch.errors
         count += batch.table.num_rows
     return count
+
+
+def columnar_numpy(buffers: list[bytes]) -> int:
+    return columnar_face(buffers, native=False)
 
 
 _HDR = struct.Struct(">BBHBBHIIQ")
@@ -110,8 +117,11 @@ def struct_loop(buffers: list[bytes]) -> int:
 FACES: list[tuple[str, Callable[[list[bytes]], int]]] = [
     ("struct loop (baseline)", struct_loop),
     ("iterator face", iterator_face),
+    ("columnar face, numpy only", columnar_numpy),
     ("columnar face", columnar_face),
 ]
+"""The columnar face runs its compiled pass (dcp_cdc/_native.c) when built, as the ingest
+does; "numpy only" is its fallback where the pass is not built."""
 
 
 def run_size(n_frames: int, runs: int) -> None:
@@ -123,7 +133,7 @@ def run_size(n_frames: int, runs: int) -> None:
     load_before = os.getloadavg()
     for run in range(runs):
         for name, face in FACES:
-            if run and n_frames >= LARGE and face is not columnar_face:
+            if run and n_frames >= LARGE and face not in (columnar_face, columnar_numpy):
                 continue
             started, cpu_started = time.perf_counter(), time.process_time()
             count = face(buffers)
@@ -146,6 +156,8 @@ def run_size(n_frames: int, runs: int) -> None:
         )
     label = f"{n_frames // 1_000_000}m" if n_frames % 1_000_000 == 0 else str(n_frames)
     params = {
+        "native": NATIVE,
+        "keep_freed_memory": KEEP_FREED_MEMORY,
         "frames": corpus.frames,
         "frame_bytes": corpus.frame_bytes,
         "files": len(corpus.files),
@@ -170,7 +182,16 @@ def main(argv: list[str] | None = None) -> None:
         help="capture size in frames (repeatable; default 1M and 10M)",
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--return-freed-memory",
+        action="store_true",
+        help="leave glibc to hand freed memory back to the system (the bronze decode tasks "
+        "keep it: dcp_cdc.columnar.keep_freed_memory); for every face alike",
+    )
     args = parser.parse_args(argv)
+    global KEEP_FREED_MEMORY
+    KEEP_FREED_MEMORY = not args.return_freed_memory and keep_freed_memory()
+    print(f"compiled pass: {NATIVE}; freed memory kept: {KEEP_FREED_MEMORY}")
     for n_frames in args.frames or [1_000_000, 10_000_000]:
         run_size(n_frames, args.runs)
 

@@ -14,6 +14,13 @@ Used by the bronze ingest inside ``mapInArrow``. The hot path touches no frame f
 4. every other frame (system events, responses, anything malformed, ...) goes through the
    iterator face's reader for its opcode, and its event is turned into a row.
 
+Steps 1 to 3 have a compiled form, :mod:`dcp_cdc._native` (``dcp_cdc/_native.c``, built by
+``pip install``): one pass over the frames that writes the header and hot-message columns,
+decompresses Snappy values into one buffer and splits XATTR sections, and one copy of every
+key and value into its Arrow column. It is configured from the same layout tables and decides
+nothing the numpy path would decide otherwise; where it is not built (a zip of the sources on
+a cluster), the numpy path runs, and tests check the two give the same table.
+
 So both faces read the same layout tables, and a test checks that they agree row for row.
 Unsigned 64-bit wire fields are stored as int64 with the same bits (Spark has no unsigned
 types): ``0xFFFFFFFFFFFFFFFF`` ("stream forever") reads as -1.
@@ -21,6 +28,7 @@ types): ``0xFFFFFFFFFFFFFFFF`` ("stream forever") reads as -1.
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,7 +39,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcp_cdc import layouts, snappy
+from dcp_cdc import layouts, snappy, varint
 from dcp_cdc.decoder import _read, parse_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import (
@@ -271,18 +279,27 @@ def _walk(buf: bytes, pos: int, stop: int) -> tuple[list[int], int, bool]:
 
 
 def frame_starts(
-    buf: bytes, *, final: bool, base_offset: int = 0, segment: int = SEGMENT_BYTES
+    buf: bytes,
+    *,
+    final: bool,
+    base_offset: int = 0,
+    segment: int = SEGMENT_BYTES,
+    native: bool | None = None,
 ) -> tuple[npt.NDArray[np.int64], int, MalformedFrameError | None]:
     """Start of every whole frame, the bytes they span, and the error that stopped framing.
 
-    Lengths chain, so framing is serial by nature. A long buffer is cut into segments of
-    ``segment`` bytes; each segment's first frame is guessed and all segments are walked at
+    Lengths chain, so framing is serial by nature: the compiled pass walks the buffer frame
+    by frame. Without it (``native=False``, or not built), a long buffer is cut into segments
+    of ``segment`` bytes; each segment's first frame is guessed and all segments are walked at
     once with numpy. A guess is kept only when the walk of the segment before it lands on it
     exactly; a segment whose guess was wrong is walked again, one frame at a time, from where
     the previous walk landed. So the starts are always those of one walk from byte 0.
     """
     n = len(buf)
-    if n >= 4 * segment:
+    if _use_native(native):
+        walked, pos, halted = _native_module().walk(buf, 0, n)
+        starts = np.frombuffer(walked, dtype=np.int64)
+    elif n >= 4 * segment:
         starts, pos, halted = _walk_segments(buf, segment)
     else:
         found, pos, halted = _walk(buf, 0, n)
@@ -447,6 +464,38 @@ def _buffer(data: Any) -> pa.Buffer:
     return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
 
 
+def _gathered(
+    arrow_type: pa.DataType, sources: list[Any], src: Any, start: Any, length: Any
+) -> pa.Array:
+    """:func:`_views` copied into a plain binary (or, of text known to be UTF-8, string)
+    column by the compiled pass: one copy, no views."""
+    n = len(src)
+    offsets = np.empty(n + 1, dtype=_I32)
+    src = np.ascontiguousarray(src, dtype=np.int64)
+    data = _native_module().gather(
+        tuple(sources),
+        src,
+        np.ascontiguousarray(start, dtype=np.int64),
+        np.ascontiguousarray(length, dtype=np.int64),
+        offsets,
+        _allocate,
+    )
+    null = src < 0
+    validity = _bitmap(~null) if null.any() else None
+    return pa.Array.from_buffers(arrow_type, n, [validity, pa.py_buffer(offsets), data])
+
+
+def _pooled(n: int, dtype: Any, *, zeroed: bool = True) -> Any:
+    """A numpy array in a pyarrow memory pool (the default, mimalloc, keeps some pages; see
+    :func:`keep_freed_memory`). Not ``zeroed``: for what the compiled pass writes in full, or
+    reads only where it wrote."""
+    itemsize = np.dtype(dtype).itemsize
+    values = np.frombuffer(_allocate(n * itemsize), dtype=dtype, count=n)
+    if zeroed:
+        values.fill(0)
+    return values
+
+
 class _Columns:
     """Column arrays for n rows, filled by the vectorised paths and by per-frame rows.
 
@@ -455,18 +504,21 @@ class _Columns:
     Arrow binary views, copied into plain binary columns once at the end.
     """
 
-    def __init__(self, n: int, buf: bytes) -> None:
+    def __init__(self, n: int, buf: bytes, *, native: bool) -> None:
         self.n = n
+        self.native = native
         self.values: dict[str, Any] = {}
         self.valid: dict[str, Any] = {}  # absent: every row valid
         self.op = np.zeros(n, dtype=np.int8)
         self.strings: dict[str, tuple[list[int], list[str]]] = {c: ([], []) for c in _STRINGS}
+        self.constant_texts: dict[str, tuple[Any, str]] = {}  # rows (a mask) and their text
         self.sources: list[Any] = [buf]
         self.bin_src: dict[str, Any] = {}
         self.bin_start: dict[str, Any] = {}
         self.bin_len: dict[str, Any] = {}
         self.xattr_rows = np.zeros(n, dtype=np.bool_)
-        self.xattr_entries: list[tuple[Any, pa.Array, pa.Array]] = []
+        # (entry rows, keys, items, the map offsets of these entries alone if known)
+        self.xattr_entries: list[tuple[Any, pa.Array, pa.Array, Any]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
         self.flag_names: tuple[list[int], list[list[str]]] = ([], [])
         self.extra = bytearray()
@@ -549,34 +601,44 @@ class _Columns:
         items = pa.array([v for m in mappings for v in m.values()], type=pa.string())
         self.add_xattrs(np.array(rows, dtype=np.int64), entry_rows, keys, items)
 
-    def add_xattrs(self, rows: Any, entry_rows: Any, keys: pa.Array, items: pa.Array) -> None:
+    def add_xattrs(
+        self, rows: Any, entry_rows: Any, keys: pa.Array, items: pa.Array, offsets: Any = None
+    ) -> None:
         """``rows`` carry xattrs (perhaps none); entry j is ``keys[j]: items[j]`` of row
-        ``entry_rows[j]``, in the order of the row's pairs."""
+        ``entry_rows[j]``, in the order of the row's pairs; ``offsets``, if given, are the map
+        offsets of these entries (n + 1: where each row's entries start)."""
         self.xattr_rows[rows] = True
         if len(entry_rows):
-            self.xattr_entries.append((entry_rows, keys, items))
+            self.xattr_entries.append((entry_rows, keys, items, offsets))
 
     def to_table(self, keep: Any) -> pa.Table:
         n = self.n
         arrays: dict[str, pa.Array] = {}
-        op_dict = pa.array(OPS, type=pa.string())
-        op_index = _numeric(pa.int8(), self.op)
-        arrays["op"] = pa.DictionaryArray.from_arrays(op_index, op_dict).cast(pa.string())
+        arrays["op"] = _OPS_ARRAY.take(_numeric(pa.int8(), self.op))
+        nulls = _Nulls(n)
         for name, arrow_type in _NUMERIC.items():
             if name in self.values:
                 arrays[name] = _numeric(arrow_type, self.values[name], self.valid.get(name))
             else:
-                arrays[name] = pa.nulls(n, arrow_type)
+                arrays[name] = nulls.of(arrow_type)
         for name, (rows, texts) in self.strings.items():
-            arrays[name] = _sparse(n, rows, texts)
+            if name in self.constant_texts:
+                mask, text = self.constant_texts[name]
+                if not rows:
+                    arrays[name] = _constant_text(mask, text)
+                    continue
+                more = np.flatnonzero(mask).tolist()
+                rows, texts = rows + more, texts + [text] * len(more)
+            arrays[name] = _sparse(n, rows, texts) if rows else nulls.of(pa.string())
         for name in _BINARIES:
-            if name in self.bin_src:
-                views = _views(
-                    self.sources, self.bin_src[name], self.bin_start[name], self.bin_len[name]
-                )
-                arrays[name] = views.cast(pa.binary())
+            if name not in self.bin_src:
+                arrays[name] = nulls.of(pa.binary())
+                continue
+            ranges = (self.sources, self.bin_src[name], self.bin_start[name], self.bin_len[name])
+            if self.native:
+                arrays[name] = _gathered(pa.binary(), *ranges)
             else:
-                arrays[name] = pa.nulls(n, pa.binary())
+                arrays[name] = _views(*ranges).cast(pa.binary())
         arrays["xattrs"] = self._xattrs()
         arrays["failover_log"] = _sparse_list(n, self.failover)
         arrays["stream_flag_names"] = _sparse_names(n, *self.flag_names)
@@ -587,14 +649,19 @@ class _Columns:
         n = self.n
         if not self.xattr_rows.any():
             return pa.nulls(n, XATTRS_TYPE)
-        offsets = np.zeros(n + 1, dtype=_I32)
-        if self.xattr_entries:
+        if len(self.xattr_entries) == 1 and self.xattr_entries[0][3] is not None:
+            _, keys, items, offsets = self.xattr_entries[0]
+        elif self.xattr_entries:
+            offsets = np.zeros(n + 1, dtype=_I32)
             entry_rows = np.concatenate([e[0] for e in self.xattr_entries])
-            order = np.argsort(entry_rows, kind="stable")  # a row's pairs keep their order
-            keys = pa.concat_arrays([e[1] for e in self.xattr_entries]).take(order)
-            items = pa.concat_arrays([e[2] for e in self.xattr_entries]).take(order)
+            keys = pa.concat_arrays([e[1] for e in self.xattr_entries])
+            items = pa.concat_arrays([e[2] for e in self.xattr_entries])
+            if (np.diff(entry_rows) < 0).any():  # in row order (a row's pairs keep theirs)
+                order = np.argsort(entry_rows, kind="stable")
+                keys, items = keys.take(order), items.take(order)
             np.cumsum(np.bincount(entry_rows, minlength=n), out=offsets[1:])
         else:
+            offsets = np.zeros(n + 1, dtype=_I32)
             keys = items = pa.array([], type=pa.string())
         return pa.MapArray.from_arrays(
             _numeric(pa.int32(), offsets),
@@ -603,6 +670,40 @@ class _Columns:
             type=XATTRS_TYPE,
             mask=_numeric(pa.bool_(), ~self.xattr_rows),
         )
+
+
+_OPS_ARRAY = pa.array(OPS, type=pa.string())
+
+
+class _Nulls:
+    """All-null columns of n rows that share one zeroed buffer (``pa.nulls`` zeroes one per
+    column, and a batch of hot messages leaves some thirty columns null)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.zeros: pa.Buffer | None = None
+
+    def of(self, arrow_type: pa.DataType) -> pa.Array:
+        flat = pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type)
+        if not (flat or pa.types.is_string(arrow_type) or pa.types.is_binary(arrow_type)):
+            return pa.nulls(self.n, arrow_type)
+        if self.zeros is None:  # enough for validity, int64 values or int32 offsets
+            self.zeros = pa.py_buffer(np.zeros(8 * self.n + 8, dtype=np.uint8))
+        buffers = [self.zeros] * (2 if flat else 3)
+        return pa.Array.from_buffers(arrow_type, self.n, buffers, null_count=self.n)
+
+
+def _constant_text(mask: Any, text: str) -> pa.Array:
+    """A string column holding ``text`` where ``mask`` is set and nulls elsewhere."""
+    encoded = text.encode()
+    offsets = np.zeros(len(mask) + 1, dtype=_I32)
+    np.cumsum(mask, out=offsets[1:])
+    count = int(offsets[-1])
+    offsets *= len(encoded)
+    data = pa.py_buffer(encoded * count)
+    return pa.Array.from_buffers(
+        pa.string(), len(mask), [_bitmap(mask), pa.py_buffer(offsets), data]
+    )
 
 
 def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
@@ -614,9 +715,7 @@ def _sparse(n: int, rows: list[int], texts: list[str]) -> pa.Array:
     valid = np.zeros(n, dtype=np.bool_)
     valid[rows] = True
     values = pa.array(texts, type=pa.string())
-    return pa.DictionaryArray.from_arrays(_numeric(pa.int32(), indices, valid), values).cast(
-        pa.string()
-    )
+    return values.take(_numeric(pa.int32(), indices, valid))
 
 
 def _sparse_names(n: int, rows: list[int], names: list[list[str]]) -> pa.Array:
@@ -893,6 +992,132 @@ _FAST = (
 )
 
 
+# --- the compiled pass --------------------------------------------------------------------
+
+_compiled: Any
+try:
+    _compiled = importlib.import_module("dcp_cdc._native")
+except ImportError:  # not built (e.g. the sources shipped as a zip): the numpy path
+    _compiled = None
+
+NATIVE = _compiled is not None
+"""Whether the compiled pass is built; :func:`decode_batch` uses it unless told not to."""
+
+_NATIVE_FIXED = (
+    "offset", "frame_len", "magic", "opcode", "vbucket", "status", "opaque", "cas",
+    "datatype", "stream_id", "collection_id", "is_json",
+)  # fmt: skip
+"""The compiled pass's column slots, in the order of its enum (``C_OFFSET`` ...)."""
+_ALWAYS_VALID = frozenset(("offset", "frame_len", "magic", "opcode", "opaque", "cas", "datatype"))
+"""Header columns every frame has (the compiled pass is given no validity for them)."""
+_NATIVE_COLUMNS = _NATIVE_FIXED + tuple(
+    dict.fromkeys(f.name for _, layout, _, _ in _FAST for f in layout.fields if f.name != "nmeta")
+)
+_HEADER_FIELDS = (
+    "magic", "opcode", "key_len", "ext_len", "datatype", "vbucket_or_status", "body_len",
+    "opaque", "cas",
+)  # fmt: skip
+"""The header fields in the order of the compiled pass's enum (``H_MAGIC`` ...)."""
+
+
+def _table256(members: Iterable[int]) -> bytes:
+    table = bytearray(256)
+    for m in members:
+        table[int(m)] = 1
+    return bytes(table)
+
+
+def _native_rules() -> bytes:
+    """:data:`_FAST` as the compiled pass reads it: per rule opcode, extras length, has a key,
+    where ``nmeta`` is (-1: none), op index, field count, then (offset, size, column slot)."""
+    rules: list[int] = []
+    for op_code, layout, op, has_key in _FAST:
+        fields = [f for f in layout.fields if f.name != "nmeta"]
+        nmeta_at = layout.offset_of("nmeta") if "nmeta" in layout.names else -1
+        rules += [int(op_code), layout.length, int(has_key), nmeta_at, _OP_INDEX[op], len(fields)]
+        for f in fields:
+            rules += [f.offset, f.size, _NATIVE_COLUMNS.index(f.name)]
+    return struct.pack(f"={len(rules)}i", *rules)
+
+
+def _header_field(name: str) -> tuple[int, int]:
+    found = next(f for f in layouts.HEADER.fields if f.name == name)
+    return found.offset, found.size
+
+
+def _configure_native(native: Any) -> None:
+    """Hand the compiled pass the header layout, the hot messages' layouts and the protocol
+    constants: it holds no table of its own."""
+    header = [v for name in _HEADER_FIELDS for v in _header_field(name)]
+    native.configure(
+        header_len=HEADER_LEN,
+        header=struct.pack(f"={len(header)}i", *header),
+        known_magic=_table256(KNOWN_MAGICS),
+        alt_magic=_table256(ALT_MAGICS),
+        response_magic=_table256(RESPONSE_MAGICS),
+        doc_opcode=_table256(_DOC_OPCODES),
+        server_request=_SERVER_REQUEST,
+        stream_id_tag=STREAM_ID_TAG,
+        stream_id_frame_len=1 + STREAM_ID_LEN,
+        max_body_len=MAX_BODY_LEN,
+        snappy_bit=_SNAPPY,
+        xattr_bit=_XATTR,
+        json_bit=int(Datatype.JSON),
+        unknown_datatype_bits=_UNKNOWN_DATATYPE_BITS,
+        max_uncompressed=snappy.MAX_UNCOMPRESSED,
+        max_ratio=snappy.MAX_RATIO,
+        max_ratio_slack=snappy.RATIO_SLACK,
+        varint_max_bytes=varint.MAX_BYTES,
+        varint_max_value=varint.MAX_VALUE,
+        varint_continuation=CONTINUATION,
+        max_xattr_pairs=_MAX_XATTR_PAIRS,
+        rules=_native_rules(),
+    )
+
+
+if _compiled is not None:
+    _configure_native(_compiled)
+
+
+_pool: pa.MemoryPool | None = None  # where the compiled pass's columns are allocated
+
+
+def keep_freed_memory() -> bool:
+    """Keep this process's freed memory for reuse rather than handing it back to the system.
+
+    A batch is a 64 MiB buffer decoded into some 100 MiB of fresh columns, and fresh memory
+    costs a page fault per page when first written: on a virtual machine that is more than
+    the decode itself (a 1M-frame capture: 0.26 s with the faults, 0.20 s without). With
+    this, glibc keeps freed blocks (no ``mmap`` for large ones, no trim of the heap) and the
+    compiled pass allocates through pyarrow's system pool, so each batch reuses the pages of
+    the one before. The cost: the process keeps its peak memory. For decode workers (the
+    bronze tasks call it); process-wide, so a library leaves the choice to its caller.
+    Returns whether it applied (the compiled pass is built and the C library is glibc).
+    """
+    global _pool
+    if _compiled is None or not _compiled.keep_freed_memory():
+        return False
+    _pool = pa.system_memory_pool()
+    return True
+
+
+def _allocate(size: int) -> pa.Buffer:
+    return pa.allocate_buffer(size, memory_pool=_pool)
+
+
+def _use_native(native: bool | None) -> bool:
+    if native is None:
+        return NATIVE
+    if native and not NATIVE:
+        raise DecoderUsageError("the compiled decoder (dcp_cdc._native) is not built")
+    return native
+
+
+def _native_module() -> Any:
+    assert _compiled is not None, "checked by _use_native"
+    return _compiled
+
+
 def decode_batch(
     buf: bytes,
     *,
@@ -901,6 +1126,7 @@ def decode_batch(
     final: bool = True,
     file: str | None = None,
     max_expanded: int | None = None,
+    native: bool | None = None,
 ) -> DecodedBatch:
     """Decode every whole frame of ``buf`` (offsets reported as ``base_offset + position``).
 
@@ -914,11 +1140,15 @@ def decode_batch(
     before them, ``fatal`` is None). So the batch's memory is about ``2 * (len(buf) +
     max(max_expanded, MAX_UNCOMPRESSED))``: its buffer, the decompressed values, and the
     table's copy of both. None (the default): no bound.
+
+    ``native``: decode with the compiled pass (True), with numpy alone (False), or with the
+    compiled pass where it is built (None, the default).
     """
     if len(buf) >= 1 << 31:  # binary views address their buffers with int32 offsets
         raise DecoderUsageError(f"decode_batch takes at most 2 GiB at once, got {len(buf)} bytes")
     buf = bytes(buf)
-    starts, consumed, fatal = frame_starts(buf, final=final, base_offset=base_offset)
+    native = _use_native(native)
+    starts, consumed, fatal = frame_starts(buf, final=final, base_offset=base_offset, native=native)
     if max_expanded is not None and len(starts):
         cut = _expansion_cut(expanded_sizes(buf, starts), max_expanded)
         if cut < len(starts):
@@ -926,7 +1156,7 @@ def decode_batch(
     if fatal is not None and file:
         fatal = fatal.with_file(file)
     table, errors = decode_frames(
-        buf, starts, collections=collections, base_offset=base_offset, file=file
+        buf, starts, collections=collections, base_offset=base_offset, file=file, native=native
     )
     return DecodedBatch(table, errors, consumed, fatal)
 
@@ -969,15 +1199,102 @@ def decode_frames(
     collections: bool,
     base_offset: int = 0,
     file: str | None = None,
+    native: bool | None = None,
 ) -> tuple[pa.Table, list[MalformedFrameError]]:
     """The rows of the whole frames at ``starts`` (from :func:`frame_starts`), and the
-    malformed ones among them, which have no row."""
+    malformed ones among them, which have no row. ``native`` as for :func:`decode_batch`."""
     n = len(starts)
-    cols = _Columns(n, buf)
+    native = _use_native(native)
+    cols = _Columns(n, buf, native=native)
     keep = np.ones(n, dtype=np.bool_)
     errors: list[MalformedFrameError] = []
     if n == 0:
         return cols.to_table(keep), errors
+    hot = _hot_native if native else _hot_numpy
+    fast = hot(cols, buf, starts, collections=collections, base_offset=base_offset)
+    for i in np.flatnonzero(~fast).tolist():
+        pos = int(starts[i])
+        try:
+            h = parse_header(buf, pos, base_offset=base_offset)
+            event = _read(h, buf, pos, collections)
+        except MalformedFrameError as exc:
+            errors.append(exc.with_file(file) if file else exc)
+            keep[i] = False
+            continue
+        cols.put_row(i, raw_row(event))
+    cols.flush()
+    marker_v1 = fast & (cols.values["opcode"] == Opcode.DCP_SNAPSHOT_MARKER)
+    if marker_v1.any():
+        cols.constant_texts["marker_version"] = (marker_v1, "1")
+    return cols.to_table(keep), errors
+
+
+def _hot_native(
+    cols: _Columns, buf: bytes, starts: Any, *, collections: bool, base_offset: int
+) -> Any:
+    """:func:`_hot_numpy` by the compiled pass."""
+    n = len(starts)
+    columns = [
+        _pooled(n, _NP_TYPES[_NUMERIC[name]], zeroed=name not in _ALWAYS_VALID)
+        for name in _NATIVE_COLUMNS
+    ]
+    valid = [None if name in _ALWAYS_VALID else _pooled(n, np.bool_) for name in _NATIVE_COLUMNS]
+    fast, xattr = _pooled(n, np.bool_), _pooled(n, np.bool_)
+    value_src = _pooled(n, np.int64, zeroed=False)
+    value_src.fill(-1)  # no key or value; where it is set, so are the four ranges
+    key_start, key_len = _pooled(n, np.int64, zeroed=False), _pooled(n, np.int64, zeroed=False)
+    value_start = _pooled(n, np.int64, zeroed=False)
+    value_len = _pooled(n, np.int64, zeroed=False)
+    xattr_offsets = np.empty(n + 1, dtype=_I32)
+    expanded, entries = _native_module().decode(
+        buf,
+        np.ascontiguousarray(starts, dtype=np.int64),
+        base_offset,
+        collections,
+        tuple(columns),
+        tuple(valid),
+        cols.op,
+        fast,
+        xattr,
+        key_start,
+        key_len,
+        value_src,
+        value_start,
+        value_len,
+        xattr_offsets,
+        _allocate,
+    )
+    for name, values, ok in zip(_NATIVE_COLUMNS, columns, valid, strict=True):
+        if ok is None or ok.all():
+            cols.values[name] = values
+        elif ok.any():
+            cols.values[name], cols.valid[name] = values, ok
+    expanded_source = cols.add_source(expanded)
+    assert expanded_source == 1, "the compiled pass's value_src 1 is the expanded values"
+    has_key = value_src >= 0  # the documents' frames
+    if has_key.any():
+        cols.bin_src["key"] = np.where(has_key, 0, -1)
+        cols.bin_start["key"], cols.bin_len["key"] = key_start, key_len
+        cols.bin_src["value"] = value_src
+        cols.bin_start["value"], cols.bin_len["value"] = value_start, value_len
+    if xattr.any():
+        pairs = np.frombuffer(entries, dtype=np.int64).reshape(-1, 5)
+        entry_rows = pairs[:, 0]
+        src = value_src[entry_rows]
+        sources = cols.sources[:2]
+        keys = _gathered(pa.string(), sources, src, pairs[:, 1], pairs[:, 2])
+        items = _gathered(pa.string(), sources, src, pairs[:, 3], pairs[:, 4])
+        cols.add_xattrs(np.flatnonzero(xattr), entry_rows, keys, items, xattr_offsets)
+    return fast
+
+
+def _hot_numpy(
+    cols: _Columns, buf: bytes, starts: Any, *, collections: bool, base_offset: int
+) -> Any:
+    """The header columns of every frame, and every column of the hot messages (``_FAST``),
+    decoded for all rows at once; returns the rows decoded here (the others go through the
+    per-frame path)."""
+    n = len(starts)
     u8 = np.frombuffer(buf, dtype=np.uint8)
     head = _byte_view(buf, f"V{HEADER_LEN}")[starts].view(_HEADER_DTYPE)
     magic = head["magic"]
@@ -1065,21 +1382,4 @@ def decode_frames(
             sel = values.ok & (values.src == s)
             cols.set_bytes("value", rows[sel], source, values.start[sel], values.length[sel])
         cols.add_xattrs(rows[values.xattr_rows], rows[values.entry_rows], values.keys, values.items)
-
-    for i in np.flatnonzero(~fast).tolist():
-        pos = int(starts[i])
-        try:
-            h = parse_header(buf, pos, base_offset=base_offset)
-            event = _read(h, buf, pos, collections)
-        except MalformedFrameError as exc:
-            errors.append(exc.with_file(file) if file else exc)
-            keep[i] = False
-            continue
-        cols.put_row(i, raw_row(event))
-    cols.flush()
-    marker_v1 = fast & (opcode == Opcode.DCP_SNAPSHOT_MARKER)
-    if marker_v1.any():
-        rows_v1 = np.flatnonzero(marker_v1).tolist()
-        cols.strings["marker_version"][0].extend(rows_v1)
-        cols.strings["marker_version"][1].extend(["1"] * len(rows_v1))
-    return cols.to_table(keep), errors
+    return fast

@@ -16,7 +16,9 @@ from dcp_cdc.varint import Site, read_uleb128
 
 MAX_UNCOMPRESSED = 64 * 1024 * 1024
 MAX_RATIO = 22
-"""One 3-byte copy element yields at most 64 bytes, so a block never expands beyond this."""
+RATIO_SLACK = 64
+"""One 3-byte copy element yields at most 64 bytes, so a block never expands beyond
+``MAX_RATIO`` times its size plus this."""
 
 _PREAMBLE = Site(
     "bad Snappy block", "length preamble", "block", "length", "truncated length preamble"
@@ -26,7 +28,7 @@ _PREAMBLE = Site(
 def plausible(declared: Any, block_len: Any) -> Any:
     """Whether a block of ``block_len`` bytes can decompress to ``declared`` bytes (ints, or
     numpy arrays of them for many blocks at once)."""
-    return (declared <= MAX_UNCOMPRESSED) & (declared <= MAX_RATIO * block_len + 64)
+    return (declared <= MAX_UNCOMPRESSED) & (declared <= MAX_RATIO * block_len + RATIO_SLACK)
 
 
 def preamble(block: bytes | memoryview) -> tuple[int, int]:
@@ -35,7 +37,7 @@ def preamble(block: bytes | memoryview) -> tuple[int, int]:
     if not plausible(declared, len(block)):
         raise FieldError(
             "bad Snappy block: impossible uncompressed length",
-            expected=f"at most {min(MAX_UNCOMPRESSED, MAX_RATIO * len(block) + 64)} bytes",
+            expected=f"at most {min(MAX_UNCOMPRESSED, MAX_RATIO * len(block) + RATIO_SLACK)} bytes",
             got=f"{declared} bytes",
         )
     return declared, size

@@ -29,7 +29,9 @@ PACKAGES = ("dcp_cdc", "pipelines")
 AUTO = "auto"
 CACHE_DIR_NAME = "dcp-cdc-code"
 _SKIPPED_DIRS = {"__pycache__"}
-_SKIPPED_SUFFIXES = (".pyc", ".pyo")
+# A zip cannot hold an importable extension: the executors decode with numpy alone, unless
+# their Python has the package installed (a wheel builds dcp_cdc._native).
+_SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so")
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip times: the same code gives the same bytes
 
 

@@ -7,7 +7,8 @@ set to edge values, header lengths rewritten, cut, spliced, bytes inserted). For
 
 - the iterator face (``iter_decode``) and ``decode_frame`` raise nothing but ``DcpError``;
 - the columnar face (``decode_batch``, whole, and batch after batch under a tight
-  ``max_expanded``) raises nothing but ``DcpError`` and gives, row for row, the iterator's
+  ``max_expanded``; with its compiled pass and with numpy alone) raises nothing but
+  ``DcpError`` and gives, row for row, the iterator's
   events, its skipped frames at the same offsets with the same reasons, and its fatal error
   at the same offset. One columnar call per input would cost most of the time, so an input
   goes through the columnar face within a stream of up to :data:`GROUP` inputs (both faces
@@ -28,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row, frame_starts
+from dcp_cdc.columnar import COLUMNS, NATIVE, decode_batch, event_to_row, frame_starts
 from dcp_cdc.decoder import decode_frame, iter_decode
 from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DcpError, MalformedFrameError
@@ -140,14 +141,20 @@ def reference_rows(items: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _batches(data: bytes, collections: bool, max_expanded: int | None) -> tuple[list[Any], ...]:
+def _batches(
+    data: bytes, collections: bool, max_expanded: int | None, native: bool | None = None
+) -> tuple[list[Any], ...]:
     """Rows, skipped errors and the fatal error of the columnar face, batch after batch."""
     rows: list[Any] = []
     errors: list[tuple[int, str]] = []
     pos = 0
     while True:
         batch = decode_batch(
-            data[pos:], collections=collections, base_offset=pos, max_expanded=max_expanded
+            data[pos:],
+            collections=collections,
+            base_offset=pos,
+            max_expanded=max_expanded,
+            native=native,
         )
         rows += batch.table.to_pylist()
         errors += [(e.offset, e.reason) for e in batch.errors]
@@ -179,12 +186,14 @@ def _expected(items: list[Any]) -> tuple[list[Any], ...]:
 
 
 def _columnar_agrees(data: bytes, collections: bool, items: list[Any], bounded: bool) -> None:
+    """The columnar face, with its compiled pass (when built) and with numpy alone."""
     expected = _expected(items)
-    got = _batches(data, collections, None)
-    assert got == expected, "columnar face differs from the iterator face"
-    if bounded:
-        got = _batches(data, collections, 64)
-        assert got == expected, "bounded columnar batches differ from the iterator face"
+    for native in (True, False) if NATIVE else (False,):
+        got = _batches(data, collections, None, native)
+        assert got == expected, f"columnar face (native={native}) differs from the iterator face"
+        if bounded:
+            got = _batches(data, collections, 64, native)
+            assert got == expected, f"bounded columnar batches (native={native}) differ"
 
 
 def check(data: bytes, collections: bool, *, bounded: bool = False) -> None:
@@ -194,13 +203,14 @@ def check(data: bytes, collections: bool, *, bounded: bool = False) -> None:
 
 
 def _same_fatal(data: bytes, fatal: MalformedFrameError) -> None:
-    _, consumed, error = frame_starts(data, final=True)
-    assert error is not None and (consumed, error.offset) == (fatal.offset, fatal.offset), (
-        "columnar framing stops elsewhere",
-        consumed,
-        error,
-    )
-    assert type(error) is type(fatal) and error.reason == fatal.reason, (error, fatal)
+    for native in (True, False) if NATIVE else (False,):
+        _, consumed, error = frame_starts(data, final=True, native=native)
+        assert error is not None and (consumed, error.offset) == (fatal.offset, fatal.offset), (
+            f"columnar framing (native={native}) stops elsewhere",
+            consumed,
+            error,
+        )
+        assert type(error) is type(fatal) and error.reason == fatal.reason, (error, fatal)
 
 
 GROUP = 64
