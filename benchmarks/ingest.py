@@ -12,10 +12,11 @@ tables created before the timed run (a bucket's tables are created once).
 
 Both writers of the events' Parquet files run (``[ingest] writer``): ``arrow``, the decode
 tasks write them (the default), and ``spark``, Spark's Delta writer (what bronze used before):
-one run of the benchmark gives the before and the after.
+one run of the benchmark gives the before and the after. The arrow writer runs with both
+JITs of an ingest JVM (``[ingest] jvm_jit``): ``c1`` (the default) and ``tiered``.
 
     python -m benchmarks.ingest [--events 1000000 --events 10000000] [--runs 1]
-        [--writer arrow --writer spark] [--event-log DIR]
+        [--writer arrow --writer spark] [--jvm-jit c1 --jvm-jit tiered] [--event-log DIR]
 """
 
 from __future__ import annotations
@@ -120,30 +121,33 @@ def _executor_metrics(event: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def measure(n_events: int, runs: int, event_log: Path, writer: str) -> dict[str, Any]:
+def measure(n_events: int, runs: int, event_log: Path, writer: str, jit: str) -> dict[str, Any]:
     """Runs of one size in this process (one JVM), on a fresh warehouse."""
-    from pipelines.spark_session import build_spark_session
+    from pipelines.spark_session import build_spark_session, ingest_jvm_conf, merge_conf
 
     corpus = captures(n_events)
     warehouse = DATA / f"ingest-warehouse-{n_events}"
     shutil.rmtree(warehouse, ignore_errors=True)
     event_log.mkdir(parents=True, exist_ok=True)
-    spark = build_spark_session(
-        "dcp-cdc-bench-ingest",
-        warehouse,
-        master="local[2]",
-        extra_conf={
-            "spark.eventLog.enabled": "true",
-            "spark.eventLog.dir": str(event_log),
-            "spark.eventLog.compress": "false",
-            "spark.eventLog.rolling.enabled": "false",
-        },
-    )
     config = AppConfig(
         landing=str(corpus.landing),
         warehouse=str(warehouse),
         buckets=[BucketConfig(name=BUCKET)],
-        ingest=IngestConfig(writer=writer),  # type: ignore[arg-type]
+        ingest=IngestConfig(writer=writer, jvm_jit=jit),  # type: ignore[arg-type]
+    )
+    spark = build_spark_session(  # as `dcp-cdc ingest` builds it, with an event log
+        "dcp-cdc-bench-ingest",
+        warehouse,
+        master="local[2]",
+        extra_conf=merge_conf(
+            {
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": str(event_log),
+                "spark.eventLog.compress": "false",
+                "spark.eventLog.rolling.enabled": "false",
+            },
+            ingest_jvm_conf(config),
+        ),
     )
     seconds, peaks, cpu, setup = [], [], [], []
     try:
@@ -162,7 +166,7 @@ def measure(n_events: int, runs: int, event_log: Path, writer: str) -> dict[str,
             stored = spark.table(BucketTables(BUCKET).events).count()
             assert summary.frames == stored == n_events, (summary.frames, stored, n_events)
             print(
-                f"  {n_events:,} events ({writer} writer): {seconds[-1]:.1f} s, CPU s "
+                f"  {n_events:,} events ({writer} writer, {jit} JIT): {seconds[-1]:.1f} s, CPU s "
                 + ", ".join(f"{k} {v:,.1f}" for k, v in sampler.cpu.items())
                 + "; peak RSS "
                 + ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sampler.peak.items()),
@@ -206,19 +210,32 @@ def main(argv: list[str] | None = None) -> None:
         default=DATA / "spark-events",
         help="where Spark writes its event log (for the Spark UI history)",
     )
+    parser.add_argument(
+        "--jvm-jit",
+        choices=["c1", "tiered"],
+        action="append",
+        help="[ingest] jvm_jit (repeatable; default both with the arrow writer, c1 with spark's)",
+    )
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: write results here
     args = parser.parse_args(argv)
     sizes = args.events or [1_000_000, 10_000_000]
     writers = args.writer or ["arrow", "spark"]
     if args.one:
-        result = measure(sizes[0], args.runs, args.event_log, writers[0])
+        jit = (args.jvm_jit or ["c1"])[0]
+        result = measure(sizes[0], args.runs, args.event_log, writers[0], jit)
         args.one.write_text(json.dumps(result))
         return
     load_before = os.getloadavg()
     cases = []
-    # each size and writer in its own process: its own JVM, its own memory peak
-    for n_events, writer in [(n, w) for n in sizes for w in writers]:
-        out = DATA / f"ingest-{n_events}-{writer}.json"
+    # each size, writer and JIT in its own process: its own JVM, its own memory peak
+    runs = [
+        (n, w, jit)
+        for n in sizes
+        for w in writers
+        for jit in args.jvm_jit or (["c1", "tiered"] if w == "arrow" else ["c1"])
+    ]
+    for n_events, writer, jit in runs:
+        out = DATA / f"ingest-{n_events}-{writer}-{jit}.json"
         subprocess.run(
             [
                 sys.executable,
@@ -232,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
                 str(args.event_log),
                 "--writer",
                 writer,
+                "--jvm-jit",
+                jit,
                 "--one",
                 str(out),
             ],
@@ -240,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         result = json.loads(out.read_text())
         cases.append(
             Case(
-                f"capture → bronze, {n_events // 1_000_000}M events, {writer} writer",
+                f"capture → bronze, {n_events // 1_000_000}M events, {writer} writer, {jit}",
                 n_events,
                 "events",
                 result["seconds"],

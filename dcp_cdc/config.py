@@ -298,6 +298,13 @@ class IngestConfig(_Model):
     columnar; the driver commits them in one Delta transaction), or ``spark``, Spark's Delta
     writer (row at a time, slower; kept as the reference the tests compare
     with). Either way a run commits once, exactly once."""
+    jvm_jit: Literal["c1", "tiered"] = "c1"
+    """The JIT compiler of a JVM started for ingest alone (``dcp-cdc ingest``, ``python -m
+    pipelines.bronze.job``, the DAGs' ingest task): ``c1`` compiles quickly and shallowly,
+    enough for a JVM that mostly waits for the Python tasks that decode and write (10M events
+    in 22-23 s instead of 26-27 s on 2 cores: the JVM's CPU halves). ``tiered`` is the JVM's
+    default, with C2, which a MERGE needs (1M changes: 31 s with it, 46 s with C1 alone): a
+    JVM that also applies (``dcp-cdc run``, follow mode) keeps it whatever this says."""
 
 
 class TableConfig(_Model):

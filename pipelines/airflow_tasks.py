@@ -36,6 +36,8 @@ CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "conf" / "local.toml"
 """``conf/local.toml`` of the checkout this package runs from (``make setup``), if any."""
 MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
 BACKFILL_PARAM = "backfill"
+INGEST_ENTRY = "bronze/job.py"
+"""The ingest entry point: its JVM runs ingest alone (``[ingest] jvm_jit``)."""
 BACKFILL_PATTERN = r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$"
 
 
@@ -101,11 +103,13 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
         """Settle the command before the provider builds it: launch settings and code for the
         connection's master, flags from the params."""
         from pipelines.shipping import py_files_for
-        from pipelines.spark_session import launch_conf
+        from pipelines.spark_session import ingest_jvm_conf, launch_conf, merge_conf
 
         config = load_config(self.config_path)
         master = connection_master(self.spark_conn_id)
         conf = launch_conf(config, self.name, master=master)
+        if str(self.application).endswith(INGEST_ENTRY):  # a JVM for ingest alone
+            conf = merge_conf(conf, ingest_jvm_conf(config))
         conf.pop("spark.master", None)  # the connection's --master decides
         if self.driver_memory_override:
             conf["spark.driver.memory"] = self.driver_memory_override

@@ -47,6 +47,9 @@ CHECKOUT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 METASTORE_DIR_NAME = "metastore_db"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+_EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+"""The JVM option that keeps its JIT at C1 (``[ingest] jvm_jit = "c1"``)."""
 _SHIPPED: dict[str, set[str]] = {}  # zips added to each application's context (by name)
 
 
@@ -162,18 +165,25 @@ def _warehouse_location(warehouse: str | Path) -> str | Path:
     return _local_path(str(warehouse))
 
 
-def _merge_conf(conf: dict[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
+def merge_conf(conf: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
     """``extra`` applied over ``conf``; JVM options are appended, so the session's own
     (Derby home, timezone, logging) survive."""
     merged = dict(conf)
     rest = dict(extra or {})
-    extra_java = rest.pop(_DRIVER_JAVA_OPTIONS, "").strip()
-    if extra_java:
-        merged[_DRIVER_JAVA_OPTIONS] = (
-            f"{merged.get(_DRIVER_JAVA_OPTIONS, '')} {extra_java}".strip()
-        )
+    for key in (_DRIVER_JAVA_OPTIONS, _EXECUTOR_JAVA_OPTIONS):
+        extra_java = rest.pop(key, "").strip()
+        if extra_java:
+            merged[key] = f"{merged.get(key, '')} {extra_java}".strip()
     merged.update(rest)
     return merged
+
+
+def ingest_jvm_conf(config: AppConfig) -> dict[str, str]:
+    """The JVM options of a JVM started for ingest alone (``[ingest] jvm_jit``), for the
+    driver and the executors; given at launch (a running JVM keeps its own)."""
+    if config.ingest.jvm_jit != "c1":
+        return {}
+    return {_DRIVER_JAVA_OPTIONS: C1_ONLY, _EXECUTOR_JAVA_OPTIONS: C1_ONLY}
 
 
 def build_spark_session(
@@ -219,7 +229,7 @@ def build_spark_session(
         jars=jars,
         metastore=metastore,
     )
-    conf = _merge_conf(conf, extra_conf)
+    conf = merge_conf(conf, extra_conf)
     if "spark.pyspark.python" in conf:
         # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only
         # spark-submit): the interpreter of this venv, unless the caller chose another.
@@ -230,16 +240,20 @@ def build_spark_session(
     return builder.getOrCreate()
 
 
-def session_for(config: AppConfig, app_name: str) -> SparkSession:
+def session_for(
+    config: AppConfig, app_name: str, *, jvm_conf: Mapping[str, str] | None = None
+) -> SparkSession:
     """The session a job of ``config`` runs in (built once per process), with the code its
     executors need (:func:`ship_code`): every entry point (``dcp-cdc``, ``python -m``,
-    ``spark-submit``, the DAGs) comes through here."""
+    ``spark-submit``, the DAGs) comes through here. ``jvm_conf``: JVM options of the job
+    (:func:`ingest_jvm_conf`), appended to ``[spark.conf]``'s; they apply only if this
+    builds the JVM."""
     spark = build_spark_session(
         app_name,
         config.warehouse,
         master=config.spark.master,
         shuffle_partitions=config.spark.shuffle_partitions,
-        extra_conf=config.spark.conf,
+        extra_conf=merge_conf(config.spark.conf, jvm_conf),
         metastore=config.spark.metastore,
         jars_dir=config.spark.jars_dir,
     )
@@ -284,7 +298,7 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     # catalog from threads that do not see spark.jars (ClassNotFoundException: DeltaCatalog).
     # A path a cluster-mode driver does not have is ignored there, spark.jars ships the jars.
     conf["spark.driver.extraClassPath"] = os.pathsep.join(str(jar) for jar in jars)
-    return _merge_conf(conf, config.spark.conf)
+    return merge_conf(conf, config.spark.conf)
 
 
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"

@@ -1019,11 +1019,11 @@ def run(
 ) -> list[IngestSummary]:
     """Ingest every configured bucket (or one); builds the Spark session if none is given.
     ``config_file``: where ``config`` was read from, named by configuration errors."""
-    from pipelines.spark_session import session_for
+    from pipelines.spark_session import ingest_jvm_conf, session_for
 
     buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
     check_landing(config, buckets, config_file)  # so does a landing that is not there
-    session = spark or session_for(config, "dcp-cdc-bronze")
+    session = spark or session_for(config, "dcp-cdc-bronze", jvm_conf=ingest_jvm_conf(config))
     return [ingest_bucket(session, config, b) for b in buckets]
 
 

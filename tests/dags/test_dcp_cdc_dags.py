@@ -159,10 +159,16 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
     ]
     assert apply.flags({"params": {"backfill": "bucket"}}) == ["--rebuild"]
     assert apply.flags({"params": {"backfill": ""}}) == []
+    assert "TieredStopAtLevel" not in conf["spark.driver.extraJavaOptions"]  # C2 for MERGE
     ingest = dag.get_task("ingest_bronze")  # a backfill is silver's business only
     ingest.prepare({"params": {"backfill": "bucket"}})
     command = ingest._get_hook()._build_spark_submit_command(ingest.application)
     assert command[-4:] == ["--config", str(config_file), "--bucket", "orders"]
+    conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
+    # a JVM for ingest alone runs C1 only ([ingest] jvm_jit), after the session's own options
+    driver = conf["spark.driver.extraJavaOptions"].split()
+    assert driver[0].startswith("-Dderby.system.home=") and driver[-1] == "-XX:TieredStopAtLevel=1"
+    assert conf["spark.executor.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
     backfill = dag.params.get_param("backfill")
     assert backfill.resolve("bucket") == "bucket"
     with pytest.raises(ParamValidationError):

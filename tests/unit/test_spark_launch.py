@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
+from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig, SparkConfig
 from pipelines.errors import SparkSetupError
-from pipelines.spark_session import JARS_DIR_ENV, launch_conf, properties_text
+from pipelines.spark_session import (
+    JARS_DIR_ENV,
+    ingest_jvm_conf,
+    launch_conf,
+    merge_conf,
+    properties_text,
+)
 
 
 @pytest.fixture
@@ -73,3 +79,20 @@ def test_missing_jars_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.Mo
 def test_properties_file_escapes_backslashes() -> None:
     text = properties_text({"a.b": "x=y", "c": "C:\\dir"})
     assert text.splitlines()[1:] == ["a.b=x=y", "c=C:\\\\dir"]
+
+
+def test_an_ingest_jvm_keeps_its_jit_at_c1_unless_told_otherwise() -> None:
+    config = AppConfig(landing="l", warehouse="w", buckets=[BucketConfig(name="b")])
+    assert ingest_jvm_conf(config) == {
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    }
+    tiered = config.model_copy(update={"ingest": IngestConfig(jvm_jit="tiered")})
+    assert ingest_jvm_conf(tiered) == {}
+    # appended to options already there, for the driver and the executors alike
+    merged = merge_conf(
+        {"spark.driver.extraJavaOptions": "-Da=1", "spark.executor.extraJavaOptions": "-Db=2"},
+        ingest_jvm_conf(config),
+    )
+    assert merged["spark.driver.extraJavaOptions"] == "-Da=1 -XX:TieredStopAtLevel=1"
+    assert merged["spark.executor.extraJavaOptions"] == "-Db=2 -XX:TieredStopAtLevel=1"
