@@ -29,7 +29,7 @@ enum { H_MAGIC, H_OPCODE, H_KEY_LEN, H_EXT_LEN, H_DATATYPE, H_VB_OR_STATUS, H_BO
        H_OPAQUE, H_CAS, H_FIELDS };
 
 /* Output columns with a fixed slot; layout fields come after them (their slot is in the
- * rule). The order is columnar._NATIVE_SLOTS. */
+ * rule). The order is columnar._NATIVE_FIXED. */
 enum { C_OFFSET, C_FRAME_LEN, C_MAGIC, C_OPCODE, C_VBUCKET, C_STATUS, C_OPAQUE, C_CAS,
        C_DATATYPE, C_STREAM_ID, C_COLLECTION_ID, C_IS_JSON, C_FIXED };
 
@@ -547,7 +547,7 @@ ALWAYS_INLINE void classify(const uint8_t *b, int64_t p, int collections, Frame 
                    K.doc_opcode[opcode];
 }
 
-/* Output arrays, by name, as columnar._native_decode passes them. */
+/* Output arrays, by name, as columnar._hot_native passes them. */
 typedef struct {
     Column cols[MAX_COLUMNS], valid[MAX_COLUMNS];
     int ncols;

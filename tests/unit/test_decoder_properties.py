@@ -3,7 +3,8 @@
 - every event survives encode → decode unchanged, whole and chunked;
 - the columnar face gives, row for row, what the iterator face gives;
 - random or mutated input either decodes or raises MalformedFrameError, nothing else;
-- framing a buffer as segments walked at once finds the frames of one walk from byte 0.
+- framing a buffer as segments walked at once finds the frames of one walk from byte 0, and
+  so does the compiled pass's walk.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dcp_cdc.columnar import decode_batch, frame_starts
+from dcp_cdc.columnar import NATIVE, decode_batch, frame_starts
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame, iter_decode
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import MalformedFrameError
@@ -154,8 +155,18 @@ def test_segmented_framing_equals_one_walk(
         del buf[data.draw(st.integers(0, len(buf))) :]
     segment = data.draw(st.integers(24, 200))
     final = data.draw(st.booleans())
-    one_walk = frame_starts(bytes(buf), final=final, segment=len(buf) + 1)
-    segmented = frame_starts(bytes(buf), final=final, segment=segment)
+    one_walk = frame_starts(bytes(buf), final=final, segment=len(buf) + 1, native=False)
+    segmented = frame_starts(bytes(buf), final=final, segment=segment, native=False)
     assert segmented[0].tolist() == one_walk[0].tolist()
     assert segmented[1] == one_walk[1]
+    if NATIVE:  # the compiled pass walks one frame at a time: the same starts, the same stop
+        compiled = frame_starts(bytes(buf), final=final, native=True)
+        assert compiled[0].tolist() == one_walk[0].tolist()
+        assert compiled[1] == one_walk[1]
+        assert (compiled[2] is None) == (one_walk[2] is None)
+        if compiled[2] is not None and one_walk[2] is not None:
+            assert (compiled[2].offset, compiled[2].reason) == (
+                one_walk[2].offset,
+                one_walk[2].reason,
+            )
     assert repr(segmented[2]) == repr(one_walk[2])

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dcp_cdc import columnar, layouts
-from dcp_cdc.columnar import DecodedBatch, decode_batch, frame_starts
+from dcp_cdc.columnar import DecodedBatch, decode_batch
 from dcp_cdc.encoder import doc_key, frame, make_header
 from dcp_cdc.errors import DecoderUsageError, FieldError
 from dcp_cdc.protocol import Datatype, Opcode
@@ -283,31 +283,7 @@ def test_xattr_sections_split_as_split_xattrs_splits_them(value: bytes, snappy: 
     assert batch.table["value"][0].as_py() == body
 
 
-# --- framing, the helpers' own checks -------------------------------------------------------
-
-
-@FAST
-@given(
-    st.booleans().flatmap(lambda c: st.tuples(st.just(c), frames(c, max_size=40))),
-    st.data(),
-)
-def test_framing_finds_what_the_numpy_walk_finds(
-    case: tuple[bool, list[bytes]], data: st.DataObject
-) -> None:
-    _, encoded = case
-    buf = bytearray(b"".join(encoded))
-    for _ in range(data.draw(st.integers(0, 3))):
-        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.sampled_from([0x80, 0xFF, 0]))
-    if data.draw(st.booleans()):
-        del buf[data.draw(st.integers(0, len(buf))) :]
-    final = data.draw(st.booleans())
-    native = frame_starts(bytes(buf), final=final, native=True)
-    numpy = frame_starts(bytes(buf), final=final, native=False, segment=32)
-    assert native[0].tolist() == numpy[0].tolist()
-    assert native[1] == numpy[1]
-    assert (native[2] is None) == (numpy[2] is None)
-    if native[2] is not None and numpy[2] is not None:
-        assert (native[2].offset, native[2].reason) == (numpy[2].offset, numpy[2].reason)
+# --- the helpers' own checks (the walk: tests/unit/test_decoder_properties.py) --------------
 
 
 def test_decode_refuses_starts_that_are_not_frames() -> None:
