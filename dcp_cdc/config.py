@@ -300,11 +300,13 @@ class IngestConfig(_Model):
     with). Either way a run commits once, exactly once."""
     jvm_jit: Literal["c1", "tiered"] = "c1"
     """The JIT compiler of a JVM started for ingest alone (``dcp-cdc ingest``, ``python -m
-    pipelines.bronze.job``, the DAGs' ingest task): ``c1`` compiles quickly and shallowly,
-    enough for a JVM that mostly waits for the Python tasks that decode and write (10M events
-    in 22-23 s instead of 26-27 s on 2 cores: the JVM's CPU halves). ``tiered`` is the JVM's
-    default, with C2, which a MERGE needs (1M changes: 31 s with it, 46 s with C1 alone): a
-    JVM that also applies (``dcp-cdc run``, follow mode) keeps it whatever this says."""
+    pipelines.bronze.job``, the DAGs' ingest task) with the ``arrow`` writer: ``c1`` compiles
+    quickly and shallowly, enough for a JVM that mostly waits for the Python tasks that decode
+    and write (10M events in 22.9 s instead of 27.1 s on 2 cores: the JVM's CPU halves).
+    ``tiered`` is the JVM's default, with C2, which heavy JVM work needs: Spark's own writer
+    (10M events: 170 s with C1 alone) and a MERGE (1M changes: 31 s with C2, 46 s without).
+    So the ``spark`` writer, and a JVM that also applies (``dcp-cdc run``, follow mode), keep
+    it whatever this says."""
 
 
 class TableConfig(_Model):
@@ -336,8 +338,8 @@ class SilverConfig(_Model):
     """Deletion vectors on the ``_all`` tables (set when a table is created): a MERGE then
     marks the rows it replaces in the files it touches instead of rewriting those files, so
     its cost follows the batch (on 2 cores, 10,000 changes into 1M keys: 6.8 s with them,
-    12.5 s without; 1M changes into 10M keys: 52 s and 81 s; into 1M keys, about even at
-    24-32 s). Readers must support
+    12.5 s without; 1M changes into 10M keys: 46 s and 69 s; into 1M keys, about even at
+    21-26 s). Readers must support
     them: Spark, Delta Kernel, delta-rs's SQL reader (``deltalake.QueryBuilder``), not
     ``deltalake``'s ``to_pyarrow_table``. Off: those readers too, every MERGE rewrites."""
     tombstone_retention_hours: Annotated[int, Field(ge=0)] = 168

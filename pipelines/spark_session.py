@@ -48,8 +48,11 @@ LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 METASTORE_DIR_NAME = "metastore_db"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
-C1_ONLY = "-XX:TieredStopAtLevel=1"
-"""The JVM option that keeps its JIT at C1 (``[ingest] jvm_jit = "c1"``)."""
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+"""The JVM options that keep its JIT at C1 (``[ingest] jvm_jit = "c1"``). C1 alone reserves
+a 48 MiB code cache, which a MERGE fills: the JVM then stops compiling and soon fails on a
+method handle it cannot compile (``InternalError``, "Out of space in CodeCache"). 240 MiB is
+what tiered compilation reserves."""
 _SHIPPED: dict[str, set[str]] = {}  # zips added to each application's context (by name)
 
 
@@ -179,9 +182,10 @@ def merge_conf(conf: Mapping[str, str], extra: Mapping[str, str] | None) -> dict
 
 
 def ingest_jvm_conf(config: AppConfig) -> dict[str, str]:
-    """The JVM options of a JVM started for ingest alone (``[ingest] jvm_jit``), for the
-    driver and the executors; given at launch (a running JVM keeps its own)."""
-    if config.ingest.jvm_jit != "c1":
+    """The JVM options of a JVM started for ingest alone (``[ingest] jvm_jit``; with the
+    ``arrow`` writer only, Spark's writer needs C2), for the driver and the executors; given
+    at launch (a running JVM keeps its own)."""
+    if config.ingest.jvm_jit != "c1" or config.ingest.writer != "arrow":
         return {}
     return {_DRIVER_JAVA_OPTIONS: C1_ONLY, _EXECUTOR_JAVA_OPTIONS: C1_ONLY}
 

@@ -133,6 +133,8 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
 ) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
+    from pipelines.spark_session import C1_ONLY
+
     _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n')
     dag = _dagbag().dags["dcp_cdc__orders"]
     apply = dag.get_task("apply_silver")
@@ -166,9 +168,9 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
     assert command[-4:] == ["--config", str(config_file), "--bucket", "orders"]
     conf = dict(command[i + 1].split("=", 1) for i, arg in enumerate(command) if arg == "--conf")
     # a JVM for ingest alone runs C1 only ([ingest] jvm_jit), after the session's own options
-    driver = conf["spark.driver.extraJavaOptions"].split()
-    assert driver[0].startswith("-Dderby.system.home=") and driver[-1] == "-XX:TieredStopAtLevel=1"
-    assert conf["spark.executor.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+    driver = conf["spark.driver.extraJavaOptions"]
+    assert driver.startswith("-Dderby.system.home=") and driver.endswith(f" {C1_ONLY}")
+    assert conf["spark.executor.extraJavaOptions"] == C1_ONLY
     backfill = dag.params.get_param("backfill")
     assert backfill.resolve("bucket") == "bucket"
     with pytest.raises(ParamValidationError):
@@ -181,6 +183,7 @@ def test_pipeline_dag_captures_then_runs_end_to_end(
 ) -> None:
     """``dag.test()``: the capture task streams the test producer (a child process, 2 data
     nodes) up to now, then three spark-submit jobs on a local master; silver equals the truth."""
+    from pipelines.spark_session import C1_ONLY
     from tests import delta_rs
     from tests.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
@@ -203,7 +206,7 @@ username = "{USER}"
 password_env = "{PASSWORD_ENV}"
 [spark]
 shuffle_partitions = 2
-conf = {{ "spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" }}
+conf = {{ "spark.driver.extraJavaOptions" = "{C1_ONLY} -XX:+UseSerialGC" }}
 [airflow]
 retries = 0
 execution_timeout_minutes = 10

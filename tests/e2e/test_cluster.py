@@ -216,8 +216,8 @@ shuffle_partitions = 1
 "spark.cores.max" = "1"
 "spark.executor.memory" = "768m"
 "spark.pyspark.python" = "{executor_python}"
-"spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-"spark.executor.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+"spark.executor.extraJavaOptions" = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 """)
     # The driver has the package (this environment); the executors only the dependencies.
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}

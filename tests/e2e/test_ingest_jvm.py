@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.spark_session import C1_ONLY
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PROBE = """
@@ -43,4 +45,5 @@ def test_an_ingest_jvm_runs_c1_only(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["files"] == [0]
-    assert "-XX:TieredStopAtLevel=1" in found["jvm"], found["jvm"]
+    for option in C1_ONLY.split():  # C1 alone, with a code cache a MERGE cannot fill
+        assert option in found["jvm"], found["jvm"]
