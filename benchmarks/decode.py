@@ -4,9 +4,9 @@ Every face decodes the same capture files (benchmarks/corpus.py), held in memory
 buffer at a time as the bronze ingest does (files rotate at 64 MiB, the ingest's default
 chunk), and, as its decode tasks do, in a process that keeps freed memory for reuse
 (``dcp_cdc.columnar.keep_freed_memory``). The columnar face runs its compiled pass; "numpy
-only" is its fallback. Runs are interleaved (baseline, iterator, columnar, then again) so that load from
-other processes on the machine falls on every face alike; CPU seconds are kept beside the
-wall-clock seconds for the same reason.
+only" is its fallback. Runs are interleaved (baseline, iterator, columnar, then again) so
+that load from other processes on the machine falls on every face alike; CPU seconds are kept
+beside the wall-clock seconds for the same reason.
 
     python -m benchmarks.decode [--frames 1000000 --frames 10000000] [--runs 3]
 """
