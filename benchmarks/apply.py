@@ -50,22 +50,34 @@ _METRICS = (
 )
 
 
-def table_properties(deletion_vectors: bool = True) -> dict[str, str]:
-    """The Delta properties of the benchmarks' tables (ours and AutoCDC's alike)."""
+def table_properties(
+    deletion_vectors: bool = True, change_data_feed: bool = True
+) -> dict[str, str]:
+    """The Delta properties of the benchmarks' tables (ours and AutoCDC's alike): the
+    product's defaults, deletion vectors and change data feed as asked."""
     from dcp_cdc.config import TableConfig
 
-    dv = "true" if deletion_vectors else "false"
-    return TableConfig().properties | {"delta.enableDeletionVectors": dv}
+    return TableConfig().properties | {
+        "delta.enableDeletionVectors": str(deletion_vectors).lower(),
+        "delta.enableChangeDataFeed": str(change_data_feed).lower(),
+    }
 
 
-def bucket_of(keys: int, deletion_vectors: bool = True) -> str:
-    return f"bench_{keys}" if deletion_vectors else f"bench_{keys}_nodv"
+def bucket_of(keys: int, deletion_vectors: bool = True, change_data_feed: bool = True) -> str:
+    return (
+        f"bench_{keys}"
+        + ("" if deletion_vectors else "_nodv")
+        + ("" if change_data_feed else "_nocdf")
+    )
 
 
-def registry_of(keys: int, deletion_vectors: bool = True) -> list[dict[str, Any]]:
+def registry_of(
+    keys: int, deletion_vectors: bool = True, change_data_feed: bool = True
+) -> list[dict[str, Any]]:
     from pipelines.tables import BucketTables
 
-    name = BucketTables(bucket_of(keys, deletion_vectors)).collection("_default", "_default")
+    bucket = bucket_of(keys, deletion_vectors, change_data_feed)
+    name = BucketTables(bucket).collection("_default", "_default")
     return [{"collection_id": 0, "table_name": name, "status": "live"}]
 
 
@@ -89,25 +101,31 @@ def session(event_log: Path | None = None) -> Any:
 
 
 def prepare(
-    spark: Any, keys: int, changes: int, *, fresh: bool = False, deletion_vectors: bool = True
+    spark: Any,
+    keys: int,
+    changes: int,
+    *,
+    fresh: bool = False,
+    deletion_vectors: bool = True,
+    change_data_feed: bool = True,
 ) -> tuple[str, int, Path]:
     """The ``_all`` table of ``keys`` keys (built or reused), its built version, and the
     parquet folder of the change batch."""
     from pipelines.silver import store
     from pipelines.tables import all_rows, view_of
 
-    dv = deletion_vectors
-    table = all_rows(registry_of(keys, dv)[0]["table_name"])
-    marker = DATA / f"table-{bucket_of(keys, dv)}.json"
-    batch = DATA / f"changes-{keys}-{changes}.parquet"
-    properties = table_properties(dv)
+    dv, cdf = deletion_vectors, change_data_feed
+    table = all_rows(registry_of(keys, dv, cdf)[0]["table_name"])
+    marker = DATA / f"table-{bucket_of(keys, dv, cdf)}.json"
+    batch = DATA / f"changes-g{GENERATOR}-{keys}-{changes}.parquet"
+    properties = table_properties(dv, cdf)
     wanted = {"generator": GENERATOR, "keys": keys, "properties": properties}
     built = json.loads(marker.read_text()) if marker.exists() else {}
     if fresh or {k: built.get(k) for k in wanted} != wanted or not spark.catalog.tableExists(table):
         print(f"  building {table} ({keys:,} keys)", flush=True)
         marker.unlink(missing_ok=True)
         spark.sql(f"DROP TABLE IF EXISTS {table}")
-        store.ensure_support_tables(spark, bucket_of(keys, dv), properties)
+        store.ensure_support_tables(spark, bucket_of(keys, dv, cdf), properties)
         store.ensure_collection_table(spark, view_of(table), properties)
         files = max(1, keys // ROWS_PER_FILE)
         (
@@ -121,7 +139,8 @@ def prepare(
         )
         version = spark.sql(f"DESCRIBE HISTORY {table} LIMIT 1").first()["version"]
         marker.write_text(json.dumps(wanted | {"version": version}) + "\n")
-        for old in DATA.glob(f"changes-{keys}-*.parquet"):  # maybe of an older generator
+    for old in DATA.glob("changes-*.parquet"):  # of an older generator: the same for any table
+        if not old.name.startswith(f"changes-g{GENERATOR}-"):
             shutil.rmtree(old)
     if not batch.exists():
         print(f"  building a batch of {changes:,} changes", flush=True)

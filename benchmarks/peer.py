@@ -25,7 +25,10 @@ the benchmark works around both, outside the product:
   static settings fail (``CANNOT_MODIFY_CONFIG``). Static settings therefore go into a
   ``spark-defaults.conf`` (``SPARK_CONF_DIR``), runtime SQL settings into the spec.
 
-Reported: our ``merge_changes`` (median of runs, each in a fresh Spark process as each
+Each side runs twice over: both tables with Delta's change data feed on (our default,
+``[silver] change_data_feed``: every MERGE also writes the before and after image of each
+change, which costs it a full read of the rows it replaces), then both with it off
+(``--change-data-feed``). Reported per setting: our ``merge_changes`` (median of runs, each in a fresh Spark process as each
 AutoCDC run is: the ratio's baseline; beside it a second MERGE in the same process, warm),
 AutoCDC's micro-batch time (the streaming query's ``triggerExecution``), its flow time
 (RUNNING to COMPLETED) and the wall time of the whole ``spark-pipelines run`` (JVM start-up
@@ -142,10 +145,11 @@ def _runtime(key: str) -> bool:
 
 
 class Layout:
-    """Where the peer benchmark keeps things, for a table of ``keys`` keys."""
+    """Where the peer benchmark keeps things, for a table of ``keys`` keys, change data feed
+    on or off."""
 
-    def __init__(self, keys: int, changes: int) -> None:
-        self.root = DATA / f"{keys}-{changes}"
+    def __init__(self, keys: int, changes: int, cdf: bool) -> None:
+        self.root = DATA / (f"{keys}-{changes}" + ("" if cdf else "-nocdf"))
         self.source = self.root / "source"
         self.project = self.root / "project"
         self.conf = self.root / "conf"
@@ -322,17 +326,18 @@ def _micro_batch_seconds(logs: list[Path]) -> float:
     return total / 1000
 
 
-def prepare(spark: Any, keys: int, changes: int, *, fresh: bool) -> tuple[Layout, Path]:
+def prepare(spark: Any, keys: int, changes: int, cdf: bool, *, fresh: bool) -> tuple[Layout, Path]:
     """The source table and the pipeline's state after the initial load (built or reused)."""
     from benchmarks.changes import table_rows
     from pipelines.schemas import WALKED
 
-    layout = Layout(keys, changes)
+    layout = Layout(keys, changes, cdf)
     spec = write_project(layout, keys)
+    properties = apply.table_properties(change_data_feed=cdf)
     wanted = {
         "generator": GENERATOR,
         "apply_generator": apply.GENERATOR,
-        "properties": apply.table_properties(),
+        "properties": properties,
     }
     marker = json.loads(layout.marker.read_text()) if layout.marker.exists() else {}
     if not fresh and marker == wanted and layout.pristine.exists():
@@ -344,8 +349,8 @@ def prepare(spark: Any, keys: int, changes: int, *, fresh: bool) -> tuple[Layout
     source_rows(table_rows(spark, keys), walked=False).write.format("delta").save(
         str(layout.source)
     )
-    run_pipeline(layout, spec, apply.table_properties())
-    _, _, batch = apply.prepare(spark, keys, changes)
+    run_pipeline(layout, spec, properties)
+    _, _, batch = apply.prepare(spark, keys, changes, change_data_feed=cdf)
     walked = spark.read.schema(WALKED).parquet(str(batch))
     source_rows(walked, walked=True).write.format("delta").mode("append").save(str(layout.source))
     shutil.copytree(layout.live, layout.pristine)
@@ -380,7 +385,7 @@ def compare(spark: Any, table: str, layout: Layout) -> dict[str, int]:
     }
 
 
-def ours_once(keys: int, changes: int) -> dict[str, float]:
+def ours_once(keys: int, changes: int, cdf: bool) -> dict[str, float]:
     """Our ``merge_changes`` in a fresh Spark session (a cold JVM, as every AutoCDC run has):
     the first MERGE after restoring the table, then a second one after restoring it again
     (the same work in a warm JVM)."""
@@ -389,37 +394,35 @@ def ours_once(keys: int, changes: int) -> dict[str, float]:
 
     spark = apply.session()
     try:
-        table, version, batch = apply.prepare(spark, keys, changes)
+        table, version, batch = apply.prepare(spark, keys, changes, change_data_feed=cdf)
         walked = spark.read.schema(schemas.WALKED).parquet(str(batch))
-        registry = apply.registry_of(keys)
+        registry = apply.registry_of(keys, change_data_feed=cdf)
+        bucket = apply.bucket_of(keys, change_data_feed=cdf)
         seconds = []
         for _ in range(2):
             spark.sql(f"RESTORE TABLE {table} TO VERSION AS OF {version}")
-            timed_s, _ = timed(
-                lambda: store.merge_changes(spark, apply.bucket_of(keys), registry, walked),
-                1,
-            )
+            timed_s, _ = timed(lambda: store.merge_changes(spark, bucket, registry, walked), 1)
             seconds += timed_s
     finally:
         spark.stop()
     return {"cold_s": seconds[0], "warm_s": seconds[1]}
 
 
-def step(name: str, keys: int, changes: int, *, fresh: bool) -> Any:
+def step(name: str, keys: int, changes: int, cdf: bool, *, fresh: bool) -> Any:
     """One step with a Spark session of its own, run in a child process (an embedded Derby
     metastore is released only when its JVM exits)."""
     if name == "ours":
-        return ours_once(keys, changes)
+        return ours_once(keys, changes, cdf)
     spark = apply.session()
     try:
-        table, _, _ = apply.prepare(spark, keys, changes, fresh=fresh)
-        layout, _ = prepare(spark, keys, changes, fresh=fresh)
+        table, _, _ = apply.prepare(spark, keys, changes, fresh=fresh, change_data_feed=cdf)
+        layout, _ = prepare(spark, keys, changes, cdf, fresh=fresh)
         return compare(spark, table, layout) if name == "compare" else {}
     finally:
         spark.stop()
 
 
-def _child(name: str, keys: int, changes: int, *, fresh: bool = False) -> Any:
+def _child(name: str, keys: int, changes: int, cdf: bool, *, fresh: bool = False) -> Any:
     out = DATA / f"step-{name}.json"
     out.unlink(missing_ok=True)
     subprocess.run(
@@ -433,6 +436,8 @@ def _child(name: str, keys: int, changes: int, *, fresh: bool = False) -> Any:
             str(changes),
             "--step",
             name,
+            "--change-data-feed",
+            "on" if cdf else "off",
             "--out",
             str(out),
             *(["--fresh"] if fresh else []),
@@ -442,44 +447,68 @@ def _child(name: str, keys: int, changes: int, *, fresh: bool = False) -> Any:
     return json.loads(out.read_text())
 
 
+def compare_setting(keys: int, changes: int, runs: int, cdf: bool) -> tuple[list[Case], Any]:
+    """Ours and AutoCDC, ``runs`` times each, on tables with change data feed ``cdf``."""
+    layout = Layout(keys, changes, cdf)
+    spec = write_project(layout, keys)
+    # Ours in a fresh process each run, as each AutoCDC run is.
+    ours = [_child("ours", keys, changes, cdf) for _ in range(runs)]
+    peer: list[dict[str, float]] = []
+    for _ in range(runs):
+        shutil.rmtree(layout.live, ignore_errors=True)
+        shutil.copytree(layout.pristine, layout.live)
+        peer.append(run_pipeline(layout, spec, apply.table_properties(change_data_feed=cdf)))
+    equal = _child("compare", keys, changes, cdf)
+    tag = f", CDF {'on' if cdf else 'off'}"
+    cases = [
+        Case(
+            f"silver merge_changes, fresh JVM{tag}", changes, "changes", [o["cold_s"] for o in ours]
+        ),
+        Case(
+            f"silver merge_changes, warm JVM{tag}", changes, "changes", [o["warm_s"] for o in ours]
+        ),
+        Case(f"AutoCDC micro-batch{tag}", changes, "changes", [p["micro_batch_s"] for p in peer]),
+        Case(
+            f"AutoCDC flow (RUNNING→COMPLETED){tag}",
+            changes,
+            "changes",
+            [p["flow_s"] for p in peer],
+        ),
+        Case(f"AutoCDC spark-pipelines run{tag}", changes, "changes", [p["wall_s"] for p in peer]),
+    ]
+    return cases, equal
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer", description=__doc__)
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fresh", action="store_true", help="rebuild the cached inputs")
+    parser.add_argument(
+        "--change-data-feed",
+        default="on,off",
+        help="comma-separated: on, off (both tables' delta.enableChangeDataFeed)",
+    )
     parser.add_argument("--step", choices=["prepare", "ours", "compare"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     keys, changes = args.keys, args.changes
+    settings = [v.strip() == "on" for v in args.change_data_feed.split(",")]
     if args.step:
-        args.out.write_text(json.dumps(step(args.step, keys, changes, fresh=args.fresh)))
+        result = step(args.step, keys, changes, settings[0], fresh=args.fresh)
+        args.out.write_text(json.dumps(result))
         return
-    _child("prepare", keys, changes, fresh=args.fresh)
-    layout = Layout(keys, changes)
-    spec = write_project(layout, keys)
-    # Ours in a fresh process each run, as each AutoCDC run is.
-    ours = [_child("ours", keys, changes) for _ in range(args.runs)]
-    peer: list[dict[str, float]] = []
-    for _ in range(args.runs):
-        shutil.rmtree(layout.live, ignore_errors=True)
-        shutil.copytree(layout.pristine, layout.live)
-        peer.append(run_pipeline(layout, spec, apply.table_properties()))
-    equal = _child("compare", keys, changes)
-    cases = [
-        Case(
-            "silver merge_changes, fresh JVM",
-            changes,
-            "changes",
-            [o["cold_s"] for o in ours],
-            baseline=True,
-        ),
-        Case("silver merge_changes, warm JVM", changes, "changes", [o["warm_s"] for o in ours]),
-        Case("AutoCDC micro-batch", changes, "changes", [p["micro_batch_s"] for p in peer]),
-        Case("AutoCDC flow (RUNNING→COMPLETED)", changes, "changes", [p["flow_s"] for p in peer]),
-        Case("AutoCDC spark-pipelines run", changes, "changes", [p["wall_s"] for p in peer]),
-    ]
-    same = equal["only_ours"] == 0 and equal["only_autocdc"] == 0
+    cases: list[Case] = []
+    equal: dict[str, Any] = {}
+    for cdf in settings:
+        _child("prepare", keys, changes, cdf, fresh=args.fresh)
+        setting_cases, equal[f"cdf_{'on' if cdf else 'off'}"] = compare_setting(
+            keys, changes, args.runs, cdf
+        )
+        cases += setting_cases
+    cases[0].baseline = True
+    same = all(e["only_ours"] == 0 and e["only_autocdc"] == 0 for e in equal.values())
     report(
         "peer",
         cases,
@@ -491,11 +520,14 @@ def main(argv: list[str] | None = None) -> None:
             "equal": same,
         },
     )
-    speedup = cases[2].median / cases[0].median
-    print(
-        f"  silver (fresh JVM) vs AutoCDC micro-batch: {speedup:.2f}x faster (goal >= 1.5x); "
-        f"warm JVM: {cases[2].median / cases[1].median:.2f}x"
-    )
+    for k in range(0, len(cases), 5):
+        cold, warm, micro_batch = cases[k : k + 3]
+        setting = cold.name.rsplit(", ", 1)[1]
+        print(
+            f"  {setting}: silver (fresh JVM) vs AutoCDC micro-batch: "
+            f"{micro_batch.median / cold.median:.2f}x faster (goal >= 1.5x); "
+            f"warm JVM: {micro_batch.median / warm.median:.2f}x"
+        )
     print(f"  live rows: {equal} -> {'equal' if same else 'DIFFERENT'}")
     if not same:
         raise AssertionError(f"silver and AutoCDC disagree on the live rows: {equal}")

@@ -46,22 +46,27 @@ def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str
 DELETION_VECTORS = "delta.enableDeletionVectors"
 
 
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
+
+
 def collection_properties(config: AppConfig) -> dict[str, str]:
     """The properties a new ``_all`` table gets: ``[tables] properties`` with deletion vectors
-    as ``[silver] deletion_vectors`` says."""
+    and the change data feed as ``[silver] deletion_vectors`` and ``change_data_feed`` say."""
     return config.tables.properties | {
-        DELETION_VECTORS: "true" if config.silver.deletion_vectors else "false"
+        DELETION_VECTORS: str(config.silver.deletion_vectors).lower(),
+        CHANGE_DATA_FEED: str(config.silver.change_data_feed).lower(),
     }
 
 
 def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str, str]) -> None:
-    """The ``_all`` table of the collection whose view is ``name``, and the view, exist."""
+    """The ``_all`` table of the collection whose view is ``name``, and the view, exist; the
+    change data feed is on unless ``properties`` say otherwise."""
     table = tables.all_rows(name)
     delta_io.create_table(
         spark,
         table,
         schemas.SILVER,
-        {"delta.enableChangeDataFeed": "true", **properties},
+        {CHANGE_DATA_FEED: "true", **properties},
         cluster_by=("_vbucket", "key"),
     )
     delta_io.ensure_view(

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -280,5 +281,59 @@ def test_two_apply_runs_at_once_leave_correct_tables(
         assert len(failures) < 2
         apply_bucket(spark, config, config.buckets[0])
         assert_equal_to_truth(spark, bucket, result)
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- change data feed ----------------------------------------------------------------------
+
+
+def _change_feed_kinds(spark: SparkSession, table: str) -> set[str]:
+    rows = spark.read.option("readChangeFeed", "true").option("startingVersion", 0).table(table)
+    return {r["_change_type"] for r in rows.select("_change_type").distinct().collect()}
+
+
+@pytest.mark.parametrize("change_data_feed", [True, False])
+def test_change_data_feed_setting_and_equal_tables(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, change_data_feed: bool
+) -> None:
+    """``[silver] change_data_feed`` decides whether new ``_all`` tables carry Delta's change
+    feed; on, a MERGE's updates come with their before and after images; either way silver
+    equals the truth."""
+    bucket = f"cdf_{str(change_data_feed).lower()}"
+    try:
+        result = simulate(
+            tmp_path, bucket=bucket, scenario="basic", seed=6, vbuckets=4, docs=60, ops=400
+        )
+        config = AppConfig(
+            landing=str(tmp_path / "landing"),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+            silver=SilverConfig(change_data_feed=change_data_feed),
+        )
+        ingest_bucket(spark, config, config.buckets[0])
+        apply_bucket(spark, config, config.buckets[0])
+        registry = [
+            r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
+        ]
+        # again in two MERGEs, older changes first: the second one updates rows
+        frames, _ = store.unconsumed_frames(spark, BucketTables(bucket), {})
+        changes = store.walk_vbuckets(spark, frames, {}).where(F.col("kind") == "change")
+        changes = changes.localCheckpoint()
+        middle = changes.approxQuantile("by_seqno", [0.5], 0)[0]
+        _empty_tables(spark, registry)
+        for half in (F.col("by_seqno") <= middle, F.col("by_seqno") > middle):
+            store.merge_changes(spark, bucket, registry, changes.where(half))
+        assert_equal_to_truth(spark, bucket, result)
+        table = next(all_rows(r["table_name"]) for r in registry if r["collection_id"] == 0)
+        properties = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
+        assert properties.get(store.CHANGE_DATA_FEED) == str(change_data_feed).lower()
+        if change_data_feed:
+            assert {"insert", "update_preimage", "update_postimage"} <= _change_feed_kinds(
+                spark, table
+            )
+        else:
+            with pytest.raises(AnalysisException, match="DELTA_MISSING_CHANGE_DATA"):
+                _change_feed_kinds(spark, table)
     finally:
         _drop_all(spark, bucket)
