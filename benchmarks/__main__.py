@@ -13,7 +13,17 @@ import sys
 import time
 
 # In the order a change flows through the product.
-BENCHMARKS = ["capture", "decode", "ingest", "apply", "small-run", "peer", "e2e", "freshness"]
+BENCHMARKS = [
+    "capture",
+    "decode",
+    "ingest",
+    "apply",
+    "small-run",
+    "peer",
+    "variant",
+    "e2e",
+    "freshness",
+]
 
 
 def _module(name: str) -> str:
