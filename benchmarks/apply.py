@@ -30,7 +30,7 @@ from benchmarks.changes import DELETE, UPDATE, change_rows, table_rows
 from benchmarks.common import Case, report, timed
 
 DATA = Path(__file__).resolve().parent / ".data" / "apply"
-GENERATOR = 1  # bump when benchmarks/changes.py changes what it builds
+GENERATOR = 2  # bump when benchmarks/changes.py changes what it builds
 ROWS_PER_FILE = 250_000
 _METRICS = (
     "numSourceRows",

@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.schemas import SILVER, WALKED
+from pipelines.silver.transforms import modified_at
 
 VBUCKETS = 1024
 STRIDE = 1_000_003  # prime: j * STRIDE mod keys visits distinct keys, evenly spread
@@ -84,6 +85,7 @@ def table_rows(spark: SparkSession, keys: int) -> DataFrame:
         F.lit("upsert").alias("_change"),
         F.lit("2026-01-01 00:00:00").cast("timestamp").alias("_applied_at"),
         F.lit(INITIAL_RUN).alias("_ingest_run_id"),
+        modified_at("_cas").alias("_modified_at"),
     )
     return rows.select(*SILVER.fieldNames())
 

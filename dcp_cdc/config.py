@@ -268,6 +268,79 @@ class CaptureConfig(_Model):
         return value
 
 
+PROJECTION_TYPES = re.compile(
+    r"string|boolean|int|bigint|float|double|date|timestamp|decimal\((\d{1,2}),\s*(\d{1,2})\)"
+)
+"""The Spark SQL types a projected column may have."""
+
+
+class ProjectionColumn(_Model):
+    """One typed column of a projection: a document path and the type to read it as."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+    """The column's name in the view (a plain SQL identifier)."""
+    path: Annotated[str, Field(pattern=r"^\$(\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]{1,9}\])+$")]
+    """Where in the document: ``$.a.b``, ``$.items[0].sku`` (object keys of letters, digits and
+    ``_``)."""
+    type: str = "string"
+    """Its Spark SQL type: ``string``, ``boolean``, ``int``, ``bigint``, ``float``,
+    ``double``, ``date``, ``timestamp`` or ``decimal(p, s)``. A value that is missing or does
+    not convert reads as null."""
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        kind = value.strip().lower()
+        found = PROJECTION_TYPES.fullmatch(kind)
+        if found is None:
+            raise ValueError(
+                f"{value!r} is not a projection type: string, boolean, int, bigint, float, "
+                "double, date, timestamp or decimal(p, s)"
+            )
+        if found.group(1) is not None:
+            precision, scale = int(found.group(1)), int(found.group(2))
+            if not (1 <= precision <= 38 and scale <= precision):
+                raise ValueError(f"{value!r}: decimal(p, s) needs 1 <= p <= 38 and s <= p")
+        return kind.replace(" ", "")
+
+
+PROJECTION_RESERVED = frozenset({"key", "_modified_at", "_seqno", "_vbucket"})
+"""Columns every projection view has besides the declared ones."""
+
+
+class ProjectionConfig(_Model):
+    """A typed view of one collection's live documents (``[[buckets.projections]]``):
+    ``silver.<bucket>__<scope>__<collection>__typed`` with ``key``, one column per entry of
+    ``columns`` and ``_modified_at``, ``_seqno``, ``_vbucket``, for tools that want ordinary
+    columns. Each document is parsed once per row (as a VARIANT) whatever the number of
+    columns."""
+
+    collection: Annotated[str, Field(pattern=r"^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$")]
+    """``scope.collection`` as Couchbase names them (``inventory.airline``)."""
+    columns: Annotated[list[ProjectionColumn], Field(min_length=1)]
+    """The typed columns, in view order: ``{ name = "city", path = "$.address.city" }``."""
+
+    @model_validator(mode="after")
+    def _distinct_names(self) -> ProjectionConfig:
+        seen: set[str] = set()
+        for column in self.columns:
+            folded = column.name.lower()  # Spark resolves names without case
+            if folded in PROJECTION_RESERVED:
+                raise ValueError(
+                    f"column {column.name!r} of {self.collection}: the view has it already "
+                    f"({', '.join(sorted(PROJECTION_RESERVED))})"
+                )
+            if folded in seen:
+                raise ValueError(f"column {column.name!r} of {self.collection} is declared twice")
+            seen.add(folded)
+        return self
+
+    @property
+    def scope_and_name(self) -> tuple[str, str]:
+        scope, _, name = self.collection.partition(".")
+        return scope, name
+
+
 class BucketConfig(_Model):
     """One Couchbase bucket whose captures land in the landing location."""
 
@@ -278,6 +351,16 @@ class BucketConfig(_Model):
     capture: CaptureConfig | None = None
     """The capture agent that records this bucket from a Couchbase cluster: the
     ``[buckets.capture]`` table below. Default: none (captures arrive some other way)."""
+    projections: list[ProjectionConfig] = []
+    """Typed views of collections (``[[buckets.projections]]`` below); default none."""
+
+    @model_validator(mode="after")
+    def _one_projection_per_collection(self) -> BucketConfig:
+        named = [p.collection for p in self.projections]
+        twice = sorted({c for c in named if named.count(c) > 1})
+        if twice:
+            raise ValueError(f"more than one projection of {', '.join(twice)}")
+        return self
 
 
 class IngestConfig(_Model):
@@ -847,6 +930,12 @@ def _table_model(annotation: object) -> type[_Model] | None:
     return None
 
 
+def _list_model(annotation: object) -> type[_Model] | None:
+    """The model of an array of tables (``list[ProjectionConfig]``); None for anything else."""
+    item = get_args(annotation)[0] if get_origin(annotation) is list else None
+    return item if isinstance(item, type) and issubclass(item, _Model) else None
+
+
 def _rows(model: type[_Model], prefix: str) -> list[str]:
     rows = []
     for name, info in model.model_fields.items():
@@ -896,6 +985,10 @@ def reference_markdown() -> str:
                 if table is not None:
                     lines += ["", f"`[{name}.{sub}]` — {_prose(table.__doc__)}", "", *head]
                     lines += _rows(table, "")
+                listed = _list_model(sub_info.annotation)
+                if listed is not None:
+                    lines += ["", f"`[[{name}.{sub}]]` — {_prose(listed.__doc__)}", "", *head]
+                    lines += _rows(listed, "")
     for name, info in AppConfig.model_fields.items():
         section = info.annotation
         if isinstance(section, type) and issubclass(section, _Model):

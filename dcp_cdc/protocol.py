@@ -6,6 +6,7 @@ a reader can grep the spec for any of them.
 
 from __future__ import annotations
 
+import datetime as dt
 from enum import IntEnum, IntFlag
 
 HEADER_LEN = 24
@@ -227,6 +228,22 @@ STREAM_ID_TAG = STREAM_ID_FRAME_INFO << 4 | STREAM_ID_LEN
 
 NO_END_SEQNO = 0xFFFF_FFFF_FFFF_FFFF
 """End seqno meaning "stream forever" (spec §4.4)."""
+
+HLC_COUNTER_MASK = 0xFFFF
+"""The low 16 bits of a CAS: the hybrid logical clock's counter, not time (spec §1.5)."""
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def cas_time(cas: int) -> dt.datetime | None:
+    """When a change happened, by its CAS (spec §1.5): the server's hybrid logical clock,
+    nanoseconds since the Unix epoch with the low 16 bits (a logical counter) masked off, so
+    within 65.5 µs of the active node's clock, truncated here to the microsecond. ``None``
+    for CAS 0 (frames that carry none) and for values of 2**63 and more (past the year 2262:
+    not a clock reading). Approximate by nature: the spec's errata (§11) note that
+    Couchbase's docs tell clients not to rely on it."""
+    if not 0 < cas < 1 << 63:
+        return None
+    return _EPOCH + dt.timedelta(microseconds=(cas & ~HLC_COUNTER_MASK) // 1000)
 
 
 class ClientOpcode(IntEnum):

@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
@@ -258,12 +258,17 @@ def add_missing_columns(spark: SparkSession, table: str, schema: StructType) -> 
     _UPGRADED.add(seen)
 
 
-def ensure_view(spark: SparkSession, view: str, query: str) -> None:
+def ensure_view(
+    spark: SparkSession, view: str, query: str, columns: Sequence[str] | None = None
+) -> None:
     """The view ``view`` exists and is ``query``: created, or replaced when its text differs
-    (a view of an earlier version); left alone when it is already so, which a catalog lookup
-    tells (replacing it would analyse ``query`` and alter the catalog, every run). A
-    :func:`catalog_step`: ``catalog:VIEW``, ``cataloged:VIEW``."""
-    if view_text(spark, view) == query:
+    (a view of an earlier version) or, with ``columns``, when its columns are not those (a
+    ``SELECT *`` view keeps the columns its table had when it was made, so a column added to
+    the table since needs the view made again); left alone when it is already so, which a
+    catalog lookup tells (replacing it would analyse ``query`` and alter the catalog, every
+    run). A :func:`catalog_step`: ``catalog:VIEW``, ``cataloged:VIEW``."""
+    found = view_metadata(spark, view)
+    if found is not None and found[0] == query and (columns is None or found[1] == [*columns]):
         return
     catalog_step(
         view,
@@ -275,14 +280,24 @@ def ensure_view(spark: SparkSession, view: str, query: str) -> None:
 def view_text(spark: SparkSession, view: str) -> str | None:
     """The query of the view ``view`` (``DB.NAME``) as the catalog keeps it; None when there
     is no such view (no table of that name, or a table that is not a view)."""
+    found = view_metadata(spark, view)
+    return found[0] if found is not None else None
+
+
+def view_metadata(spark: SparkSession, view: str) -> tuple[str, list[str]] | None:
+    """The query and the column names of the view ``view`` (``DB.NAME``) as the catalog keeps
+    them (no analysis); None when there is no such view."""
     jvm: Any = spark._jvm
     db, _, name = view.partition(".")
     catalog = spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
     ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
     if not catalog.tableExists(ident):
         return None
-    text = catalog.getTableRawMetadata(ident).viewText()
-    return str(text.get()) if text.isDefined() else None
+    metadata = catalog.getTableRawMetadata(ident)
+    text = metadata.viewText()
+    if not text.isDefined():
+        return None
+    return str(text.get()), [str(c) for c in metadata.schema().fieldNames()]
 
 
 def catalog_step(name: str, step: Callable[[], object], race: str | tuple[str, ...]) -> None:

@@ -238,9 +238,13 @@ SILVER = T.StructType(
         T.StructField("_change", T.StringType()),
         T.StructField("_applied_at", T.TimestampType()),
         T.StructField("_ingest_run_id", T.StringType()),
+        T.StructField("_modified_at", T.TimestampType()),
     ]
 )
-"""A silver collection table (``..._all``); the user-facing view drops tombstones and expired."""
+"""A silver collection table (``..._all``); the user-facing view drops tombstones and expired.
+``_modified_at`` is when the change happened in Couchbase, by its CAS
+(:func:`dcp_cdc.protocol.cas_time`), ``_applied_at`` when silver applied it. Columns added
+after a first release come last: a table of an earlier version gains them at its end."""
 
 REGISTRY = T.StructType(
     [

@@ -30,6 +30,14 @@ def view_of(table: str) -> str:
     return table.removesuffix(ALL_SUFFIX)
 
 
+TYPED_SUFFIX = "__typed"
+
+
+def typed(view: str) -> str:
+    """The typed view of a collection (``[[buckets.projections]]``) whose view is ``view``."""
+    return f"{view}{TYPED_SUFFIX}"
+
+
 def archived(view: str, collection_id: int, day: str) -> str:
     """Where a retired collection's ``_all`` table goes when ``silver.retire = "archive"``."""
     return f"{view}__dropped_{collection_id:x}_{day}"

@@ -15,6 +15,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dcp_cdc.protocol import HLC_COUNTER_MASK
+
 Change = Literal["upsert", "delete", "expire"]
 SysKind = Literal[
     "create_collection",
@@ -35,7 +37,7 @@ def vbucket_of(key: bytes, vbuckets: int) -> int:
 
 def hlc_cas(now_ns: int, last_cas: int) -> int:
     """A CAS from the hybrid logical clock: 48-bit masked ns, low bits a counter (spec §1.5)."""
-    masked = now_ns & ~0xFFFF
+    masked = now_ns & ~HLC_COUNTER_MASK
     return masked if masked > last_cas else last_cas + 1
 
 

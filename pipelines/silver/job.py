@@ -146,6 +146,10 @@ def apply_bucket(
             r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
         }
         if not new_states:
+            if bucket.projections:  # a projection added since the last run with changes
+                store.ensure_projections(
+                    spark, store.read_registry(spark, name), bucket.projections
+                )
             summary.seconds = time.perf_counter() - started
             return summary
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
@@ -184,6 +188,7 @@ def apply_bucket(
         summary.changes = sum(summary.tables.values())
         at = summary.step("merge", at)
         store.retire_dropped(spark, name, registry, new_states, config)
+        store.ensure_projections(spark, registry, bucket.projections)
         store.save_states(spark, names.stream_state, states, new_states)
         at = summary.step("save_states", at)
     finally:

@@ -18,7 +18,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dcp_cdc.config import AppConfig
+from dcp_cdc.config import AppConfig, ProjectionConfig
 from pipelines import delta_io, schemas, tables
 from pipelines.delta_io import metric, replace_rows, with_retry
 from pipelines.silver import transforms
@@ -59,8 +59,10 @@ def collection_properties(config: AppConfig) -> dict[str, str]:
 
 
 def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str, str]) -> None:
-    """The ``_all`` table of the collection whose view is ``name``, and the view, exist; the
-    change data feed is on unless ``properties`` say otherwise."""
+    """The ``_all`` table of the collection whose view is ``name``, and the view, exist, with
+    every column of :data:`pipelines.schemas.SILVER` (a table of an earlier version gains
+    those it lacks, and its view follows); the change data feed is on unless ``properties``
+    say otherwise."""
     table = tables.all_rows(name)
     delta_io.create_table(
         spark,
@@ -69,11 +71,32 @@ def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str
         {CHANGE_DATA_FEED: "true", **properties},
         cluster_by=("_vbucket", "key"),
     )
-    delta_io.ensure_view(
-        spark,
-        name,
-        f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}",
-    )
+    query, columns = f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}", schemas.SILVER.fieldNames()
+    # The view shows what the table had when it was made, and a table only gains columns: a
+    # view with them all (a catalog lookup) says the table has them too, with no Delta read.
+    if delta_io.view_metadata(spark, name) != (query, columns):
+        delta_io.add_missing_columns(spark, table, schemas.SILVER)
+        delta_io.ensure_view(spark, name, query, columns)
+
+
+def ensure_projections(
+    spark: SparkSession, registry: Registry, projections: Iterable[ProjectionConfig]
+) -> list[str]:
+    """The typed view of each projection whose collection is registered and not retired
+    (made, or made again when its columns changed); returns their names. A projection of a
+    collection not seen yet waits for it."""
+    wanted = {p.scope_and_name: p for p in projections}
+    made = []
+    for row in registry:
+        projection = wanted.get((row["scope"], row["name"]))
+        if projection is None or row["status"] == "retired":
+            continue
+        view = row["table_name"]
+        delta_io.ensure_view(
+            spark, tables.typed(view), transforms.projection_query(view, projection.columns)
+        )
+        made.append(tables.typed(view))
+    return made
 
 
 # --- stream state and what to walk ---------------------------------------------------------
@@ -341,7 +364,8 @@ def retire_dropped(
             delta_io.catalog_step(
                 name, partial(spark.sql, f"DROP TABLE IF EXISTS {tables.all_rows(name)}"), ""
             )
-        delta_io.catalog_step(name, partial(spark.sql, f"DROP VIEW IF EXISTS {name}"), "")
+        for view in (tables.typed(name), name):
+            delta_io.catalog_step(view, partial(spark.sql, f"DROP VIEW IF EXISTS {view}"), "")
         row["status"] = "retired"
         changed = True
     if changed:

@@ -10,9 +10,11 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from dcp_cdc.config import ProjectionColumn
+from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.silver.walk import CHANGE_OF, DATA_OPS, VbState, position_of, walk
@@ -198,7 +200,33 @@ def silver_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFr
             change.alias("_change"),
             F.current_timestamp().alias("_applied_at"),
             F.col(run_column).alias("_ingest_run_id"),
+            modified_at("cas").alias("_modified_at"),
         )
+    )
+
+
+def modified_at(cas: str) -> Column:
+    """The time of a change by its CAS column ``cas`` (a signed long), as
+    :func:`dcp_cdc.protocol.cas_time` says: the hybrid logical clock's nanoseconds with the
+    counter bits masked off, to the microsecond (integer division: a double would lose the
+    microseconds of a 61-bit value); null for CAS 0 and for CAS values of 2**63 and more
+    (negative as a long)."""
+    mask = ~HLC_COUNTER_MASK
+    return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
+
+
+def projection_query(view: str, columns: list[ProjectionColumn]) -> str:
+    """The query of a typed view over the collection view ``view``: ``key``, each of
+    ``columns`` read from the document at its path as its type (null where the path is
+    missing or its value does not convert), then ``_modified_at``, ``_seqno``, ``_vbucket``.
+    The document is parsed once per row, as a VARIANT; a binary document reads as nulls.
+    The paths and names were checked by the configuration (no quote can reach the SQL)."""
+    typed = ", ".join(
+        f"try_variant_get(_document, '{c.path}', '{c.type}') AS {c.name}" for c in columns
+    )
+    return (
+        f"SELECT key, {typed}, _modified_at, _seqno, _vbucket "
+        f"FROM (SELECT *, try_parse_json(doc) AS _document FROM {view})"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import uuid
@@ -14,9 +15,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver.job import apply_bucket
+from pipelines.silver.transforms import modified_at
 from pipelines.tables import BucketTables, all_rows
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
@@ -74,7 +77,7 @@ def assert_equal_to_truth(
     spark: SparkSession, bucket: str, result: SimulationResult, key_prefix: str = ""
 ) -> None:
     """Live silver rows (of keys with ``key_prefix``) equal the truth: keys, bodies, user
-    xattrs, seqno, rev seqno, expiry, flags, cas and vbucket."""
+    xattrs, seqno, rev seqno, expiry, flags, cas, the time of the cas and vbucket."""
     silver = {k: v for k, v in silver_live(spark, bucket).items() if k[1].startswith(key_prefix)}
     truth = truth_live(result)
     assert set(silver) == set(truth), (
@@ -95,7 +98,40 @@ def assert_equal_to_truth(
             d["flags"],
         )
         assert row["_cas"] == (d["cas"] - (1 << 64) if d["cas"] >= 1 << 63 else d["cas"])
+        assert _utc(row["_modified_at"]) == cas_time(d["cas"])
         assert row["_vbucket"] == d["vbucket"]
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A timestamp as collected (naive, the machine's local time) as an aware UTC one."""
+    return value.astimezone(dt.UTC) if value is not None else None
+
+
+def test_modified_at_is_the_time_of_the_cas_clock(spark: SparkSession) -> None:
+    """Spec §1.5: silver's ``_modified_at`` expression agrees with ``cas_time`` to the
+    microsecond, on the spec's CAS, counter bits set, the ends of the range and CAS 0."""
+    values = [
+        0x17A8B0D8E6F40000,
+        0x17A8B0D8E6F4FFFF,
+        0x17A8B0D8E6F50000,
+        12345,
+        1 << 16,
+        (1 << 63) - 1,
+        0,
+        1 << 63,
+        (1 << 64) - 1,
+    ]
+    signed = [(i, v - (1 << 64) if v >= 1 << 63 else v) for i, v in enumerate(values)]
+    rows = (
+        spark.createDataFrame(signed, "i INT, cas LONG")
+        .select("i", modified_at("cas").alias("at"))
+        .orderBy("i")
+        .collect()
+    )
+    assert [_utc(r["at"]) for r in rows] == [cas_time(v) for v in values]
+    assert rows[0]["at"] is not None and _utc(rows[0]["at"]) == dt.datetime(
+        2024, 1, 9, 13, 28, 24, 593907, tzinfo=dt.UTC
+    )
 
 
 def test_many_seeds_in_one_bucket_equal_their_truths(

@@ -3,6 +3,9 @@ tombstone purge without resurrection, eager apply, and two runs at once."""
 
 from __future__ import annotations
 
+import decimal
+import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,15 +16,23 @@ from hypothesis import strategies as st
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
+from dcp_cdc.config import AppConfig, BucketConfig, ProjectionConfig, SilverConfig
 from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import simulate
+from pipelines import delta_io, schemas, tables
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver import store
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.tables import BucketTables, all_rows
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline, silver_live
+from tests.spark.test_silver import (
+    _drop_all,
+    assert_equal_to_truth,
+    pipeline,
+    silver_live,
+    truth_live,
+)
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
 _COMPARED = [
@@ -289,8 +300,9 @@ def test_two_apply_runs_at_once_leave_correct_tables(
 
 
 def _change_feed_kinds(spark: SparkSession, table: str) -> set[str]:
-    rows = spark.read.option("readChangeFeed", "true").option("startingVersion", 0).table(table)
-    return {r["_change_type"] for r in rows.select("_change_type").distinct().collect()}
+    """The change kinds of ``table``'s change feed, read as the README shows."""
+    rows = spark.sql(f"SELECT DISTINCT _change_type FROM table_changes('{table}', 0)")
+    return {r["_change_type"] for r in rows.collect()}
 
 
 @pytest.mark.parametrize("change_data_feed", [True, False])
@@ -335,5 +347,123 @@ def test_change_data_feed_setting_and_equal_tables(
         else:
             with pytest.raises(AnalysisException, match="DELTA_MISSING_CHANGE_DATA"):
                 _change_feed_kinds(spark, table)
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- a table of an earlier version ---------------------------------------------------------
+
+
+def test_a_table_made_before_modified_at_gains_it_and_its_view_shows_it(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """A collection table and view made by a version without ``_modified_at``: the next
+    apply adds the column (at the end) and makes the view again, and the rows it applies
+    carry the time of their CAS."""
+    bucket = "upgrade_test"
+    view = BucketTables(bucket).collection("_default", "_default")
+    table = all_rows(view)
+    earlier = T.StructType([f for f in schemas.SILVER.fields if f.name != "_modified_at"])
+    try:
+        delta_io.ensure_database(spark, table)
+        delta_io.create_table(spark, table, earlier, {}, cluster_by=("_vbucket", "key"))
+        delta_io.ensure_view(spark, view, f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}")
+        assert "_modified_at" not in spark.table(view).columns
+        result, _ = pipeline(
+            spark, tmp_path, spark_warehouse, bucket, scenario="basic", seed=8, vbuckets=2
+        )
+        assert spark.table(table).columns == schemas.SILVER.fieldNames()
+        assert spark.table(view).columns == schemas.SILVER.fieldNames()
+        assert_equal_to_truth(spark, bucket, result)  # _modified_at included
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- typed projections ---------------------------------------------------------------------
+
+_PROJECTED = [  # name, path, type: every kind of path and most types
+    ("kind", "$.type", "string"),
+    ("id", "$.id", "bigint"),
+    ("price", "$.price", "double"),
+    ("active", "$.active", "boolean"),
+    ("city", "$.address.city", "string"),
+    ("lat", "$.address.geo.lat", "decimal(9,5)"),
+    ("first_tag", "$.tags[0]", "string"),
+    ("stars", "$.reviews[0].stars", "int"),
+    ("nothing", "$.no.such", "string"),
+]
+
+
+def _at_path(doc: Any, path: str) -> Any:
+    for step in re.findall(r"\.(\w+)|\[(\d+)\]", path):
+        name, index = step
+        if name and isinstance(doc, dict):
+            doc = doc.get(name)
+        elif index and isinstance(doc, list) and int(index) < len(doc):
+            doc = doc[int(index)]
+        else:
+            return None
+    return doc
+
+
+def _as(value: Any, kind: str) -> Any:
+    if value is None:
+        return None
+    if kind.startswith("decimal"):
+        return decimal.Decimal(str(value))
+    return {"string": str, "bigint": int, "int": int, "double": float, "boolean": bool}[kind](value)
+
+
+def test_a_projection_gives_typed_columns_equal_to_the_truth(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """``[[buckets.projections]]``: a typed view whose columns are the truth's documents read
+    at their paths (null where a path is missing, and for binary documents); changing the
+    projection makes the view again at the next run, even one with no new change."""
+    bucket = "typed_test"
+    projection = ProjectionConfig(
+        collection="_default._default",
+        columns=[{"name": n, "path": p, "type": t} for n, p, t in _PROJECTED],
+    )
+    view = tables.typed(BucketTables(bucket).collection("_default", "_default"))
+    try:
+        result = simulate(
+            tmp_path, bucket=bucket, scenario="basic", seed=9, vbuckets=4, docs=80, ops=300
+        )
+        config = AppConfig(
+            landing=str(tmp_path / "landing"),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket, projections=[projection])],
+        )
+        ingest_bucket(spark, config, config.buckets[0])
+        apply_bucket(spark, config, config.buckets[0])
+
+        names = [n for n, _, _ in _PROJECTED]
+        assert spark.table(view).columns == ["key", *names, "_modified_at", "_seqno", "_vbucket"]
+        got = {r["key"]: r.asDict() for r in spark.table(view).collect()}
+        truth = {k: d for (cid, k), d in truth_live(result).items() if cid == 0}
+        assert set(got) == set(truth)
+        binary = 0
+        for key, d in truth.items():
+            doc = json.loads(d["value"]) if d["is_json"] else None
+            binary += doc is None
+            expected = {n: _as(_at_path(doc, p), t) for n, p, t in _PROJECTED}
+            assert {n: got[key][n] for n in names} == expected, key
+            assert (got[key]["_seqno"], got[key]["_vbucket"]) == (d["seqno"], d["vbucket"])
+        assert binary and binary < len(truth)  # both kinds of document were read
+        assert any(r["stars"] is not None for r in got.values())
+        assert any(r["first_tag"] is None for r in got.values() if r["kind"] is not None)
+
+        fewer = projection.model_copy(update={"columns": projection.columns[:2]})
+        config.buckets[0] = config.buckets[0].model_copy(update={"projections": [fewer]})
+        apply_bucket(spark, config, config.buckets[0])  # nothing new to apply
+        assert spark.table(view).columns == [
+            "key",
+            "kind",
+            "id",
+            "_modified_at",
+            "_seqno",
+            "_vbucket",
+        ]
     finally:
         _drop_all(spark, bucket)

@@ -127,3 +127,62 @@ def test_code_and_jars_paths_are_relative_to_the_file(tmp_path: Path) -> None:
     assert load_config(path).spark.py_files == "s3a://artifacts/code.zip"
     path.write_text(text)
     assert load_config(path).spark.py_files == "auto"
+
+
+_PROJECTED = """landing = "l"
+warehouse = "w"
+[[buckets]]
+name = "travel"
+[[buckets.projections]]
+collection = "inventory.airline"
+columns = [
+  { name = "city", path = "$.address.city" },
+  { name = "price", path = "$.price", type = "Decimal(10, 2)" },
+  { name = "first_tag", path = "$.tags[0]" },
+]
+"""
+
+
+def test_projections_in_toml(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(_PROJECTED)
+    (projection,) = load_config(path).buckets[0].projections
+    assert projection.scope_and_name == ("inventory", "airline")
+    assert [(c.name, c.path, c.type) for c in projection.columns] == [
+        ("city", "$.address.city", "string"),
+        ("price", "$.price", "decimal(10,2)"),
+        ("first_tag", "$.tags[0]", "string"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        ('{ name = "key", path = "$.k" }', r"column 'key' of inventory.airline: the view has it"),
+        (
+            '{ name = "Price", path = "$.p" }',
+            "column 'Price' of inventory.airline is declared twice",
+        ),
+        (
+            '{ name = "x", path = "$.a\'b" }',
+            r"projections\[0\]\.columns\[3\]\.path",
+        ),  # no quote reaches the SQL
+        ('{ name = "x", path = "a.b" }', r"projections\[0\]\.columns\[3\]\.path"),
+        ('{ name = "x y", path = "$.a" }', r"projections\[0\]\.columns\[3\]\.name"),
+        ('{ name = "x", path = "$.a", type = "map" }', "'map' is not a projection type"),
+        ('{ name = "x", path = "$.a", type = "decimal(40, 2)" }', "needs 1 <= p <= 38"),
+    ],
+)
+def test_a_bad_projection_column_is_named(tmp_path: Path, column: str, message: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(_PROJECTED.replace("\n]\n", f"\n  {column},\n]\n"))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_one_projection_per_collection(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    again = _PROJECTED.split("[[buckets.projections]]")[1]
+    path.write_text(_PROJECTED + "[[buckets.projections]]" + again)
+    with pytest.raises(ConfigError, match=r"more than one projection of inventory\.airline"):
+        load_config(path)

@@ -6,6 +6,7 @@ bytes left in the buffer; and re-encoded byte for byte.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame
 from dcp_cdc.encoder import encode
 from dcp_cdc.events import Event
+from dcp_cdc.protocol import cas_time
 
 
 @dataclass(frozen=True)
@@ -599,3 +601,29 @@ def test_add_stream_error_response_without_extras() -> None:
     )
     (row,) = decode_batch(data, collections=False).table.to_pylist()
     assert (row["status"], row["status_name"], row["stream_opaque"]) == (7, "not_my_vbucket", None)
+
+
+def test_cas_time_of_the_spec_8_1_cas() -> None:
+    """Spec §1.5 and §8.1: CAS 0x17a8b0d8e6f40000 is HLC nanoseconds (low 16 bits a counter),
+    ~2024-01-09T13:28:24.59Z; to the microsecond, truncated."""
+    cas = decode_frame(bytes.fromhex(EXAMPLES[0].hex), collections=False).header.cas
+    assert cas == 0x17A8B0D8E6F40000
+    assert cas_time(cas) == dt.datetime(2024, 1, 9, 13, 28, 24, 593907, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("cas", "expected"),
+    [
+        # the counter bits are not time: a CAS whose clock stood still reads the same
+        (0x17A8B0D8E6F4FFFF, dt.datetime(2024, 1, 9, 13, 28, 24, 593907, tzinfo=dt.UTC)),
+        # one more clock tick (65,536 ns) is 65 or 66 µs later
+        (0x17A8B0D8E6F50000, dt.datetime(2024, 1, 9, 13, 28, 24, 593973, tzinfo=dt.UTC)),
+        (1 << 16, dt.datetime(1970, 1, 1, 0, 0, 0, 65, tzinfo=dt.UTC)),
+        ((1 << 63) - 1, dt.datetime(2262, 4, 11, 23, 47, 16, 854710, tzinfo=dt.UTC)),
+        (0, None),  # markers, system events: no CAS
+        (1 << 63, None),  # past 2262: not a clock reading
+        ((1 << 64) - 1, None),
+    ],
+)
+def test_cas_time(cas: int, expected: dt.datetime | None) -> None:
+    assert cas_time(cas) == expected
