@@ -385,7 +385,7 @@ class IngestConfig(_Model):
     """The JIT compiler of a JVM started for ingest alone (``dcp-cdc ingest``, ``python -m
     pipelines.bronze.job``, the DAGs' ingest task) with the ``arrow`` writer: ``c1`` compiles
     quickly and shallowly, enough for a JVM that mostly waits for the Python tasks that decode
-    and write (10M events in 22.9 s instead of 27.1 s on 2 cores: the JVM's CPU halves).
+    and write (10M events in 19.1 s instead of 21.7 s on 2 cores: the JVM's CPU halves).
     ``tiered`` is the JVM's default, with C2, which heavy JVM work needs: Spark's own writer
     (10M events: 170 s with C1 alone) and a MERGE (1M changes: 31 s with C2, 46 s without).
     So the ``spark`` writer, and a JVM that also applies (``dcp-cdc run``, follow mode), keep
@@ -421,15 +421,15 @@ class SilverConfig(_Model):
     """Deletion vectors on the ``_all`` tables (set when a table is created): a MERGE then
     marks the rows it replaces in the files it touches instead of rewriting those files, so
     its cost follows the batch (on 2 cores, 10,000 changes into 1M keys: 6.8 s with them,
-    12.5 s without; 1M changes into 10M keys: 46 s and 69 s; into 1M keys, about even at
-    21-26 s). Readers must support
+    12.5 s without; 1M changes into 10M keys: 39.7 s and 47.8 s; into 1M keys 20.0 s and
+    15.7 s). Readers must support
     them: Spark, Delta Kernel, delta-rs's SQL reader (``deltalake.QueryBuilder``), not
     ``deltalake``'s ``to_pyarrow_table``. Off: those readers too, every MERGE rewrites."""
     change_data_feed: bool = True
     """Delta's change data feed on the ``_all`` tables (set when a table is created): every
     MERGE also writes each change's before and after image, which incremental readers
     (``readChangeFeed``, ``table_changes``) consume. It costs the MERGE a full read of the
-    rows it replaces (on 2 cores, 1M changes into 1M keys: 20.3 s with it, 13.5 s without, in a
+    rows it replaces (on 2 cores, 1M changes into 1M keys: 18.7 s with it, 12.0 s without, in a
     warm JVM). Off: the MERGE reads and writes only what it applies; an
     existing table keeps what it was created with
     (``ALTER TABLE ... SET TBLPROPERTIES (delta.enableChangeDataFeed = false)`` changes it)."""
