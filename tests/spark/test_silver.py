@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,21 @@ def bucket(spark: SparkSession) -> Any:
 
 
 def pipeline(
-    spark: SparkSession, out: Path, warehouse: Path, bucket: str, **sim: Any
+    spark: SparkSession,
+    out: Path,
+    warehouse: Path,
+    bucket: str,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    **sim: Any,
 ) -> tuple[SimulationResult, AppConfig]:
+    """Simulate into ``out``, ingest and apply; ``settings`` are more of the configuration
+    (``silver``, ``buckets``: given, the bucket's own settings; its name is ``bucket``)."""
     result = simulate(out, bucket=bucket, **sim)
     config = AppConfig(
-        landing=str(out / "landing"), warehouse=str(warehouse), buckets=[BucketConfig(name=bucket)]
+        landing=str(out / "landing"),
+        warehouse=str(warehouse),
+        **({"buckets": [BucketConfig(name=bucket)]} | dict(settings or {})),
     )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])

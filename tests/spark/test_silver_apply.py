@@ -314,17 +314,18 @@ def test_change_data_feed_setting_and_equal_tables(
     equals the truth."""
     bucket = f"cdf_{str(change_data_feed).lower()}"
     try:
-        result = simulate(
-            tmp_path, bucket=bucket, scenario="basic", seed=6, vbuckets=4, docs=60, ops=400
+        result, _ = pipeline(
+            spark,
+            tmp_path,
+            spark_warehouse,
+            bucket,
+            settings={"silver": SilverConfig(change_data_feed=change_data_feed)},
+            scenario="basic",
+            seed=6,
+            vbuckets=4,
+            docs=60,
+            ops=400,
         )
-        config = AppConfig(
-            landing=str(tmp_path / "landing"),
-            warehouse=str(spark_warehouse),
-            buckets=[BucketConfig(name=bucket)],
-            silver=SilverConfig(change_data_feed=change_data_feed),
-        )
-        ingest_bucket(spark, config, config.buckets[0])
-        apply_bucket(spark, config, config.buckets[0])
         registry = [
             r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
         ]
@@ -427,16 +428,18 @@ def test_a_projection_gives_typed_columns_equal_to_the_truth(
     )
     view = tables.typed(BucketTables(bucket).collection("_default", "_default"))
     try:
-        result = simulate(
-            tmp_path, bucket=bucket, scenario="basic", seed=9, vbuckets=4, docs=80, ops=300
+        result, config = pipeline(
+            spark,
+            tmp_path,
+            spark_warehouse,
+            bucket,
+            settings={"buckets": [BucketConfig(name=bucket, projections=[projection])]},
+            scenario="basic",
+            seed=9,
+            vbuckets=4,
+            docs=80,
+            ops=300,
         )
-        config = AppConfig(
-            landing=str(tmp_path / "landing"),
-            warehouse=str(spark_warehouse),
-            buckets=[BucketConfig(name=bucket, projections=[projection])],
-        )
-        ingest_bucket(spark, config, config.buckets[0])
-        apply_bucket(spark, config, config.buckets[0])
 
         names = [n for n, _, _ in _PROJECTED]
         assert spark.table(view).columns == ["key", *names, "_modified_at", "_seqno", "_vbucket"]
