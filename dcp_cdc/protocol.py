@@ -239,8 +239,8 @@ def cas_time(cas: int) -> dt.datetime | None:
     nanoseconds since the Unix epoch with the low 16 bits (a logical counter) masked off, so
     within 65.5 µs of the active node's clock, truncated here to the microsecond. ``None``
     for CAS 0 (frames that carry none) and for values of 2**63 and more (past the year 2262:
-    not a clock reading). Approximate by nature: the spec's errata (§11) note that
-    Couchbase's docs tell clients not to rely on it."""
+    not a clock reading). Approximate by nature: the spec's open items (§11) note that
+    Couchbase's docs tell clients not to read meaning into a CAS."""
     if not 0 < cas < 1 << 63:
         return None
     return _EPOCH + dt.timedelta(microseconds=(cas & ~HLC_COUNTER_MASK) // 1000)
