@@ -285,7 +285,8 @@ class ProjectionColumn(_Model):
     type: str = "string"
     """Its Spark SQL type: ``string``, ``boolean``, ``int``, ``bigint``, ``float``,
     ``double``, ``date``, ``timestamp`` or ``decimal(p, s)``. A value that is missing or does
-    not convert reads as null."""
+    not convert reads as null; a string converts to a date or timestamp it spells (ISO 8601),
+    and a number with more decimals than ``s`` is rounded."""
 
     @field_validator("type")
     @classmethod
