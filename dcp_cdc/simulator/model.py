@@ -124,18 +124,37 @@ class VBucket:
     sys_events: list[SysEvent] = field(default_factory=list)
     undo: list[Undo] = field(default_factory=list)
     keep_undo_from: int | None = None  # a rollback mark: undo entries above it are kept
+    versions: list[Doc] | None = None
+    """Every version of every document, in seqno order (the truth of history tables); None
+    when the bucket does not record them."""
+    delivered: set[int] = field(default_factory=set)
+    """Seqnos of document versions a consumer received in a complete snapshot and kept (a
+    rollback it was told of forgets those above the point)."""
 
 
 class Bucket:
     """A Couchbase bucket in memory. Not thread-safe; deterministic for a given call order."""
 
-    def __init__(self, *, name: str, vbuckets: int, rng: random.Random, start_ns: int) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        vbuckets: int,
+        rng: random.Random,
+        start_ns: int,
+        record_versions: bool = True,
+    ) -> None:
         self.name = name
         self.rng = rng
         self.clock_ns = start_ns
         self.last_cas = 0
         self.vbuckets = [
-            VBucket(vbid, uuid := self._new_uuid(), failover_log=[(uuid, 0)])
+            VBucket(
+                vbid,
+                uuid := self._new_uuid(),
+                failover_log=[(uuid, 0)],
+                versions=[] if record_versions else None,
+            )
             for vbid in range(vbuckets)
         ]
         self.manifest_uid = 0
@@ -180,6 +199,10 @@ class Bucket:
     ) -> None:
         vb.undo.append(Undo(seqno, ident, before))  # docs are replaced, never mutated: no copy
 
+    def _version(self, vb: VBucket, doc: Doc) -> None:
+        if vb.versions is not None:
+            vb.versions.append(doc)
+
     def upsert(
         self,
         collection_id: int,
@@ -213,6 +236,7 @@ class Bucket:
             xattrs,
         )
         self._record(vb, doc.seqno, (collection_id, key), before)
+        self._version(vb, doc)
         vb.docs[(collection_id, key)] = doc
         self._track_expiry(doc)
         return doc
@@ -248,6 +272,7 @@ class Bucket:
             delete_time=self.now,
         )
         self._record(vb, doc.seqno, (collection_id, key), before)
+        self._version(vb, doc)
         vb.docs[(collection_id, key)] = doc
         return doc
 
@@ -401,7 +426,16 @@ class Bucket:
                 vb.docs[u.ident] = u.before
                 self._track_expiry(u.before)
         vb.sys_events = [e for e in vb.sys_events if e.seqno <= to_seqno]
+        if vb.versions is not None:
+            while vb.versions and vb.versions[-1].seqno > to_seqno:
+                vb.versions.pop()
+        self.forget_delivered(vb, to_seqno)
         return undone
+
+    @staticmethod
+    def forget_delivered(vb: VBucket, above: int) -> None:
+        """A consumer rolled back to ``above`` (or the changes above it are gone)."""
+        vb.delivered = {s for s in vb.delivered if s <= above}
 
     def failover(self, vb: VBucket, to_seqno: int) -> int:
         """A replica promoted at ``to_seqno``: later changes lost, a new uuid branch (§7.4)."""

@@ -65,6 +65,9 @@ class SimConfig:
     """Added to every vbucket on the wire and in the truth: simulations with disjoint offsets
     and key prefixes can share one bucket (many seeds in one pipeline run)."""
     key_prefix: str = ""
+    versions: bool = True
+    """Record every version of every document for ``truth/history.jsonl`` (off for
+    simulations too large to keep them all in memory)."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -90,6 +93,7 @@ class Simulation:
             vbuckets=config.vbuckets,
             rng=self.rng,
             start_ns=int(START.timestamp()) * NS,
+            record_versions=config.versions,
         )
         self.counts: Counter[str] = Counter()
         self.sessions: list[Session] = []

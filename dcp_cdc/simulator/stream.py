@@ -449,6 +449,7 @@ class Session:
                     b"",
                 )
             )
+            self.bucket.forget_delivered(vb, rollback)  # the consumer retracts above it
             return rollback
         log = tuple(vb.failover_log)
         self._write_plain(
@@ -514,6 +515,7 @@ class Session:
                 self.write(self._sys_event(vb.vbid, ev))
         for item in items:
             self.write(self.doc_event(vb.vbid, item.doc, disk=True))  # type: ignore[arg-type]
+        vb.delivered.update(i.seqno for i in items)
         if vb.high_seqno:
             self.write(SeqnoAdvanced(self._hdr(Opcode.DCP_SEQNO_ADVANCED, vb.vbid), vb.high_seqno))
         self.write(OsoSnapshot(self._hdr(Opcode.DCP_OSO_SNAPSHOT, vb.vbid), OsoFlag.END))
@@ -552,6 +554,7 @@ class Session:
         state.snap_start, state.snap_end = marker.start_seqno, marker.end_seqno
         for event in events:
             self.write(event)
+        vb.delivered.update(i.seqno for i in items if i.doc is not None and self._visible(i))
         state.sent_upto = state.consistent = marker.end_seqno
         self.bucket.trim_undo(vb, marker.end_seqno)
         if marker.end_seqno >= state.end_seqno:

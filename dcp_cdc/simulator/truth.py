@@ -1,8 +1,14 @@
 """The ground truth a correct pipeline must end with, read from the bucket model.
 
 ``truth/summary.json``: collections (live and dropped), per vbucket the last consistent
-snapshot end, uuid and failover log, expected frame counts per op, expected errors and open
-snapshots. ``truth/documents.jsonl``: every live document, one JSON object a line.
+snapshot end, uuid and failover log, the drops and flushes of collections, expected frame
+counts per op, expected errors and open snapshots. ``truth/documents.jsonl``: every live
+document, one JSON object a line. ``truth/history.jsonl`` (unless the simulation did not record
+versions): every version of every document on the surviving branch of each vbucket, in seqno
+order per key, with ``change`` (upsert, delete, expire) and ``streamed``: whether a consumer
+received it in a complete snapshot and kept it (memory snapshots deduplicate a key's versions
+unless the collection keeps history, a disk backfill sends only the newest, a rollback retracts
+what was above its point).
 """
 
 from __future__ import annotations
@@ -44,6 +50,27 @@ def document_record(sim: Simulation, doc: Doc) -> dict[str, Any]:
     return rec
 
 
+def write_history(sim: Simulation, path: Path) -> None:
+    """``history.jsonl``: every recorded version (:attr:`VBucket.versions`), by collection,
+    key and seqno."""
+    streamed = sim.streamed_collections
+    versions = sorted(
+        (
+            (d, d.seqno in vb.delivered)
+            for vb in sim.bucket.vbuckets
+            for d in vb.versions or ()
+            if streamed is None or d.collection_id in streamed
+        ),
+        key=lambda v: (v[0].collection_id, v[0].key, v[0].seqno),
+    )
+    with open(path, "w", encoding="utf-8") as fh:
+        for doc, delivered in versions:
+            rec = document_record(sim, doc)
+            rec.update(change=doc.change, deleted=doc.deleted, streamed=delivered)
+            fh.write(json.dumps(rec, ensure_ascii=False, sort_keys=True))
+            fh.write("\n")
+
+
 def write_truth(
     sim: Simulation,
     out: Path,
@@ -75,6 +102,8 @@ def write_truth(
             live_counts[doc.collection_id] = live_counts.get(doc.collection_id, 0) + 1
             fh.write(json.dumps(document_record(sim, doc), ensure_ascii=False, sort_keys=True))
             fh.write("\n")
+    if bucket.vbuckets[0].versions is not None:
+        write_history(sim, folder / "history.jsonl")
     if consistent is None:
         last = sim.sessions[-1]
         consistent = {vbid: state.consistent for vbid, state in last.streams.items()}
@@ -126,6 +155,11 @@ def write_truth(
                 "high_seqno": vb.high_seqno,
                 "purge_seqno": vb.purge_seqno,
                 "manifest_uid": vb.manifest_uid,
+                "collection_ends": [
+                    {"collection_id": e.collection_id, "seqno": e.seqno, "kind": e.kind}
+                    for e in vb.sys_events
+                    if e.kind in ("drop_collection", "flush_collection")
+                ],
             }
             for vb in bucket.vbuckets
         ],

@@ -175,6 +175,57 @@ def test_no_duplicate_key_inside_a_non_history_snapshot(
         assert duplicates_seen > 0
 
 
+def _history(result: SimulationResult) -> list[dict[str, Any]]:
+    lines = (result.out / "truth" / "history.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_history_truth_holds_every_version_and_what_was_streamed(
+    scenario_runs: dict[str, SimulationResult], name: str
+) -> None:
+    """``history.jsonl``: each live document's newest version is the truth's document; every
+    version a complete snapshot carried is ``streamed`` (none that a rollback retracted or a
+    deduplicated snapshot left out); rev seqnos count each key's versions."""
+    result = scenario_runs[name]
+    _, docs = _truth(result)
+    versions = _history(result)
+    newest: dict[tuple[int, bytes], dict[str, Any]] = {}
+    for v in versions:  # sorted by collection, key and seqno
+        key = v["key"].encode() if "key" in v else base64.b64decode(v["key_b64"])
+        ident = (v["collection_id"], key)
+        if ident in newest:
+            assert v["seqno"] > newest[ident]["seqno"]
+            # one more, or 1: a new document after a flush of the collection
+            assert v["rev_seqno"] in (newest[ident]["rev_seqno"] + 1, 1)
+        newest[ident] = v
+    ends = {  # a drop or flush of the collection in the vbucket ends every older version
+        (vb["vbucket"], e["collection_id"], e["seqno"])
+        for vb in json.loads(result.truth.read_text())["vbuckets"]
+        for e in vb["collection_ends"]
+    }
+    live = {
+        k: (v["seqno"], v["cas"])
+        for k, v in newest.items()
+        if not v["deleted"]
+        and not any(vb == v["vbucket"] and c == k[0] and s > v["seqno"] for vb, c, s in ends)
+    }
+    assert {k: (d["seqno"], d["cas"]) for k, d in docs.items()} == live
+    # what the consumer received in complete snapshots: every mutation and deletion frame
+    # that a marker's end (or the stream's next marker) closed, less what a rollback retracted
+    streamed = {(v["vbucket"], v["seqno"]) for v in versions if v["streamed"]}
+    assert streamed and streamed < {(v["vbucket"], v["seqno"]) for v in versions}
+    sent = {
+        (e.header.vbucket, e.by_seqno)
+        for _, e in _events(result)
+        if isinstance(e, (Mutation, Deletion, Expiration))
+    }
+    assert streamed <= sent
+    if name == "history":  # the history collection streams every version after the load
+        history_cid = min(c for c, _ in newest if c != 0)
+        assert all(v["streamed"] for v in versions if v["collection_id"] == history_cid)
+
+
 def test_drop_events_reach_every_vbucket(scenario_runs: dict[str, SimulationResult]) -> None:
     result = scenario_runs["collection-lifecycle"]
     summary, docs = _truth(result)
