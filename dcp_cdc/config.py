@@ -316,7 +316,7 @@ class ProjectionConfig(_Model):
     columns. Each document is parsed once per row (as a VARIANT) whatever the number of
     columns."""
 
-    collection: Annotated[str, Field(pattern=r"^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$")]
+    collection: Annotated[str, Field(pattern=_COLLECTION.pattern)]
     """``scope.collection`` as Couchbase names them (``inventory.airline``)."""
     columns: Annotated[list[ProjectionColumn], Field(min_length=1)]
     """The typed columns, in view order: ``{ name = "city", path = "$.address.city" }``."""
@@ -354,6 +354,17 @@ class BucketConfig(_Model):
     ``[buckets.capture]`` table below. Default: none (captures arrive some other way)."""
     projections: list[ProjectionConfig] = []
     """Typed views of collections (``[[buckets.projections]]`` below); default none."""
+    history: bool | list[Annotated[str, Field(pattern=_COLLECTION.pattern)]] = False
+    """History tables (SCD type 2: every version of every document,
+    ``silver.<bucket>__<scope>__<collection>__history``): ``true`` for every collection, or
+    the ``scope.collection`` names that keep one (``["inventory.airline"]``). Each costs its
+    apply a MERGE per run (the versions of the keys the run changed). Default: none."""
+
+    def keeps_history(self, scope: str, name: str) -> bool:
+        """Whether the collection ``scope.name`` has a history table."""
+        if isinstance(self.history, bool):
+            return self.history
+        return f"{scope}.{name}" in self.history
 
     @model_validator(mode="after")
     def _one_projection_per_collection(self) -> BucketConfig:

@@ -33,7 +33,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, load_config
 from pipelines import delta_io
 from pipelines.quality.job import prune_results
 from pipelines.silver.job import purge_tombstones
-from pipelines.tables import BucketTables, all_rows
+from pipelines.tables import BucketTables, all_rows, history
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,13 +67,14 @@ class MaintenanceSummary:
 
 
 def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
-    """Every Delta table of ``bucket`` that exists: bronze, silver (support tables and the
-    ``_all`` table of each collection not retired) and quality."""
+    """Every Delta table of ``bucket`` that exists: bronze, silver (support tables, and the
+    ``_all`` and history tables of each collection not retired) and quality."""
     tables = BucketTables(bucket)
     names = [*tables.bronze.values(), *tables.silver_support]
     if spark.catalog.tableExists(tables.registry):
         live = spark.table(tables.registry).where("status != 'retired'")
-        names += sorted(all_rows(r["table_name"]) for r in live.select("table_name").collect())
+        for r in sorted(live.select("table_name").collect()):
+            names += [all_rows(r["table_name"]), history(r["table_name"])]
     names.append(tables.results)
     return [name for name in names if spark.catalog.tableExists(name)]
 

@@ -246,6 +246,25 @@ SILVER = T.StructType(
 (:func:`dcp_cdc.protocol.cas_time`), ``_applied_at`` when silver applied it. Columns added
 after a first release come last: a table of an earlier version gains them at its end."""
 
+HISTORY = T.StructType(
+    [
+        *(f for f in SILVER.fields if f.name not in ("_applied_at", "_ingest_run_id")),
+        T.StructField("_valid_to_seqno", T.LongType()),
+        T.StructField("_valid_to", T.TimestampType()),
+        T.StructField("_ended_by", T.StringType()),
+        T.StructField("_applied_at", T.TimestampType()),
+        T.StructField("_ingest_run_id", T.StringType()),
+    ]
+)
+"""A collection's history (``..._history``, SCD type 2): one row per version of a document,
+valid from its ``_seqno`` / ``_modified_at`` to ``_valid_to_seqno`` / ``_valid_to`` (null while
+it is the current version). ``_change`` is ``insert``, ``update``, ``delete`` or ``expire``;
+``_ended_by`` what ended it: ``change`` (the key's next version), ``drop`` or ``flush`` of the
+collection, null while current."""
+
+HISTORY_CHAIN = ("_change", "_valid_to_seqno", "_valid_to", "_ended_by")
+"""The columns of a history row that a later version, a drop or a rollback can change."""
+
 REGISTRY = T.StructType(
     [
         T.StructField("collection_id", T.LongType()),
@@ -287,7 +306,8 @@ STATE = T.StructType(
 
 WALKED = T.StructType(
     [
-        T.StructField("kind", T.StringType()),  # change | system_event | rollback | state
+        # change | ended_change | system_event | rollback | state
+        T.StructField("kind", T.StringType()),
         T.StructField("vbucket", T.IntegerType()),
         T.StructField("frames", T.LongType()),
         T.StructField("ignored", T.LongType()),

@@ -38,6 +38,15 @@ def typed(view: str) -> str:
     return f"{view}{TYPED_SUFFIX}"
 
 
+HISTORY_SUFFIX = "__history"
+
+
+def history(view: str) -> str:
+    """The history table (SCD type 2, ``[[buckets]] history``) of the collection whose view
+    is ``view``."""
+    return f"{view}{HISTORY_SUFFIX}"
+
+
 def archived(view: str, collection_id: int, day: str) -> str:
     """Where a retired collection's ``_all`` table goes when ``silver.retire = "archive"``."""
     return f"{view}__dropped_{collection_id:x}_{day}"

@@ -53,6 +53,7 @@ class ApplySummary:
     dropped_rows: int = 0
     ignored: int = 0
     tables: dict[str, int] = field(default_factory=dict)  # table -> rows merged
+    history: dict[str, int] = field(default_factory=dict)  # history table -> versions added
     open_snapshots: int = 0
     positions: dict[int, int] = field(default_factory=dict)
     """vbucket -> the consistent seqno silver reached in it, for the vbuckets this run walked."""
@@ -77,6 +78,7 @@ class ApplySummary:
         if self.steps:
             lines.append("  steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.steps.items()))
         lines += [f"  {t}: {n} changes" for t, n in sorted(self.tables.items())]
+        lines += [f"  {t}: {n} versions added" for t, n in sorted(self.history.items())]
         return "\n".join(lines)
 
 
@@ -101,7 +103,7 @@ def apply_bucket(
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
     from pyspark.sql import functions as F
 
-    from pipelines.silver import store
+    from pipelines.silver import store, transforms
 
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
@@ -129,18 +131,20 @@ def apply_bucket(
     ).cache()
     try:
         # One job for the control rows and the collections changed (a row of kind
-        # ``change`` per collection, with nothing else, comes with the control rows).
-        is_change = F.col("kind") == "change"
-        changed = walked.where(is_change).select("kind", "collection_id").distinct()
+        # ``change`` or ``ended_change`` per collection, with nothing else, comes with the
+        # control rows).
+        is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+        changed = walked.where(is_version).select("kind", "collection_id").distinct()
         found = [
             r.asDict(recursive=True)
-            for r in walked.where(~is_change)
+            for r in walked.where(~is_version)
             .unionByName(changed, allowMissingColumns=True)
             .collect()
         ]
         at = summary.step("walk", at)
-        controls = [r for r in found if r["kind"] != "change"]
+        controls = [r for r in found if r["kind"] not in transforms.VERSION_KINDS]
         change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
+        version_cids = {r["collection_id"] for r in found if r["kind"] in transforms.VERSION_KINDS}
         summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
         new_states = {
             r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
@@ -155,7 +159,8 @@ def apply_bucket(
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
         summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
-        changes = walked.where(is_change)
+        changes = walked.where(F.col("kind") == "change")
+        versions = walked.where(is_version)  # for history tables: ended changes too
         registry = store.update_registry(
             spark, name, controls, store.collection_properties(config), change_cids
         )
@@ -170,7 +175,9 @@ def apply_bucket(
                 c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
             ]
             changes = changes.where(F.col("collection_id").isin(keep))
+            versions = versions.where(F.col("collection_id").isin(keep))
             change_cids &= set(keep)
+            version_cids &= set(keep)
         if rollbacks:
             summary.rebuilt_keys = store.rebuild_rolled_back(
                 spark, name, names.events, registry, rollbacks, new_states, changes
@@ -187,6 +194,17 @@ def apply_bucket(
         )
         summary.changes = sum(summary.tables.values())
         at = summary.step("merge", at)
+        if bucket.history:
+            summary.history = store.apply_history(
+                spark,
+                registry,
+                versions,
+                version_cids,
+                controls,
+                bucket.keeps_history,
+                store.history_properties(config),
+            )
+            at = summary.step("history", at)
         store.retire_dropped(spark, name, registry, new_states, config)
         store.ensure_projections(spark, registry, bucket.projections)
         store.save_states(spark, names.stream_state, states, new_states)

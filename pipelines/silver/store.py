@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
@@ -55,6 +55,15 @@ def collection_properties(config: AppConfig) -> dict[str, str]:
     return config.tables.properties | {
         DELETION_VECTORS: str(config.silver.deletion_vectors).lower(),
         CHANGE_DATA_FEED: str(config.silver.change_data_feed).lower(),
+    }
+
+
+def history_properties(config: AppConfig) -> dict[str, str]:
+    """The properties a new history table gets: ``[tables] properties`` and deletion vectors
+    as ``[silver] deletion_vectors`` says; no change data feed (the table is the history)."""
+    return config.tables.properties | {
+        DELETION_VECTORS: str(config.silver.deletion_vectors).lower(),
+        CHANGE_DATA_FEED: "false",
     }
 
 
@@ -351,8 +360,13 @@ def retire_dropped(
         if config.silver.retire == "archive":
             stamp = time.strftime("%Y%m%d", time.gmtime())
             archived = tables.archived(name, row["collection_id"], stamp)
-            if not spark.catalog.tableExists(archived):  # or a concurrent run archived it
-                rename = f"ALTER TABLE {tables.all_rows(name)} RENAME TO {archived}"
+            moves = [(tables.all_rows(name), archived)]
+            if spark.catalog.tableExists(tables.history(name)):
+                moves.append((tables.history(name), tables.history(archived)))
+            for source, target in moves:
+                if spark.catalog.tableExists(target):  # a concurrent run archived it
+                    continue
+                rename = f"ALTER TABLE {source} RENAME TO {target}"
                 # a concurrent run that renamed it first: the source is gone, or (asked in
                 # the other order) the target exists
                 delta_io.catalog_step(
@@ -361,9 +375,8 @@ def retire_dropped(
                     ("TABLE_OR_VIEW_NOT_FOUND", "TABLE_OR_VIEW_ALREADY_EXISTS"),
                 )
         else:
-            delta_io.catalog_step(
-                name, partial(spark.sql, f"DROP TABLE IF EXISTS {tables.all_rows(name)}"), ""
-            )
+            for table in (tables.all_rows(name), tables.history(name)):
+                delta_io.catalog_step(name, partial(spark.sql, f"DROP TABLE IF EXISTS {table}"), "")
         for view in (tables.typed(name), name):
             delta_io.catalog_step(view, partial(spark.sql, f"DROP VIEW IF EXISTS {view}"), "")
         row["status"] = "retired"
@@ -534,6 +547,132 @@ def rebuild_rolled_back(
         )
         rebuilt += metric(metrics, "num_affected_rows")
     return rebuilt
+
+
+_END_KINDS = {"drop_collection": "drop", "flush_collection": "flush"}
+_END_COLUMNS: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.HISTORY_CHAIN}
+_END_CHANGED = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in schemas.HISTORY_CHAIN)
+
+
+def apply_history(
+    spark: SparkSession,
+    registry: Registry,
+    changes: DataFrame,
+    change_cids: set[int],
+    controls: list[dict[str, Any]],
+    keeps: Callable[[str, str], bool],
+    properties: dict[str, str],
+) -> dict[str, int]:
+    """The history table (SCD type 2) of each live collection that ``keeps`` one: the run's
+    versions (``changes``: every walked change, not only the newest per key, and those a drop
+    or flush in the run removed) are added, each version's end
+    recomputed for the keys they touch; rollbacks remove the versions of the abandoned branch,
+    drops and flushes end the versions open at them. Returns the versions added per history
+    table. Every step is idempotent: a replay, or a run again after a kill, adds nothing.
+
+    ``change_cids``: the collections ``changes`` has changes of. ``controls``: the run's
+    committed control rows (rollbacks and system events; a drop's or
+    flush's ``cas`` is its vbucket's last change before it, the nearest time DCP gives).
+    """
+    points: dict[int, int] = {}
+    ends: dict[int, list[tuple[int, int, str, int]]] = {}
+    for r in controls:
+        if r["kind"] == "rollback":
+            vb, seqno = r["vbucket"], r["rollback_seqno"]
+            points[vb] = min(points.get(vb, seqno), seqno)
+        elif r["kind"] == "system_event" and r["event"] in _END_KINDS:
+            ends.setdefault(r["collection_id"], []).append(
+                (r["vbucket"], r["by_seqno"], _END_KINDS[r["event"]], r["cas"] or 0)
+            )
+    point_df = spark.createDataFrame(list(points.items()), "p_vb INT, p_seqno LONG")
+    versions = transforms.version_rows(changes)
+    added: dict[str, int] = {}
+    for reg in registry:
+        if reg["status"] == "retired" or not keeps(reg["scope"], reg["name"]):
+            continue
+        cid = reg["collection_id"]
+        table = tables.history(reg["table_name"])
+        delta_io.create_table(
+            spark, table, schemas.HISTORY, properties, cluster_by=("_vbucket", "key")
+        )
+        if cid not in change_cids and not points and cid not in ends:
+            continue
+        batch = versions.where(F.col("_collection_id") == cid)
+        touched = [batch.select("key")]
+        if points:
+            touched.append(_history_rollback(spark, table, point_df, batch))
+        end_df = spark.createDataFrame(ends.get(cid, []), transforms.ENDS)
+        metrics = with_retry(
+            table,
+            lambda t=table, b=batch, k=touched, e=end_df: (  # type: ignore[misc]
+                _history_merge(spark, t, b, k, e)
+            ),
+        )
+        added[table] = metric(metrics, "num_inserted_rows")
+    return added
+
+
+def _history_rollback(
+    spark: SparkSession, table: str, points: DataFrame, batch: DataFrame
+) -> DataFrame:
+    """Remove the abandoned versions of the history ``table`` and open again those a
+    rolled-back drop or flush ended (:func:`transforms.history_fixes`); returns the keys
+    touched, whose ends are recomputed next (kept: the table no longer says which they were)."""
+    fixes = transforms.history_fixes(spark.table(table), points, batch).localCheckpoint(eager=True)
+    changed = fixes.where("_abandoned OR _reopen")
+    if changed.isEmpty():
+        return fixes.select("key")
+    with_retry(
+        table,
+        lambda: _merge_copied(
+            spark,
+            DeltaTable.forName(spark, table)
+            .alias("t")
+            .merge(
+                changed.alias("s"),
+                "t.key = s.key AND t._seqno = s._seqno",
+            )
+            .whenMatchedDelete(condition="s._abandoned")
+            .whenMatchedUpdate(
+                set={c: "NULL" for c in ("_valid_to_seqno", "_valid_to", "_ended_by")}
+            ),
+        ),
+    )
+    return fixes.select("key")
+
+
+def _history_merge(
+    spark: SparkSession,
+    table: str,
+    batch: DataFrame,
+    touched: list[DataFrame],
+    ends: DataFrame,
+) -> Any:
+    """One MERGE into the history ``table``: the versions of ``batch`` not stored yet, and
+    the ends of the versions of the ``touched`` keys (and of those open at ``ends``) that
+    changed (:func:`transforms.history_chain`), computed from the table as it is now (a
+    retry after a conflict computes them again)."""
+    rows = spark.table(table)
+    keys = touched[0]
+    for more in [*touched[1:], transforms.open_at_ends(rows, ends)]:
+        keys = keys.unionByName(more)
+    source = transforms.history_chain(
+        rows.join(keys.distinct(), on="key", how="left_semi"), batch, ends
+    ).localCheckpoint(eager=True)  # it reads the table the MERGE writes
+    return _merge_copied(
+        spark,
+        DeltaTable.forName(spark, table)
+        .alias("t")
+        .merge(source.alias("s"), "t.key = s.key AND t._seqno = s._seqno")
+        .whenMatchedUpdate(condition=_END_CHANGED, set=_END_COLUMNS)
+        .whenNotMatchedInsert(values={c: f"s.{c}" for c in schemas.HISTORY.fieldNames()}),
+    )
+
+
+def _merge_copied(spark: SparkSession, merge: Any) -> Any:
+    """Execute a MERGE whose source is a local checkpoint already (no copy of it by Delta)."""
+    with delta_io.session_conf(spark, {MATERIALIZE_SOURCE: "none"}):
+        return merge.execute()
 
 
 def purge_tombstones(

@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dcp_cdc.config import ProjectionColumn
 from dcp_cdc.protocol import HLC_COUNTER_MASK
@@ -88,6 +89,13 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
     )
 
 
+ENDED_CHANGE = "ended_change"
+"""The kind of a walked row that is a committed change a later drop or flush of its collection
+removed in the same run (:attr:`pipelines.silver.walk.WalkResult.ended`): a version for the
+history tables, not a change to apply."""
+VERSION_KINDS = ("change", ENDED_CHANGE)
+"""The kinds of walked rows that are versions of documents."""
+
 # --- the walk ------------------------------------------------------------------------------
 
 
@@ -119,15 +127,16 @@ def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table
     out: list[dict[str, Any]] = []
     changes = list(result.changes)
     events = list(result.system_events)
-    for c in changes:
-        out.append(
-            {
-                **{k: c.get(k) for k in out_schema.names},
-                "kind": "change",
-                "vbucket": vb,
-                "state": None,
-            }
-        )
+    for kind, rows_of_kind in (("change", changes), (ENDED_CHANGE, result.ended)):
+        for c in rows_of_kind:
+            out.append(
+                {
+                    **{k: c.get(k) for k in out_schema.names},
+                    "kind": kind,
+                    "vbucket": vb,
+                    "state": None,
+                }
+            )
     for e in events:
         out.append(
             {
@@ -177,31 +186,33 @@ def silver_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFr
     newest = Window.partitionBy("collection_id", "key").orderBy(
         F.col("by_seqno").desc(), F.col("rev_seqno").desc()
     )
+    ranked = changes.withColumn("_rank", F.row_number().over(newest)).where(F.col("_rank") == 1)
+    return version_rows(ranked, run_column)
+
+
+def version_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFrame:
+    """Walked change rows → the silver table's columns, one row per change."""
     deleted = F.col("op") != "mutation"
     change = F.create_map(*[F.lit(x) for kv in CHANGE_OF.items() for x in kv])[F.col("op")]
     user_xattrs = F.map_filter("xattrs", lambda k, _: ~k.startswith("_"))
-    return (
-        changes.withColumn("_rank", F.row_number().over(newest))
-        .where(F.col("_rank") == 1)
-        .select(
-            F.col("key").cast("string").alias("key"),
-            F.when(~deleted & F.col("is_json"), F.col("value").cast("string")).alias("doc"),
-            F.when(~deleted & ~F.col("is_json"), F.col("value")).alias("doc_binary"),
-            F.when(~deleted, user_xattrs).alias("xattrs"),
-            F.col("collection_id").alias("_collection_id"),
-            F.col("vbucket").alias("_vbucket"),
-            F.col("in_vb_uuid").alias("_vb_uuid"),
-            F.col("by_seqno").alias("_seqno"),
-            F.col("rev_seqno").alias("_rev_seqno"),
-            F.col("cas").alias("_cas"),
-            F.coalesce(F.col("flags"), F.lit(0)).alias("_flags"),
-            F.coalesce(F.col("expiration"), F.lit(0)).alias("_expiry"),
-            deleted.alias("_deleted"),
-            change.alias("_change"),
-            F.current_timestamp().alias("_applied_at"),
-            F.col(run_column).alias("_ingest_run_id"),
-            modified_at("cas").alias("_modified_at"),
-        )
+    return changes.select(
+        F.col("key").cast("string").alias("key"),
+        F.when(~deleted & F.col("is_json"), F.col("value").cast("string")).alias("doc"),
+        F.when(~deleted & ~F.col("is_json"), F.col("value")).alias("doc_binary"),
+        F.when(~deleted, user_xattrs).alias("xattrs"),
+        F.col("collection_id").alias("_collection_id"),
+        F.col("vbucket").alias("_vbucket"),
+        F.col("in_vb_uuid").alias("_vb_uuid"),
+        F.col("by_seqno").alias("_seqno"),
+        F.col("rev_seqno").alias("_rev_seqno"),
+        F.col("cas").alias("_cas"),
+        F.coalesce(F.col("flags"), F.lit(0)).alias("_flags"),
+        F.coalesce(F.col("expiration"), F.lit(0)).alias("_expiry"),
+        deleted.alias("_deleted"),
+        change.alias("_change"),
+        F.current_timestamp().alias("_applied_at"),
+        F.col(run_column).alias("_ingest_run_id"),
+        modified_at("cas").alias("_modified_at"),
     )
 
 
@@ -308,6 +319,163 @@ def restored_rows(
         affected.select("key")
         .join(restored, on="key", how="left")
         .select("key", *[c for c in restored.columns if c != "key"])
+    )
+
+
+# --- history (SCD type 2) ------------------------------------------------------------------
+
+ENDS = "e_vb INT, e_seqno LONG, e_kind STRING, e_cas LONG"
+"""The drops and flushes of a collection a run committed: vbucket, seqno, ``drop`` or
+``flush``, and the CAS of the vbucket's last change before it (``e_cas``)."""
+
+_END = T.StructType(
+    [
+        T.StructField("seqno", T.LongType()),
+        T.StructField("kind", T.StringType()),
+        T.StructField("at", T.TimestampType()),
+    ]
+)
+_CLOSED = ("drop", "flush")
+
+
+def history_fixes(rows: DataFrame, points: DataFrame, batch: DataFrame) -> DataFrame:
+    """What the rollbacks ``points`` (``p_vb``, ``p_seqno``) do to a history table's ``rows``:
+    a version above its point is on the abandoned branch and goes (``_abandoned``), unless the
+    run's own versions (``batch``) have it with the same vb uuid (an earlier attempt of this
+    run, killed before it saved its position, wrote it); a version ended by a drop or flush
+    above the point is open again (``_reopen``: that event is undone too); a version ended by a
+    version above the point is recomputed with its key. ``key``, ``_seqno``, ``_abandoned``,
+    ``_reopen``."""
+    mine = batch.select(
+        F.col("key").alias("b_key"),
+        F.col("_seqno").alias("b_seqno"),
+        F.col("_vb_uuid").alias("b_uuid"),
+    )
+    above = F.col("_seqno") > F.col("p_seqno")
+    return (
+        rows.join(
+            F.broadcast(points),
+            (F.col("_vbucket") == F.col("p_vb"))
+            & (above | (F.col("_valid_to_seqno") > F.col("p_seqno"))),
+        )
+        .join(
+            mine,
+            (F.col("key") == F.col("b_key"))
+            & (F.col("_seqno") == F.col("b_seqno"))
+            & F.col("_vb_uuid").eqNullSafe(F.col("b_uuid")),
+            how="left_anti",
+        )
+        .select(
+            "key",
+            "_seqno",
+            above.alias("_abandoned"),
+            (~above & F.col("_ended_by").isin(*_CLOSED)).alias("_reopen"),
+        )
+    )
+
+
+def open_at_ends(rows: DataFrame, ends: DataFrame) -> DataFrame:
+    """The keys of a history table's ``rows`` with a version open at one of ``ends``
+    (:data:`ENDS`): a drop or flush ends them."""
+    return (
+        rows.join(
+            F.broadcast(ends),
+            (F.col("_vbucket") == F.col("e_vb"))
+            & (F.col("_seqno") < F.col("e_seqno"))
+            & (F.col("_valid_to_seqno").isNull() | (F.col("_valid_to_seqno") > F.col("e_seqno"))),
+        )
+        .select("key")
+        .distinct()
+    )
+
+
+def history_chain(stored: DataFrame, new: DataFrame, ends: DataFrame) -> DataFrame:
+    """The history rows to write for a set of keys: ``stored`` (every stored version of the
+    keys) and ``new`` (the run's versions, :func:`version_rows`) as one row per version
+    (``key``, ``_seqno``; a version stored already keeps its row: replays add nothing), with
+    each version's end recomputed (:data:`pipelines.schemas.HISTORY_CHAIN`), keeping only the
+    rows that are new (``_stored`` false) or whose end changed.
+
+    A version ends at the key's next version, or at a drop or flush of the collection in its
+    vbucket before that: one of the run's ``ends`` (:data:`ENDS`), or one that ended a stored
+    version of the key (kept in that row). A version after nothing, a deletion or such an end
+    is an ``insert``; deletions and expirations keep their kind."""
+    columns = schemas.HISTORY.fieldNames()
+    chain = list(schemas.HISTORY_CHAIN)
+    fresh = new.select(
+        *[
+            F.col(c) if c in new.columns else F.lit(None).cast(schemas.HISTORY[c].dataType).alias(c)
+            for c in columns
+        ],
+        F.lit(False).alias("_stored"),
+    )
+    one = Window.partitionBy("key", "_seqno").orderBy(F.col("_stored").desc())
+    versions = (
+        stored.select(*columns, F.lit(True).alias("_stored"))
+        .unionByName(fresh)
+        .withColumn("_n", F.row_number().over(one))
+        .where(F.col("_n") == 1)
+        .withColumn("_was", F.struct(*chain))
+    )
+    run_ends = ends.groupBy("e_vb").agg(
+        F.collect_list(
+            F.struct(
+                F.col("e_seqno").alias("seqno"),
+                F.col("e_kind").alias("kind"),
+                modified_at("e_cas").alias("at"),
+            )
+        ).alias("_run_ends")
+    )
+    own_end = F.when(
+        F.col("_ended_by").isin(*_CLOSED),
+        F.struct(
+            F.col("_valid_to_seqno").alias("seqno"),
+            F.col("_ended_by").alias("kind"),
+            F.col("_valid_to").alias("at"),
+        ),
+    )
+    by_key = Window.partitionBy("key")
+    in_order = by_key.orderBy("_seqno")
+    ends_of_key = F.concat(
+        F.collect_list(own_end).over(by_key),
+        F.coalesce(F.col("_run_ends"), F.array().cast(T.ArrayType(_END))),
+    )
+    next_end = F.array_min(F.filter("_ends", lambda e: e["seqno"] > F.col("_seqno")))
+    next_seqno = F.lead("_seqno").over(in_order)
+    ended = F.col("_next_end").isNotNull() & (
+        F.col("_next_seqno").isNull() | (F.col("_next_end.seqno") < F.col("_next_seqno"))
+    )
+    first = F.lag("_seqno").over(in_order).isNull()
+    after_end = F.lag("_ended_by").over(in_order).isin(*_CLOSED)
+    return (
+        versions.join(F.broadcast(run_ends), F.col("_vbucket") == F.col("e_vb"), "left")
+        .withColumn("_ends", ends_of_key)
+        .withColumn("_next_end", next_end)
+        .withColumn("_next_seqno", next_seqno)
+        .withColumn("_next_at", F.lead("_modified_at").over(in_order))
+        .withColumn(
+            "_valid_to_seqno",
+            F.when(ended, F.col("_next_end.seqno")).otherwise(F.col("_next_seqno")),
+        )
+        .withColumn(
+            "_valid_to",
+            # an event's time is its vbucket's last change before it: at least the version's
+            F.when(ended, F.greatest("_next_end.at", "_modified_at")).otherwise(F.col("_next_at")),
+        )
+        .withColumn(
+            "_ended_by",
+            F.when(ended, F.col("_next_end.kind")).when(
+                F.col("_next_seqno").isNotNull(), F.lit("change")
+            ),
+        )
+        .withColumn(
+            "_change",
+            F.when(F.col("_deleted"), F.col("_change"))
+            .when(first | F.lag("_deleted").over(in_order) | after_end, F.lit("insert"))
+            .otherwise(F.lit("update")),
+        )
+        .where(~F.col("_stored") | ~F.struct(*chain).eqNullSafe(F.col("_was")))
+        .select(*columns, "_stored")
     )
 
 

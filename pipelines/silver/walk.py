@@ -56,6 +56,7 @@ class VbState:
     known: dict[int, int] = field(default_factory=dict)  # collection id -> create seqno
     dropped: dict[int, int] = field(default_factory=dict)  # collection id -> drop seqno
     open_snapshot: tuple[int, int] | None = None  # (start, end) of a snapshot not yet complete
+    last_cas: int = 0  # the highest CAS of a change committed here (the clock before an event)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class VbState:
             "known": {str(k): v for k, v in self.known.items()},
             "dropped": {str(k): v for k, v in self.dropped.items()},
             "open_snapshot": list(self.open_snapshot) if self.open_snapshot else None,
+            "last_cas": self.last_cas,
         }
 
     @classmethod
@@ -88,6 +90,7 @@ class VbState:
             known={int(k): v for k, v in data["known"].items()},
             dropped={int(k): v for k, v in data["dropped"].items()},
             open_snapshot=(snap[0], snap[1]) if snap else None,
+            last_cas=data.get("last_cas", 0),
         )
 
 
@@ -95,6 +98,9 @@ class VbState:
 class WalkResult:
     state: VbState
     changes: list[dict[str, Any]] = field(default_factory=list)  # committed data frames
+    ended: list[dict[str, Any]] = field(default_factory=list)
+    """Committed data frames a later drop or flush in this walk removed: versions for history
+    tables, not changes to apply."""
     system_events: list[dict[str, Any]] = field(default_factory=list)  # committed, in order
     rollbacks: list[int] = field(default_factory=list)
     ignored: int = 0  # changes to collections already dropped in this vbucket
@@ -111,10 +117,12 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
     def complete(closing: dict[str, Any] | None) -> None:
         nonlocal buffer, snap_end, last_position
         top = state.consistent_seqno
+        clock = state.last_cas
         for f in buffer:
             seqno = f["by_seqno"]
             top = max(top, seqno)
             if f["op"] in DATA_OPS:
+                clock = max(clock, f["cas"] or 0)
                 cid = f["collection_id"] or 0
                 if cid in state.dropped and state.dropped[cid] <= seqno:
                     result.ignored += 1
@@ -122,7 +130,8 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
                 result.changes.append(f)
                 state.last_applied_seqno = max(state.last_applied_seqno, seqno)
             elif f["op"] == "system_event":
-                _system_event(f, state, result)
+                _system_event(f, state, result, _clock_before(buffer, seqno, state.last_cas))
+        state.last_cas = clock
         if snap_end is not None and not oso:
             top = max(top, snap_end)
         if buffer or snap_end is not None:
@@ -232,6 +241,7 @@ def _rollback(seqno: int, state: VbState, result: WalkResult) -> None:
     """Retract everything above ``seqno`` (spec §7.5): this run's effects here, and earlier
     runs' rows through ``result.rollbacks`` (silver rebuilds those keys from bronze)."""
     result.changes = [c for c in result.changes if c["by_seqno"] <= seqno]
+    result.ended = [c for c in result.ended if c["by_seqno"] <= seqno]
     result.system_events = [e for e in result.system_events if e["by_seqno"] <= seqno]
     result.rollbacks.append(seqno)
     state.failover_log = [e for e in state.failover_log if e[1] <= seqno]
@@ -241,7 +251,14 @@ def _rollback(seqno: int, state: VbState, result: WalkResult) -> None:
     state.dropped = {c: s for c, s in state.dropped.items() if s <= seqno}
 
 
-def _system_event(f: dict[str, Any], state: VbState, result: WalkResult) -> None:
+def _clock_before(buffer: list[dict[str, Any]], seqno: int, clock: int) -> int:
+    """The highest CAS of the changes below ``seqno`` (in ``buffer``, or ``clock`` before
+    it): a system event carries CAS 0 (spec §1.5), so this is the last time known before it."""
+    cas = [f["cas"] or 0 for f in buffer if f["op"] in DATA_OPS and f["by_seqno"] < seqno]
+    return max([clock, *cas])
+
+
+def _system_event(f: dict[str, Any], state: VbState, result: WalkResult, clock: int) -> None:
     cid = f["collection_id"]
     seqno = f["by_seqno"]
     if f["manifest_uid"] is not None:
@@ -255,7 +272,9 @@ def _system_event(f: dict[str, Any], state: VbState, result: WalkResult) -> None
     elif kind == "drop_collection" and cid is not None:
         state.dropped[cid] = seqno
     if kind in ("flush_collection", "drop_collection"):  # what came before it is gone
-        result.changes = [
-            c for c in result.changes if (c["collection_id"] or 0) != cid or c["by_seqno"] > seqno
-        ]
-    result.system_events.append({**f, "kind": kind})
+        kept = []
+        for c in result.changes:
+            gone = (c["collection_id"] or 0) == cid and c["by_seqno"] < seqno
+            (result.ended if gone else kept).append(c)
+        result.changes = kept
+    result.system_events.append({**f, "kind": kind, "cas": clock})

@@ -186,3 +186,28 @@ def test_one_projection_per_collection(tmp_path: Path) -> None:
     path.write_text(_PROJECTED + "[[buckets.projections]]" + again)
     with pytest.raises(ConfigError, match=r"more than one projection of inventory\.airline"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "kept", "not_kept"),
+    [
+        ("true", ("inventory", "airline"), None),
+        ('["inventory.airline"]', ("inventory", "airline"), ("inventory", "route")),
+        ("false", None, ("inventory", "airline")),
+    ],
+)
+def test_history_for_every_collection_or_those_named(
+    tmp_path: Path, value: str, kept: tuple[str, str] | None, not_kept: tuple[str, str] | None
+) -> None:
+    path = tmp_path / "h.toml"
+    path.write_text(f'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\nhistory = {value}\n')
+    bucket = load_config(path).buckets[0]
+    assert kept is None or bucket.keeps_history(*kept)
+    assert not_kept is None or not bucket.keeps_history(*not_kept)
+
+
+def test_a_history_collection_without_its_scope_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "h.toml"
+    path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\nhistory = ["x"]\n')
+    with pytest.raises(ConfigError, match=r"buckets\[0\]\.history"):
+        load_config(path)

@@ -35,6 +35,7 @@ class Stream:
                 "event",
                 "manifest_uid",
                 "key",
+                "cas",
             )
         )
         frame.update(
@@ -58,10 +59,19 @@ class Stream:
         return self.add("snapshot_marker", start_seqno=start, end_seqno=end)
 
     def mutation(self, seqno: int, key: str = "k", cid: int = 0) -> Stream:
-        return self.add("mutation", by_seqno=seqno, rev_seqno=1, key=key, collection_id=cid)
+        return self.add(
+            "mutation", by_seqno=seqno, rev_seqno=1, key=key, collection_id=cid, cas=cas_of(seqno)
+        )
 
     def deletion(self, seqno: int, key: str = "k", cid: int = 0) -> Stream:
-        return self.add("deletion", by_seqno=seqno, rev_seqno=2, key=key, collection_id=cid)
+        return self.add(
+            "deletion", by_seqno=seqno, rev_seqno=2, key=key, collection_id=cid, cas=cas_of(seqno)
+        )
+
+
+def cas_of(seqno: int) -> int:
+    """The CAS the test streams give the change at ``seqno`` (a clock rising with it)."""
+    return 0x17A8B0D8E6F40000 + (seqno << 16)
 
 
 def seqnos(changes: list[dict[str, Any]]) -> list[int]:
@@ -168,6 +178,10 @@ def test_a_drop_removes_earlier_changes_and_ignores_later_ones() -> None:
     assert [c["key"] for c in result.changes] == ["c"]
     assert result.ignored == 1
     assert result.state.dropped == {8: 3}
+    # the change the drop removed is still a version (history tables keep it), and the drop
+    # carries the time of the vbucket's last change before it: DCP gives it CAS 0 (§1.5)
+    assert [c["key"] for c in result.ended] == ["a"]
+    assert [e["cas"] for e in result.system_events] == [cas_of(1)]
 
 
 def test_a_repeated_create_is_a_flush() -> None:
@@ -183,7 +197,25 @@ def test_a_repeated_create_is_a_flush() -> None:
     )
     result = walk(s.frames, VbState(VB))
     assert [c["key"] for c in result.changes] == ["b"]
+    assert [c["key"] for c in result.ended] == ["a"]
     assert [e["kind"] for e in result.system_events] == ["create_collection", "flush_collection"]
+    assert [e["cas"] for e in result.system_events] == [0, cas_of(2)]
+
+
+def test_an_event_carries_the_clock_of_earlier_snapshots_and_runs() -> None:
+    """The last CAS of a vbucket is kept in its state: an event at the start of a snapshot, or
+    of the next run, has the time of the change before it; a rollback keeps its versions out of
+    the history it retracts."""
+    first = Stream().opened().marker(1, 2).mutation(1, "a", cid=8).mutation(2, "b", cid=8)
+    state = walk(first.frames, VbState(VB)).state
+    assert state.last_cas == cas_of(2)
+    state = VbState.from_json(state.to_json())
+    s = Stream("s2", "2026-01-02T00:00:00").marker(3, 4)
+    s.add("system_event", event="flush_collection", collection_id=8, by_seqno=3).mutation(4, "c")
+    s.add("stream_request_response", rollback_seqno=3)
+    result = walk(s.frames, state)
+    assert [e["cas"] for e in result.system_events] == [cas_of(2)]
+    assert result.state.last_cas == cas_of(4) and result.changes == result.ended == []
 
 
 def test_state_survives_its_json_round_trip() -> None:
