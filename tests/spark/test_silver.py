@@ -6,8 +6,10 @@ import base64
 import datetime as dt
 import json
 import os
+import random
+import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,44 @@ def pipeline(
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     return result, config
+
+
+def side_by_side(
+    tmp_path: Path, bucket: str, scenarios: Iterable[str], *, seed: int, vbuckets: int, **sim: Any
+) -> list[SimulationResult]:
+    """One simulation per scenario (seeds from ``seed``), all of ``bucket`` on disjoint
+    vbuckets, each scenario's keys prefixed ``<scenario>/``, under ``tmp_path/<scenario>``."""
+    return [
+        simulate(
+            tmp_path / scenario,
+            bucket=bucket,
+            scenario=scenario,
+            seed=seed + i,
+            vbuckets=vbuckets,
+            vbucket_offset=vbuckets * i,
+            key_prefix=f"{scenario}/",
+            **sim,
+        )
+        for i, scenario in enumerate(scenarios)
+    ]
+
+
+def arrive_in_batches(
+    spark: SparkSession, config: AppConfig, results: list[SimulationResult], *, seed: int
+) -> int:
+    """The files of ``results`` arrive in ``config.landing`` shuffled, in three batches, with
+    an ingest and an apply after each; returns how many files there were."""
+    files = [f for result in results for f in result.files]
+    random.Random(seed).shuffle(files)
+    landing = Path(config.landing)
+    landing.mkdir(exist_ok=True)
+    third = len(files) // 3
+    for batch in (files[:third], files[third : 2 * third], files[2 * third :]):
+        for f in batch:
+            shutil.copy(f, landing)
+        ingest_bucket(spark, config, config.buckets[0])
+        apply_bucket(spark, config, config.buckets[0])
+    return len(files)
 
 
 def silver_live(spark: SparkSession, bucket: str) -> dict[tuple[int, str], dict[str, Any]]:
@@ -193,39 +233,23 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     twice): the result equals the truth, and a further apply changes nothing. Two scenarios
     share the bucket on disjoint vbuckets and keys: ``mixed`` and ``interrupted`` (its open
     snapshots wait across runs)."""
-    import random
-    import shutil
-
-    results = [
-        simulate(
-            tmp_path / scenario,
-            bucket=bucket,
-            scenario=scenario,
-            seed=9 + i,
-            vbuckets=8,
-            docs=120,
-            ops=600,
-            max_file_bytes=25_000,
-            inject_malformed=1,
-            vbucket_offset=8 * i,
-            key_prefix=f"{scenario}/",
-        )
-        for i, scenario in enumerate(("mixed", "interrupted"))
-    ]
-    files = [f for result in results for f in result.files]
-    assert len(files) >= 10
-    random.Random(9).shuffle(files)
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    config = AppConfig(
-        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    results = side_by_side(
+        tmp_path,
+        bucket,
+        ("mixed", "interrupted"),
+        seed=9,
+        vbuckets=8,
+        docs=120,
+        ops=600,
+        max_file_bytes=25_000,
+        inject_malformed=1,
     )
-    third = len(files) // 3
-    for batch in (files[:third], files[third : 2 * third], files[2 * third :]):
-        for f in batch:
-            shutil.copy(f, landing)
-        ingest_bucket(spark, config, config.buckets[0])
-        apply_bucket(spark, config, config.buckets[0])
+    config = AppConfig(
+        landing=str(tmp_path / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    assert arrive_in_batches(spark, config, results, seed=9) >= 10
     again = apply_bucket(spark, config, config.buckets[0])  # no new bronze data
     assert again.changes == 0 and not again.rollbacks
     # each vbucket's state keeps the version of the run its position is in: the next run

@@ -10,7 +10,6 @@ import datetime as dt
 import fnmatch
 import json
 import random
-import shutil
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,7 +29,13 @@ from pipelines.silver import store
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
 from tests.spark import test_silver
-from tests.spark.test_silver import _utc, assert_equal_to_truth, pipeline
+from tests.spark.test_silver import (
+    _utc,
+    arrive_in_batches,
+    assert_equal_to_truth,
+    pipeline,
+    side_by_side,
+)
 
 bucket = test_silver.bucket  # the fixture: a fresh bucket name, its tables dropped after
 
@@ -191,36 +196,15 @@ def test_history_equals_every_version_received_in_any_arrival_order(
     files arrive in shuffled batches with an ingest and an apply after each. The history
     tables equal the truth; an apply with nothing new, and a rebuild from all of bronze (every
     change replayed), add nothing."""
-    results = [
-        simulate(
-            tmp_path / scenario,
-            bucket=bucket,
-            scenario=scenario,
-            seed=40 + i,
-            vbuckets=4,
-            docs=80,
-            ops=400,
-            max_file_bytes=20_000,
-            vbucket_offset=4 * i,
-            key_prefix=f"{scenario}/",
-        )
-        for i, scenario in enumerate(SCENARIOS)
-    ]
-    files = [f for result in results for f in result.files]
-    random.Random(4).shuffle(files)
-    landing = tmp_path / "landing"
-    landing.mkdir()
+    results = side_by_side(
+        tmp_path, bucket, SCENARIOS, seed=40, vbuckets=4, docs=80, ops=400, max_file_bytes=20_000
+    )
     config = AppConfig(
-        landing=str(landing),
+        landing=str(tmp_path / "landing"),
         warehouse=str(spark_warehouse),
         buckets=[BucketConfig(name=bucket, history=True)],
     )
-    third = len(files) // 3
-    for batch in (files[:third], files[third : 2 * third], files[2 * third :]):
-        for f in batch:
-            shutil.copy(f, landing)
-        ingest_bucket(spark, config, config.buckets[0])
-        apply_bucket(spark, config, config.buckets[0])
+    arrive_in_batches(spark, config, results, seed=4)
     prefixed = [(r, f"{r.out.name}/") for r in results]
     compared = assert_history_equal_to_truth(spark, bucket, prefixed)
     assert compared > 2000
