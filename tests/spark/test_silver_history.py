@@ -10,6 +10,7 @@ import datetime as dt
 import fnmatch
 import json
 import random
+import shutil
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from dcp_cdc.capture import iter_capture
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.naming import identifier
 from dcp_cdc.protocol import cas_time
@@ -28,6 +30,7 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.silver import store
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
+from tests.reference_consumer import capture_files
 from tests.spark import test_silver
 from tests.spark.test_silver import (
     _utc,
@@ -318,5 +321,52 @@ def test_a_run_killed_after_a_history_commit_then_run_again_equals_the_truth(
             apply_bucket(spark, config, config.buckets[0])
     summary = apply_bucket(spark, config, config.buckets[0])
     assert summary.rollbacks, "the scenario must roll back inside the batch"
+    assert assert_history_equal_to_truth(spark, bucket, [(result, "")]) > 100
+    assert_equal_to_truth(spark, bucket, result)
+
+
+def test_a_rollback_in_a_later_run_removes_the_versions_of_the_abandoned_branch(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """The changes a failover lost reach silver in complete snapshots and one run applies
+    them; the rollback arrives in the next run's files. That run removes exactly those
+    versions from history (the truth never had them), and the version each key had at the
+    rollback point is current again until the new branch changes it."""
+    result = simulate(
+        tmp_path / "sim",
+        bucket=bucket,
+        scenario="rollback",
+        seed=7,
+        vbuckets=2,
+        docs=40,
+        ops=160,
+        max_file_bytes=2_000,
+    )
+    files = capture_files(result.out / "landing")  # one session: in its order
+    first = next(
+        i
+        for i, path in enumerate(files)
+        if any(getattr(e, "rollback_seqno", None) is not None for e in iter_capture(path))
+    )
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = AppConfig(
+        landing=str(landing),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket, history=True)],
+    )
+    runs = []
+    for batch in (files[:first], files[first:]):
+        for path in batch:
+            shutil.copy(path, landing)
+        ingest_bucket(spark, config, config.buckets[0])
+        runs.append(apply_bucket(spark, config, config.buckets[0]))
+    assert not runs[0].rollbacks and runs[1].rollbacks
+    removed = [
+        int(r["operationMetrics"].get("numTargetRowsDeleted", "0"))
+        for name in _history_tables(spark, bucket)
+        for r in spark.sql(f"DESCRIBE HISTORY {name}").where("operation = 'MERGE'").collect()
+    ]
+    assert sum(removed) >= 12  # the scenario's lost changes of one vbucket at least
     assert assert_history_equal_to_truth(spark, bucket, [(result, "")]) > 100
     assert_equal_to_truth(spark, bucket, result)
