@@ -445,6 +445,17 @@ class SilverConfig(_Model):
     warm JVM). Off: the MERGE reads and writes only what it applies; an
     existing table keeps what it was created with
     (``ALTER TABLE ... SET TBLPROPERTIES (delta.enableChangeDataFeed = false)`` changes it)."""
+    document_variant: bool = False
+    """Also keep each JSON document as a VARIANT: a column ``doc_variant`` (``doc`` parsed,
+    ``try_parse_json``; null for binary documents, tombstones and a body flagged JSON that is
+    not) next to ``doc``, which stays JSON text for every reader. Spark SQL then reads fields
+    without parsing (``doc_variant:customer.tier::string``, ``variant_get``), and typed views
+    (``[[buckets.projections]]``) read it instead of parsing ``doc``. Off by default: the
+    column puts Delta's ``variantType`` reader feature on the table, which a reader that does
+    not know it must refuse (the whole table, ``doc`` too), and the feature stays once there.
+    On: a table without the column gains it at the next apply run that has changes, filled
+    for the rows it holds (one UPDATE that rewrites them). Turned off again: a table that has
+    the column keeps it, and every MERGE keeps it filled."""
     tombstone_retention_hours: Annotated[int, Field(ge=0)] = 168
     """How long deletion and expiration tombstones stay in ``..._all`` tables before the
     maintenance purge removes them. After the purge, a replayed older event of such a key in

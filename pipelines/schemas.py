@@ -265,6 +265,14 @@ collection, null while current."""
 HISTORY_CHAIN = ("_change", "_valid_to_seqno", "_valid_to", "_ended_by")
 """The columns of a history row that a later version, a drop or a rollback can change."""
 
+DOCUMENT_VARIANT = "doc_variant"
+"""The companion column ``[silver] document_variant`` adds to a silver collection table:
+``doc`` as a VARIANT (``try_parse_json(doc)``), null where ``doc`` is (binary documents,
+tombstones) or is not JSON."""
+
+SILVER_VARIANT = T.StructType([*SILVER.fields, T.StructField(DOCUMENT_VARIANT, T.VariantType())])
+"""A silver collection table with the companion column :data:`DOCUMENT_VARIANT` (last)."""
+
 REGISTRY = T.StructType(
     [
         T.StructField("collection_id", T.LongType()),

@@ -162,7 +162,12 @@ def apply_bucket(
         changes = walked.where(F.col("kind") == "change")
         versions = walked.where(is_version)  # for history tables: ended changes too
         registry = store.update_registry(
-            spark, name, controls, store.collection_properties(config), change_cids
+            spark,
+            name,
+            controls,
+            store.collection_properties(config),
+            change_cids,
+            document_variant=config.silver.document_variant,
         )
         at = summary.step("registry", at)
         rollbacks = [

@@ -67,25 +67,50 @@ def history_properties(config: AppConfig) -> dict[str, str]:
     }
 
 
-def ensure_collection_table(spark: SparkSession, name: str, properties: dict[str, str]) -> None:
+def ensure_collection_table(
+    spark: SparkSession, name: str, properties: dict[str, str], *, document_variant: bool = False
+) -> None:
     """The ``_all`` table of the collection whose view is ``name``, and the view, exist, with
     every column of :data:`pipelines.schemas.SILVER` (a table of an earlier version gains
     those it lacks, and its view follows); the change data feed is on unless ``properties``
-    say otherwise."""
+    say otherwise. With ``document_variant`` the table has
+    :data:`pipelines.schemas.DOCUMENT_VARIANT` too: a table without it gains it, filled for
+    the rows it holds (:func:`fill_document_variant`). Without, a table that has it keeps it
+    (and the MERGEs keep it filled: :func:`transforms.merge_values`)."""
     table = tables.all_rows(name)
+    schema = schemas.SILVER_VARIANT if document_variant else schemas.SILVER
     delta_io.create_table(
         spark,
         table,
-        schemas.SILVER,
+        schema,
         {CHANGE_DATA_FEED: "true", **properties},
         cluster_by=("_vbucket", "key"),
     )
-    query, columns = f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}", schemas.SILVER.fieldNames()
+    query = f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}"
     # The view shows what the table had when it was made, and a table only gains columns: a
     # view with them all (a catalog lookup) says the table has them too, with no Delta read.
-    if delta_io.view_metadata(spark, name) != (query, columns):
-        delta_io.add_missing_columns(spark, table, schemas.SILVER)
-        delta_io.ensure_view(spark, name, query, columns)
+    # (A table that has the VARIANT keeps it when the setting is turned off: so does its view.)
+    found = delta_io.view_metadata(spark, name)
+    shown = set(found[1]) if found is not None and found[0] == query else set()
+    if set(schema.fieldNames()) <= shown <= set(schemas.SILVER_VARIANT.fieldNames()):
+        return
+    delta_io.add_missing_columns(spark, table, schema)
+    if document_variant and found is not None and schemas.DOCUMENT_VARIANT not in found[1]:
+        # the view is made again after the fill: a run killed before it fills again
+        fill_document_variant(spark, table)
+    delta_io.ensure_view(spark, name, query, spark.table(table).columns)
+
+
+def fill_document_variant(spark: SparkSession, table: str) -> int:
+    """:data:`pipelines.schemas.DOCUMENT_VARIANT` of ``table``'s rows that have a ``doc`` and
+    no VARIANT yet (a table that just gained the column): one UPDATE, which rewrites them
+    (idempotent: a second one finds only documents that are not JSON). Returns rows updated."""
+    column = schemas.DOCUMENT_VARIANT
+    fill = (
+        f"UPDATE {table} SET {column} = try_parse_json(doc) "
+        f"WHERE {column} IS NULL AND doc IS NOT NULL"
+    )
+    return metric(with_retry(table, lambda: spark.sql(fill)), "num_affected_rows")
 
 
 def ensure_projections(
@@ -101,9 +126,11 @@ def ensure_projections(
         if projection is None or row["status"] == "retired":
             continue
         view = row["table_name"]
-        delta_io.ensure_view(
-            spark, tables.typed(view), transforms.projection_query(view, projection.columns)
-        )
+        # the collection's view has the VARIANT when its table has it (a catalog lookup)
+        found = delta_io.view_metadata(spark, view)
+        variant = found is not None and schemas.DOCUMENT_VARIANT in found[1]
+        query = transforms.projection_query(view, projection.columns, document_variant=variant)
+        delta_io.ensure_view(spark, tables.typed(view), query)
         made.append(tables.typed(view))
     return made
 
@@ -257,8 +284,11 @@ def update_registry(
     controls: list[dict[str, Any]],
     properties: dict[str, str],
     change_cids: set[int],
+    *,
+    document_variant: bool = False,
 ) -> Registry:
-    """Apply committed system events to the collection registry; create new tables.
+    """Apply committed system events to the collection registry; create new tables (with
+    ``document_variant``: :func:`ensure_collection_table`).
 
     A collection whose changes arrive without its create event (a stream that started after
     it) is registered as ``_unknown.collection_<id hex>`` rather than losing its changes.
@@ -311,7 +341,9 @@ def update_registry(
         changed = True
     for row in current.values():
         if row["status"] != "retired":
-            ensure_collection_table(spark, row["table_name"], properties)
+            ensure_collection_table(
+                spark, row["table_name"], properties, document_variant=document_variant
+            )
     if changed or len(current) != len(stored):
         _save_registry(spark, table, list(current.values()))
     return list(current.values())
@@ -438,7 +470,6 @@ def merge_changes(
     MERGE is mostly the driver planning and committing, which others can overlap.
     """
     purges = spark.table(BucketTables(bucket).purges)
-    columns: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
     rows = transforms.silver_rows(changes)
     if collection_ids is None:
         found = changes.select("collection_id").distinct().collect()
@@ -451,11 +482,12 @@ def merge_changes(
 
     def merge(cid: int, table: str) -> int:
         source = transforms.merge_source(rows, cid, purges, table)
-        metrics = with_retry(
-            table,
-            lambda: (
-                DeltaTable.forName(spark, table)
-                .alias("t")
+
+        def execute() -> DataFrame:
+            target = DeltaTable.forName(spark, table)
+            columns = transforms.merge_values(target.toDF().columns)
+            return (
+                target.alias("t")
                 .merge(source.alias("s"), "t.key = s.key")
                 .whenMatchedUpdate(condition="s._seqno > t._seqno", set=columns)
                 .whenNotMatchedInsert(
@@ -463,9 +495,9 @@ def merge_changes(
                     values=columns,
                 )
                 .execute()
-            ),
-        )
-        return metric(metrics, "num_affected_rows")
+            )
+
+        return metric(with_retry(table, execute), "num_affected_rows")
 
     if not targets:
         return {}
@@ -520,7 +552,6 @@ def rebuild_rolled_back(
             branches.append((vb, uuid, start, end))
     branch_df = spark.createDataFrame(branches, "b_vb INT, b_uuid LONG, b_start LONG, b_end LONG")
     point_df = spark.createDataFrame(list(points.items()), "p_vb INT, p_seqno LONG")
-    columns: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
     rows = transforms.silver_rows(changes)
     rebuilt = 0
     for reg in registry:
@@ -534,17 +565,19 @@ def rebuild_rolled_back(
         source = transforms.restored_rows(
             spark.table(bronze_events), reg["collection_id"], point_df, branch_df, affected
         )
-        metrics = with_retry(
-            table,
-            lambda t=table, s=source: (  # type: ignore[misc]
-                DeltaTable.forName(spark, t)
-                .alias("t")
+
+        def restore(t: str = table, s: DataFrame = source) -> DataFrame:
+            target = DeltaTable.forName(spark, t)
+            columns = transforms.merge_values(target.toDF().columns)
+            return (
+                target.alias("t")
                 .merge(s.alias("s"), "t.key = s.key")
                 .whenMatchedUpdate(condition="s._found", set=columns)
                 .whenMatchedDelete(condition="s._found IS NULL")
                 .execute()
-            ),
-        )
+            )
+
+        metrics = with_retry(table, restore)
         rebuilt += metric(metrics, "num_affected_rows")
     return rebuilt
 

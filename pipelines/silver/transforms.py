@@ -216,6 +216,21 @@ def version_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataF
     )
 
 
+def merge_values(table_columns: list[str]) -> dict[str, str | Column]:
+    """What a MERGE writes into a silver table whose columns are ``table_columns``: each
+    column of :func:`silver_rows` from the source row ``s``, and, when the table has it
+    (``[silver] document_variant``), :data:`pipelines.schemas.DOCUMENT_VARIANT` parsed from
+    ``s.doc``. Parsed in the MERGE's write, not in the source: only the rows written are
+    parsed, the source Delta copies stays without VARIANTs, and a table that has the column
+    gets it filled whatever the setting says now (a column filled for some rows only would
+    disagree with ``doc``). ``try_parse_json``: a value flagged JSON that is not gives null
+    rather than failing the MERGE."""
+    values: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
+    if schemas.DOCUMENT_VARIANT in table_columns:
+        values[schemas.DOCUMENT_VARIANT] = "try_parse_json(s.doc)"
+    return values
+
+
 def modified_at(cas: str) -> Column:
     """The time of a change by its CAS column ``cas`` (a signed long), as
     :func:`dcp_cdc.protocol.cas_time` says: the hybrid logical clock's nanoseconds with the
@@ -226,18 +241,23 @@ def modified_at(cas: str) -> Column:
     return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
 
 
-def projection_query(view: str, columns: list[ProjectionColumn]) -> str:
+def projection_query(
+    view: str, columns: list[ProjectionColumn], *, document_variant: bool = False
+) -> str:
     """The query of a typed view over the collection view ``view``: ``key``, each of
     ``columns`` read from the document at its path as its type (null where the path is
     missing or its value does not convert), then ``_modified_at``, ``_seqno``, ``_vbucket``.
-    The document is parsed once per row, as a VARIANT; a binary document reads as nulls.
-    The paths and names were checked by the configuration (no quote can reach the SQL)."""
+    The document is the view's :data:`pipelines.schemas.DOCUMENT_VARIANT` when it has one
+    (``document_variant``), else ``doc`` parsed once per row, as a VARIANT; a binary document
+    reads as nulls. The paths and names were checked by the configuration (no quote can reach
+    the SQL)."""
+    document = schemas.DOCUMENT_VARIANT if document_variant else "try_parse_json(doc)"
     typed = ", ".join(
         f"try_variant_get(_document, '{c.path}', '{c.type}') AS {c.name}" for c in columns
     )
     return (
         f"SELECT key, {typed}, _modified_at, _seqno, _vbucket "
-        f"FROM (SELECT *, try_parse_json(doc) AS _document FROM {view})"
+        f"FROM (SELECT *, {document} AS _document FROM {view})"
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.errors import AnalysisException
@@ -20,12 +21,13 @@ from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig, ProjectionConfig, SilverConfig
 from dcp_cdc.errors import DcpError
-from dcp_cdc.simulator import simulate
+from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines import delta_io, schemas, tables
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver import store
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.tables import BucketTables, all_rows
+from tests import delta_rs
 from tests.spark.test_silver import (
     _drop_all,
     assert_equal_to_truth,
@@ -415,6 +417,25 @@ def _as(value: Any, kind: str) -> Any:
     return {"string": str, "bigint": int, "int": int, "double": float, "boolean": bool}[kind](value)
 
 
+def _assert_typed_view_equals_truth(
+    spark: SparkSession, view: str, result: SimulationResult
+) -> dict[str, dict[str, Any]]:
+    """The typed view ``view`` of ``_PROJECTED`` over ``_default._default`` has a row per live
+    document of the truth, each column the truth's document read at its path (null where it
+    is missing, and for binary documents); returns the rows by key."""
+    names = [n for n, _, _ in _PROJECTED]
+    assert spark.table(view).columns == ["key", *names, "_modified_at", "_seqno", "_vbucket"]
+    got = {r["key"]: r.asDict() for r in spark.table(view).collect()}
+    truth = {k: d for (cid, k), d in truth_live(result).items() if cid == 0}
+    assert set(got) == set(truth)
+    for key, d in truth.items():
+        doc = json.loads(d["value"]) if d["is_json"] else None
+        expected = {n: _as(_at_path(doc, p), t) for n, p, t in _PROJECTED}
+        assert {n: got[key][n] for n in names} == expected, key
+        assert (got[key]["_seqno"], got[key]["_vbucket"]) == (d["seqno"], d["vbucket"])
+    return got
+
+
 def test_a_projection_gives_typed_columns_equal_to_the_truth(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:
@@ -441,18 +462,9 @@ def test_a_projection_gives_typed_columns_equal_to_the_truth(
             ops=300,
         )
 
-        names = [n for n, _, _ in _PROJECTED]
-        assert spark.table(view).columns == ["key", *names, "_modified_at", "_seqno", "_vbucket"]
-        got = {r["key"]: r.asDict() for r in spark.table(view).collect()}
+        got = _assert_typed_view_equals_truth(spark, view, result)
         truth = {k: d for (cid, k), d in truth_live(result).items() if cid == 0}
-        assert set(got) == set(truth)
-        binary = 0
-        for key, d in truth.items():
-            doc = json.loads(d["value"]) if d["is_json"] else None
-            binary += doc is None
-            expected = {n: _as(_at_path(doc, p), t) for n, p, t in _PROJECTED}
-            assert {n: got[key][n] for n in names} == expected, key
-            assert (got[key]["_seqno"], got[key]["_vbucket"]) == (d["seqno"], d["vbucket"])
+        binary = sum(not d["is_json"] for d in truth.values())
         assert binary and binary < len(truth)  # both kinds of document were read
         assert any(r["stars"] is not None for r in got.values())
         assert any(r["first_tag"] is None for r in got.values() if r["kind"] is not None)
@@ -468,5 +480,120 @@ def test_a_projection_gives_typed_columns_equal_to_the_truth(
             "_seqno",
             "_vbucket",
         ]
+    finally:
+        _drop_all(spark, bucket)
+
+
+# --- documents as VARIANT ------------------------------------------------------------------
+
+
+def _variant_rows(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` (tombstones too): key, collection, doc, doc_variant as JSON."""
+    variant = F.to_json(schemas.DOCUMENT_VARIANT).alias("variant_json")
+    return [
+        r.asDict()
+        for r in spark.table(table).select("key", "_collection_id", "doc", variant).collect()
+    ]
+
+
+def _assert_variant_is_doc(spark: SparkSession, bucket: str) -> int:
+    """Every row of every live collection table has ``doc_variant`` equal to its ``doc``
+    parsed, null where ``doc`` is (binary documents, tombstones); returns the rows seen."""
+    registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
+    seen = 0
+    for reg in registry:
+        table = all_rows(reg["table_name"])
+        assert spark.table(table).columns == schemas.SILVER_VARIANT.fieldNames()
+        assert spark.table(reg["table_name"]).columns == schemas.SILVER_VARIANT.fieldNames()
+        for row in _variant_rows(spark, table):
+            if row["doc"] is None:
+                assert row["variant_json"] is None, row["key"]
+            else:
+                assert row["variant_json"] is not None, row["key"]
+                assert json.loads(row["variant_json"]) == json.loads(row["doc"]), row["key"]
+            seen += 1
+    return seen
+
+
+def test_document_variant_equals_the_truth_when_turned_on_and_off(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """``[silver] document_variant``, turned on between two runs and off again before a third
+    (files of a ``rollback`` capture arriving a third at a time): the tables made without it
+    gain ``doc_variant``, filled for the rows they held, and the typed view reads it; turned
+    off, the tables keep it and the MERGEs keep it filled. At the end every live document's
+    ``doc_variant`` is the truth's document, the typed view equals the truth, and delta-rs
+    still reads ``doc`` from a table with the ``variantType`` feature."""
+    bucket = "variant_test"
+    out = tmp_path / "sim"
+    result = simulate(
+        out,
+        bucket=bucket,
+        scenario="rollback",
+        seed=12,
+        vbuckets=4,
+        docs=80,
+        ops=300,
+        max_file_bytes=20_000,
+    )
+    files = list(result.files)
+    assert len(files) >= 3
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    projection = ProjectionConfig(
+        collection="_default._default",
+        columns=[{"name": n, "path": p, "type": t} for n, p, t in _PROJECTED],
+    )
+    view = BucketTables(bucket).collection("_default", "_default")
+    typed = tables.typed(view)
+    third = len(files) // 3
+    batches = (files[:third], files[third : 2 * third], files[2 * third :])
+    try:
+        for run, (batch, variant) in enumerate(zip(batches, (False, True, False), strict=True)):
+            for f in batch:
+                (landing / f.name).write_bytes(f.read_bytes())
+            config = AppConfig(
+                landing=str(landing),
+                warehouse=str(spark_warehouse),
+                buckets=[BucketConfig(name=bucket, projections=[projection])],
+                silver=SilverConfig(document_variant=variant),
+            )
+            ingest_bucket(spark, config, config.buckets[0])
+            summary = apply_bucket(spark, config, config.buckets[0])
+            assert summary.changes, "every third of the files brings changes"
+            if run == 0:
+                assert schemas.DOCUMENT_VARIANT not in spark.table(all_rows(view)).columns
+                assert "try_parse_json(doc)" in (delta_io.view_text(spark, typed) or "")
+            elif run == 1:
+                assert _assert_variant_is_doc(spark, bucket)
+                operations = {
+                    r["operation"]
+                    for r in spark.sql(f"DESCRIBE HISTORY {all_rows(view)}").collect()
+                }
+                assert "UPDATE" in operations  # the rows of the first run were filled
+                assert "try_parse_json" not in (delta_io.view_text(spark, typed) or "")
+        assert _assert_variant_is_doc(spark, bucket)
+        assert "try_parse_json" not in (delta_io.view_text(spark, typed) or "")
+        assert_equal_to_truth(spark, bucket, result)
+        live = silver_live(spark, bucket)
+        truth = truth_live(result)
+        variants = {
+            (r["_collection_id"], r["key"]): r["variant_json"]
+            for reg in spark.table(BucketTables(bucket).registry).collect()
+            if reg["status"] != "retired"
+            for r in _variant_rows(spark, all_rows(reg["table_name"]))
+        }
+        for ident, d in truth.items():
+            got = variants[ident]
+            if d["is_json"]:
+                assert json.loads(got) == json.loads(d["value"]), ident
+            else:
+                assert got is None, ident
+        assert set(live) == set(truth)
+        _assert_typed_view_equals_truth(spark, typed, result)
+        location = str(spark.sql(f"DESCRIBE DETAIL {all_rows(view)}").first()["location"])
+        assert "variantType" in (DeltaTable(location).protocol().reader_features or [])
+        read = {r["key"]: r["doc"] for r in delta_rs.rows(location, ["key", "doc"])}
+        assert read == {r["key"]: r["doc"] for r in _variant_rows(spark, all_rows(view))}
     finally:
         _drop_all(spark, bucket)

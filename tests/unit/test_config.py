@@ -211,3 +211,23 @@ def test_a_history_collection_without_its_scope_is_named(tmp_path: Path) -> None
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\nhistory = ["x"]\n')
     with pytest.raises(ConfigError, match=r"buckets\[0\]\.history"):
         load_config(path)
+
+
+_BUCKET = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+
+
+def test_document_variant_is_off_unless_set(tmp_path: Path) -> None:
+    """``[silver] document_variant``: off by default (no VARIANT column, no ``variantType``
+    table feature for readers to know), on when set."""
+    path = tmp_path / "v.toml"
+    path.write_text(_BUCKET)
+    assert load_config(path).silver.document_variant is False
+    path.write_text(_BUCKET + "[silver]\ndocument_variant = true\n")
+    assert load_config(path).silver.document_variant is True
+
+
+def test_a_bad_document_variant_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text(_BUCKET + '[silver]\ndocument_variant = "sometimes"\n')
+    with pytest.raises(ConfigError, match=r"silver\.document_variant"):
+        load_config(path)
