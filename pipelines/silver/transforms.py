@@ -221,9 +221,9 @@ def merge_values(table_columns: list[str]) -> dict[str, str | Column]:
     column of :func:`silver_rows` from the source row ``s``, and, when the table has it
     (``[silver] document_variant``), :data:`pipelines.schemas.DOCUMENT_VARIANT` parsed from
     ``s.doc``. Parsed in the MERGE's write, not in the source: only the rows written are
-    parsed, the source Delta copies stays without VARIANTs, and a table that has the column
-    gets it filled whatever the setting says now (a column filled for some rows only would
-    disagree with ``doc``). ``try_parse_json``: a value flagged JSON that is not gives null
+    parsed, the source (which Delta copies first) carries no VARIANT, and a table that has
+    the column gets it filled whatever the setting says now (a column filled for some rows
+    only would disagree with ``doc``). ``try_parse_json``: a value flagged JSON that is not gives null
     rather than failing the MERGE."""
     values: dict[str, str | Column] = {c: f"s.{c}" for c in schemas.SILVER.fieldNames()}
     if schemas.DOCUMENT_VARIANT in table_columns:
