@@ -450,12 +450,15 @@ class SilverConfig(_Model):
     ``try_parse_json``; null for binary documents, tombstones and a body flagged JSON that is
     not) next to ``doc``, which stays JSON text for every reader. Spark SQL then reads fields
     without parsing (``doc_variant:customer.tier::string``, ``variant_get``), and typed views
-    (``[[buckets.projections]]``) read it instead of parsing ``doc``. Off by default: the
-    column puts Delta's ``variantType`` reader feature on the table, which a reader that does
-    not know it must refuse (the whole table, ``doc`` too), and the feature stays once there.
-    On: a table without the column gains it at the next apply run that has changes, filled
-    for the rows it holds (one UPDATE that rewrites them). Turned off again: a table that has
-    the column keeps it, and every MERGE keeps it filled."""
+    (``[[buckets.projections]]``) read it instead of parsing ``doc`` (1M documents on 2 cores:
+    an aggregation of three fields 1.15 s instead of 2.09 s, through a typed view 1.01 s
+    instead of 2.17 s, a filter 0.72 s instead of 0.92 s). Off by default: only Spark gains,
+    the documents take 64 % more space, a MERGE about a quarter longer (1M changes into 1M
+    keys: 39.8 s instead of 31.8 s), and the column puts Delta's ``variantType`` reader feature
+    on the table, which a reader that does not know it must refuse (the whole table, ``doc``
+    too); the feature stays once there. On: a table without the column gains it at the next
+    apply run that has changes, filled for the rows it holds (one UPDATE that rewrites them).
+    Turned off again: a table that has the column keeps it, and every MERGE keeps it filled."""
     tombstone_retention_hours: Annotated[int, Field(ge=0)] = 168
     """How long deletion and expiration tombstones stay in ``..._all`` tables before the
     maintenance purge removes them. After the purge, a replayed older event of such a key in
