@@ -562,19 +562,21 @@ def rebuild_rolled_back(
         affected = transforms.rolled_back_keys(spark.table(table), point_df, batch)
         if affected.isEmpty():
             continue
+        # copied once (the keys come from the run's cached walk: Delta refused such a source
+        # as "cached during execution" when it had decided not to copy it)
         source = transforms.restored_rows(
             spark.table(bronze_events), reg["collection_id"], point_df, branch_df, affected
-        )
+        ).localCheckpoint(eager=True)
 
         def restore(t: str = table, s: DataFrame = source) -> DataFrame:
             target = DeltaTable.forName(spark, t)
             columns = transforms.merge_values(target.toDF().columns)
-            return (
+            return _merge_copied(
+                spark,
                 target.alias("t")
                 .merge(s.alias("s"), "t.key = s.key")
                 .whenMatchedUpdate(condition="s._found", set=columns)
-                .whenMatchedDelete(condition="s._found IS NULL")
-                .execute()
+                .whenMatchedDelete(condition="s._found IS NULL"),
             )
 
         metrics = with_retry(table, restore)
