@@ -10,9 +10,11 @@ boundaries (§6.3, §6.9, §7.2). No sockets, files or clocks: the driver feeds
 writes :meth:`~ConsumerConnection.take_capture` and reports :meth:`~ConsumerConnection.consumed`.
 
 Recorded into the capture, in wire order: our STREAM_REQ, BUFFER_ACK and NOOP replies; the
-server's STREAM_REQ responses, DCP_NOOPs and every DCP stream message (0x55–0x67). Never
+server's STREAM_REQ responses, DCP_NOOPs and every DCP stream message (0x55–0x67); and the
+cluster state a session ends with (:meth:`~ConsumerConnection.record_cluster_state`: one
+GET_ALL_VB_SEQNOS and a DCP_GET_FAILOVER_LOG per vbucket, requests and replies). Never
 recorded: HELLO, SASL (secrets), SELECT_BUCKET, DCP_OPEN, DCP_CONTROL, cluster configs,
-GET_ALL_VB_SEQNOS, CLOSE_STREAM and their replies.
+CLOSE_STREAM, the GET_ALL_VB_SEQNOS that set ``until-now``'s ends, and their replies.
 
 Speed: :meth:`~ConsumerConnection.receive_data` walks the frames with one ``struct`` unpack
 each (header plus the first extras word, which is the seqno of every data frame), keeps
@@ -81,6 +83,15 @@ class HighSeqnos:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterStateRecorded:
+    """:meth:`ConsumerConnection.record_cluster_state` is done: the node's high seqnos and the
+    failover logs of the vbuckets asked for are in the capture (as their reply frames)."""
+
+    high_seqnos: dict[int, int]
+    failover_logs: dict[int, FailoverEntries]
+
+
+@dataclass(frozen=True, slots=True)
 class CollectionsManifest:
     """GET_COLLECTIONS_MANIFEST: the bucket's scopes and collections (uids as hex strings)."""
 
@@ -136,6 +147,7 @@ AgentEvent = (
     Ready
     | ClusterConfig
     | HighSeqnos
+    | ClusterStateRecorded
     | CollectionsManifest
     | StreamOpened
     | StreamRolledBack
@@ -295,6 +307,7 @@ class _Vb:
         "collections",
         "end_seqno",
         "failover_log",
+        "goal_end",
         "manifest_uid",
         "purge_seqno",
         "rollbacks",
@@ -305,6 +318,9 @@ class _Vb:
     def __init__(self) -> None:
         self.state = "idle"  # idle | requested | open | closing
         self.end_seqno = NO_END_SEQNO
+        """The end seqno of the request on the wire."""
+        self.goal_end = NO_END_SEQNO
+        """Where the caller wants the stream to end (see :meth:`ConsumerConnection.open_stream`)."""
         self.collections: tuple[int, ...] | None = None
         self.failover_log: FailoverEntries = ()
         self.manifest_uid = 0
@@ -335,7 +351,10 @@ class ConsumerConnection:
         self._events: deque[AgentEvent] = deque()
         self._capture: list[bytes] = []
         self._rest = b""
-        self._pending: dict[int, tuple[str, _Handler]] = {}
+        self._pending: dict[int, tuple[str, _Handler, bool]] = {}
+        self._recording: frozenset[int] = frozenset()
+        self._recorded: ClusterStateRecorded | None = None
+        self._logs_due: set[int] = set()
         self._opaque = _COMMAND_OPAQUE_BASE
         self._scram: ScramClient | None = None
         self._mechanism = ""
@@ -429,7 +448,13 @@ class ConsumerConnection:
         end_seqno: int = NO_END_SEQNO,
         collections: tuple[int, ...] | None = None,
     ) -> None:
-        """STREAM_REQ from ``position`` (None: from seqno 0, no history) to ``end_seqno``."""
+        """STREAM_REQ from ``position`` (None: from seqno 0, no history) to ``end_seqno``.
+
+        A start past ``end_seqno`` (the node's high seqno is below our position: only a
+        failover lowers it) is still asked for, as a stream from the start to the start: the
+        node either ends it at once (reason OK: our branch is its branch) or answers ROLLBACK
+        (docs/protocol: a stream request is where the node judges our history). The
+        re-request after a rollback to R ends at ``max(R, end_seqno)``."""
         self._require_ready("open_stream")
         if not 0 <= vbucket < 0x10000:
             raise AgentUsageError(f"vbucket {vbucket} is not a u16")
@@ -450,15 +475,55 @@ class ConsumerConnection:
         else:
             meta.failover_log = ()
             vb_uuid = 0
-        if seqno > end_seqno:
-            raise AgentUsageError(f"vbucket {vbucket}: start {seqno} is past end {end_seqno}")
-        meta.end_seqno = end_seqno
+        meta.goal_end = end_seqno
+        meta.end_seqno = max(seqno, end_seqno)
         meta.collections = collections
         meta.rollbacks = 0
         self._consistent[vbucket] = seqno
         self._pending_end[vbucket] = NO_SNAPSHOT
         self._dirty.add(vbucket)
         self._stream_request(vbucket, meta, seqno, vb_uuid)
+
+    def requested_end(self, vbucket: int) -> int | None:
+        """The end seqno of ``vbucket``'s stream request on the wire; None without a stream."""
+        meta = self._vbs.get(vbucket)
+        return None if meta is None or meta.state == "idle" else meta.end_seqno
+
+    def record_cluster_state(self, vbuckets: frozenset[int]) -> None:
+        """Record what the node holds now, into the capture (requests and replies): its high
+        seqnos (GET_ALL_VB_SEQNOS of the active vbuckets), then the failover log of each of
+        ``vbuckets`` it holds active (DCP_GET_FAILOVER_LOG, opaque = the vbucket, as stream
+        requests). :class:`ClusterStateRecorded` follows the last reply. Quality checks that
+        silver lies on the cluster's current branch from these frames."""
+        self._require_ready("record_cluster_state")
+        self._recording = vbuckets
+        self._command(
+            "get_all_vb_seqnos",
+            self._recorded_high_seqnos,
+            ClientOpcode.GET_ALL_VB_SEQNOS,
+            extras=_U32.pack(VbucketState.ACTIVE),
+            recorded=True,
+        )
+
+    def _recorded_high_seqnos(self, status: int, extras: bytes, value: bytes) -> None:
+        highs = self._vb_seqnos(status, value)
+        self._recorded = ClusterStateRecorded(highs, {})
+        self._logs_due = set(highs) & self._recording
+        for vb in sorted(self._logs_due):
+            req = _frame(_REQ, Opcode.DCP_GET_FAILOVER_LOG, word=vb, opaque=vb)
+            self._out.append(req)
+            self._capture.append(req)
+        if not self._logs_due:
+            self._events.append(self._recorded)
+
+    def _failover_log_reply(self, vb: int, status: int, value: bytes) -> None:
+        if self._recorded is None or vb not in self._logs_due:
+            raise ProtocolError(f"a failover log for vbucket {vb}, which we did not ask for")
+        self._logs_due.discard(vb)
+        if status == Status.SUCCESS:
+            self._recorded.failover_logs[vb] = _parse_failover_log(value, vb)
+        if not self._logs_due:  # a vbucket that moved away meanwhile is recorded as refused
+            self._events.append(self._recorded)
 
     def close_stream(self, vbucket: int) -> None:
         """CLOSE_STREAM; STREAM_END (closed) follows. A no-op when the stream has ended."""
@@ -685,11 +750,17 @@ class ConsumerConnection:
                 self._capture.append(frame)
                 self._stream_reply(opaque, word, value)
                 return
+            if opcode == Opcode.DCP_GET_FAILOVER_LOG and opaque < _COMMAND_OPAQUE_BASE:
+                self._capture.append(frame)
+                self._failover_log_reply(opaque, word, value)
+                return
             entry = self._pending.pop(opaque, None)
             if entry is None:
                 raise ProtocolError(
                     f"a reply (opcode 0x{opcode:02x}, opaque 0x{opaque:08x}) to no request of ours"
                 )
+            if entry[2]:
+                self._capture.append(frame)
             entry[1](word, extras, value)
             return
         if magic == _SERVER_REQ:
@@ -755,6 +826,8 @@ class ConsumerConnection:
                 meta.state = "idle"
                 self._events.append(StreamEnded(vb, StreamEndReason.CLOSED, "closed"))
                 return
+            if meta.goal_end != NO_END_SEQNO:
+                meta.end_seqno = max(seqno, meta.goal_end)
             self._stream_request(vb, meta, seqno, uuid_at(meta.failover_log, seqno))
             return
         meta.state = "idle"
@@ -790,12 +863,15 @@ class ConsumerConnection:
         self._events.append(CollectionsManifest(manifest))
 
     def _high_seqnos(self, status: int, extras: bytes, value: bytes) -> None:
+        self._events.append(HighSeqnos(self._vb_seqnos(status, value)))
+
+    def _vb_seqnos(self, status: int, value: bytes) -> dict[int, int]:
         self._check(status, "GET_ALL_VB_SEQNOS")
         if len(value) % 10:
             raise ProtocolError(
                 f"GET_ALL_VB_SEQNOS reply of {len(value)} bytes: not 10-byte entries"
             )
-        self._events.append(HighSeqnos(dict(_VB_SEQNO.iter_unpack(value))))
+        return dict(_VB_SEQNO.iter_unpack(value))
 
     # --- the handshake ----------------------------------------------------------------------
 
@@ -809,14 +885,18 @@ class ConsumerConnection:
         extras: bytes = b"",
         key: bytes = b"",
         value: bytes = b"",
+        recorded: bool = False,
     ) -> None:
+        """Send a request whose reply goes to ``handler``; ``recorded`` keeps both in the
+        capture."""
         self._opaque += 1
-        self._pending[self._opaque] = (name, handler)
-        self._out.append(
-            _frame(
-                _REQ, opcode, word=word, opaque=self._opaque, extras=extras, key=key, value=value
-            )
+        self._pending[self._opaque] = (name, handler, recorded)
+        req = _frame(
+            _REQ, opcode, word=word, opaque=self._opaque, extras=extras, key=key, value=value
         )
+        self._out.append(req)
+        if recorded:
+            self._capture.append(req)
 
     def _check(self, status: int, what: str) -> None:
         if status != Status.SUCCESS:

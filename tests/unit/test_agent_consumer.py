@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from dcp_cdc.agent.consumer import (
     NEED_DATA,
     ClusterConfig,
+    ClusterStateRecorded,
     ConsumerConnection,
     ConsumerSettings,
     ControlRefused,
@@ -416,6 +417,63 @@ def test_rollback_prunes_the_log_and_re_requests() -> None:
     assert conn.take_capture() == sent + rollback + again
 
 
+def test_a_start_past_the_end_asks_the_node_to_judge_the_branch() -> None:
+    """A node whose high seqno (40) is below our position (50) has failed over: the request
+    still goes out, from 50 to 50, so the node answers ROLLBACK (or ends it at once, OK);
+    the re-request after the rollback ends at the end asked for (docs/protocol)."""
+    conn = ready()
+    position = VbPosition(VB, 50, 0xBBBB, ((0xBBBB, 20), (0xAAAA, 0)))
+    conn.open_stream(VB, position, end_seqno=40)
+    sent = conn.data_to_send()
+    assert sent == H(
+        "8053000030000210" "0000003000000210" "0000000000000000"
+        "00000010" "00000000" "0000000000000032" "0000000000000032"
+        "000000000000bbbb" "0000000000000032" "0000000000000032"
+    )  # fmt: skip
+    assert conn.requested_end(VB) == 50
+    conn.receive_data(res(0x53, VB, 0x23, struct.pack(">Q", 17)))
+    assert events(conn) == [StreamRolledBack(VB, 17)]
+    again = conn.data_to_send()
+    start, end, uuid = struct.unpack_from(">QQQ", again, 24 + 8)
+    assert (start, end, uuid) == (17, 40, 0xAAAA)
+    assert conn.requested_end(VB) == 40
+
+
+def test_a_rollback_above_the_end_asked_for_re_requests_up_to_the_rollback_seqno() -> None:
+    conn = ready()
+    conn.open_stream(VB, VbPosition(VB, 50, 0xBBBB, ((0xBBBB, 0),)), end_seqno=10)
+    conn.data_to_send()
+    conn.receive_data(res(0x53, VB, 0x23, struct.pack(">Q", 30)))
+    start, end = struct.unpack_from(">QQ", conn.data_to_send(), 24 + 8)
+    assert (start, end) == (30, 30)  # a stream request must not end before its start
+
+
+def test_cluster_state_is_recorded_with_its_replies() -> None:
+    """GET_ALL_VB_SEQNOS, then DCP_GET_FAILOVER_LOG (opaque = vbucket) for each asked vbucket
+    the node holds, all into the capture; one event when the last reply is in."""
+    conn = ready()
+    conn.record_cluster_state(frozenset({1, 3, 9}))
+    seqnos = conn.data_to_send()
+    opaque = 0x10008 + len(CONTROLS)
+    assert seqnos == req(0x48, opaque, extras=H("00000001"))
+    highs = res(
+        0x48, opaque, value=H("000100000000000000050003000000000000000700040000000000000002")
+    )
+    conn.receive_data(highs)
+    asks = conn.data_to_send()
+    ask_1 = HEAD.pack(0x80, 0x54, 0, 0, 0, 1, 0, 1, 0)
+    ask_3 = HEAD.pack(0x80, 0x54, 0, 0, 0, 3, 0, 3, 0)
+    assert asks == ask_1 + ask_3  # vbucket 9 is not active here, 4 is not ours
+    assert events(conn) == []
+    log_1 = res(0x54, 1, value=struct.pack(">QQQQ", 0xBB, 4, 0xAA, 0))
+    log_3 = res(0x54, 3, status=0x07)  # moved away meanwhile: recorded as refused
+    conn.receive_data(log_1 + log_3)
+    assert events(conn) == [ClusterStateRecorded({1: 5, 3: 7, 4: 2}, {1: ((0xBB, 4), (0xAA, 0))})]
+    assert conn.take_capture() == seqnos + highs + asks + log_1 + log_3
+    with pytest.raises(ProtocolError, match="vbucket 3"):
+        conn.receive_data(res(0x54, 3, value=b""))
+
+
 def test_stream_request_value_carries_filter_and_purge_seqno() -> None:
     conn = ready()
     conn.open_stream(5, VbPosition(5, 9, 1, ((1, 0),), purge_seqno=4), collections=(8, 0x1A))
@@ -489,8 +547,6 @@ def test_misuse_is_the_callers_error() -> None:
     conn = opened_stream()
     with pytest.raises(AgentUsageError):
         conn.open_stream(VB, None)
-    with pytest.raises(AgentUsageError):
-        conn.open_stream(3, VbPosition(3, 50, 0), end_seqno=40)
 
 
 # spec §8.8: create collection "mycollection" (cid 8, manifest 2, maxTTL 72000) at seqno 7
