@@ -180,6 +180,11 @@ class ProducerCluster:
         self.sessions: list[dict[str, object]] = []
         self.peak_unacked = 0
         """The most unacknowledged bytes any flow-controlled connection had out (§7.6)."""
+        self.cut_requests: dict[int, int] = {}
+        """node → the stream requests its connections may still receive before the next one
+        that receives one is reset (:meth:`cut_after_requests`)."""
+        self.seqnos_delay_s = 0.0
+        """GET_ALL_VB_SEQNOS replies wait this long (:meth:`slow_seqnos`)."""
         sim.feed = self
 
     # --- users -----------------------------------------------------------------------------
@@ -289,20 +294,33 @@ class ProducerCluster:
                 ended += 1
         return ended
 
-    def failover(self, vbid: int, *, lost: int = 12) -> int:
-        """A replica takes over ``vbid`` at its current high seqno after ``lost`` more changes
-        were streamed: those are gone, a new uuid branch starts, open streams end
-        (state_changed) and a consumer that saw the lost changes is told to roll back.
-        Returns the seqno the vbucket was rewound to."""
+    def failover(self, vbid: int, *, lost: int = 12, back: int = 0, grow: int = 0) -> int:
+        """A replica takes over ``vbid`` after ``lost`` more changes were streamed: the
+        replica had the vbucket up to ``back`` seqnos below the high seqno before them, so
+        those ``back`` changes (which consumers may hold from earlier sessions) are gone too.
+        A new uuid branch starts there, open streams end (state_changed), and a consumer that
+        holds lost changes is told to roll back. Then ``grow`` changes are made on the new
+        branch: with ``grow < lost + back`` its high seqno stays below what such a consumer
+        holds. Returns the seqno the vbucket was rewound to."""
         vb = self.bucket.vbuckets[vbid]
-        point = vb.high_seqno
+        point = vb.high_seqno - back
+        if back and (not vb.undo or vb.undo[0].seqno > point + 1):
+            kept = vb.undo[0].seqno if vb.undo else vb.high_seqno + 1
+            raise ValueError(
+                f"failover: vbucket {vbid} cannot lose {back} seqnos: its undo log starts at "
+                f"seqno {kept} (high seqno {vb.high_seqno})"
+            )
         vb.keep_undo_from = point
-        keys = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])][:lost]
-        for cid, key in keys:  # changes the consumers see but the new active never had
+        live = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])]
+        for cid, key in live[:lost]:  # changes the consumers see but the new active never had
             self.sim.write_doc(cid, key)
             self.bucket.tick()
         self._end_streams(vbid, StreamEndReason.STATE_CHANGED)
         self.bucket.failover(vb, point)
+        live = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])]
+        for cid, key in live[:grow]:
+            self.sim.write_doc(cid, key)
+            self.bucket.tick()
         return point
 
     def _live(self, cid: int) -> bool:
@@ -330,6 +348,19 @@ class ProducerCluster:
         """Drop a collection while streaming: an EndCollection in every vbucket; streams
         filtered on it alone then end with filter_empty."""
         self.sim.manifest(lambda: self.bucket.drop_collection(collection_id))
+
+    def cut_after_requests(self, node: int, requests: int) -> None:
+        """The connection to ``node`` that receives the ``requests``-th stream request from
+        now on is reset (TCP RST) right then, without a reply: a cut while stream requests
+        are in flight (a node crash, a proxy dropping the connection)."""
+        if requests < 1:
+            raise ValueError(f"cut_after_requests: requests must be positive, got {requests}")
+        self.cut_requests[node] = requests
+
+    def slow_seqnos(self, seconds: float) -> None:
+        """GET_ALL_VB_SEQNOS replies wait ``seconds`` (a loaded node): a consumer's stream
+        openers wait on them while its other streams go on and end."""
+        self.seqnos_delay_s = max(0.0, seconds)
 
     def cut_node(self, node: int) -> int:
         """Every connection to ``node`` dies inside its next snapshot (after the marker and
@@ -384,9 +415,14 @@ class ProducerConnection:
         self._frames: DocFrames | None = None
         self.streams: dict[int, ProducerStream] = {}
         self._rotation: deque[int] = deque()
+        self.delayed: list[tuple[float, tuple[int, ...], bytes]] = []
+        """GET_ALL_VB_SEQNOS replies (delay, request, value) the driver sends later
+        (:meth:`reply_later`)."""
         self.cut_armed = False
         self._closing = False
         self.closed = False
+        self.reset = False
+        """With ``closed``: end the connection with a TCP reset, not a close."""
         self.close_reason = ""
         self.bytes_sent = 0
         self.frames_sent = 0
@@ -441,6 +477,8 @@ class ProducerConnection:
                 continue  # other responses (to our pushes) need nothing
             if magic != Magic.CLIENT_REQUEST:
                 raise ProtocolError(f"node {self.node}: unexpected magic 0x{magic:02x}")
+            if self.reset:
+                break  # the rest of what arrived is never read: the socket is reset
             handler = self._handlers.get(opcode)
             if handler is None:
                 self._reply(header, Status.UNKNOWN_COMMAND)
@@ -544,6 +582,10 @@ class ProducerConnection:
     ) -> None:
         h = make_header(req[1], status=status, opaque=req[7], datatype=datatype)
         self._ctrl.append(frame(h, extras, key, value))
+
+    def reply_later(self, req: tuple[int, ...], value: bytes) -> None:
+        """A delayed reply (``delayed``), now; the high seqnos are those of when it was asked."""
+        self._reply(req, Status.SUCCESS, value=value)
 
     def _not_my_vbucket(self, req: tuple[int, ...]) -> None:
         value = self.cluster.config(self.node)
@@ -662,6 +704,11 @@ class ProducerConnection:
             if cid == BULK_COLLECTION_ID and bulk is not None and bulk.in_vbucket(vb.vbid):
                 seqno = max(seqno, bulk.last_seqno(vb.vbid))
             out.append(_VB_SEQNO.pack(vb.vbid, seqno))
+        if self.cluster.seqnos_delay_s:
+            self.delayed.append(
+                (self.cluster.seqnos_delay_s, req, b"".join(out))
+            )  # the driver replies later
+            return
         self._reply(req, Status.SUCCESS, value=b"".join(out))
 
     def _dcp_open(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
@@ -745,6 +792,14 @@ class ProducerConnection:
 
     def _stream_req(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
         vbid, opaque = req[5], req[7]
+        left = self.cluster.cut_requests.get(self.node)
+        if left is not None:
+            if left <= 1:
+                del self.cluster.cut_requests[self.node]
+                self.closed = self.reset = True
+                self.close_reason = "reset while stream requests were in flight"
+                return
+            self.cluster.cut_requests[self.node] = left - 1
         if self.dcp_name is None or len(extras) != _STREAM_REQ.size:
             self._reply(req, Status.EINVAL)
             return

@@ -11,8 +11,11 @@ or as a command::
         --docs 2000 --ops 5000 --port-file ports.json --truth-out out/
 
 which serves until SIGTERM; a line-based control port (in the port file) takes
-``failover VB``, ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``,
-``cut_node NODE``, ``truth``, and ``steady RATE`` / ``halt`` (a steady workload of RATE
+``failover VB`` (or ``failover VB LOST BACK GROW``: a new branch shorter than what consumers
+hold), ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``, ``cut_node NODE``,
+``cut_requests NODE N`` (a reset at the Nth stream request), ``restart_node NODE MS`` (down
+for MS milliseconds, then back on its ports), ``slow_seqnos MS`` (GET_ALL_VB_SEQNOS replies
+late), ``changes N``, ``truth``, and ``steady RATE`` / ``halt`` (a steady workload of RATE
 changes a second, its ticks appended to ``--ticks-out``, until halted). ``--bulk-docs N
 --body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
 """
@@ -26,7 +29,9 @@ import gc
 import json
 import os
 import signal
+import socket
 import ssl
+import struct
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +48,9 @@ from dcp_cdc.simulator.truth import write_truth
 HOST = "127.0.0.1"
 WRITE_HIGH_WATER = 4 << 20
 TIMER_S = 0.2
+UNDO_KEPT = 256
+"""Seqnos of each vbucket's recent history kept undoable, so that a failover may rewind
+below what consumers already hold (``failover(..., back=N)``)."""
 
 
 class _NodeProtocol(asyncio.Protocol):
@@ -70,7 +78,17 @@ class _NodeProtocol(asyncio.Protocol):
         except ProtocolError:
             self._close()
             return
+        if self.conn.delayed:
+            loop = asyncio.get_running_loop()
+            for delay, req, value in self.conn.delayed:
+                loop.call_later(delay, self._reply_later, req, value)
+            self.conn.delayed.clear()
         self.flush()
+
+    def _reply_later(self, req: tuple[int, ...], value: bytes) -> None:
+        if self.conn is not None and self.transport is not None and not self.conn.closed:
+            self.conn.reply_later(req, value)
+            self.flush()
 
     def flush(self) -> None:
         conn, transport = self.conn, self.transport
@@ -81,7 +99,10 @@ class _NodeProtocol(asyncio.Protocol):
             if out:
                 transport.write(out)
             if conn.closed:
-                self._close()
+                if conn.reset:
+                    self.reset()
+                else:
+                    self._close()
                 return
             if not out:
                 return
@@ -89,6 +110,16 @@ class _NodeProtocol(asyncio.Protocol):
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def reset(self) -> None:
+        """End the connection with a TCP RST (SO_LINGER 0), as a crashed node's kernel does."""
+        if self.transport is None:
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -133,6 +164,8 @@ class ProducerServer:
         self.tls_context = tls_context
         self.protocols: set[_NodeProtocol] = set()
         self._servers: list[asyncio.AbstractServer] = []
+        self._listeners: dict[int, list[asyncio.AbstractServer]] = {}
+        self.restarts = 0
         self._timer: asyncio.Task[None] | None = None
         self.workload_done = asyncio.Event()
         self.ops_done = 0
@@ -152,25 +185,48 @@ class ProducerServer:
         return "couchbase://" + ",".join(f"{HOST}:{p}" for p in self.cluster.ports)
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         for node in range(self.cluster.nodes):
-            srv = await loop.create_server(
-                lambda node=node: _NodeProtocol(self, node, False),  # type: ignore[misc]
-                HOST,
-                0,
-            )
-            self._servers.append(srv)
-            self.cluster.ports[node] = srv.sockets[0].getsockname()[1]
-            if self.tls_context is not None:
-                tsrv = await loop.create_server(
-                    lambda node=node: _NodeProtocol(self, node, True),  # type: ignore[misc]
-                    HOST,
-                    0,
-                    ssl=self.tls_context,
-                )
-                self._servers.append(tsrv)
-                self.cluster.tls_ports[node] = tsrv.sockets[0].getsockname()[1]
+            await self._listen(node)
         self._timer = asyncio.create_task(self._tick())
+
+    async def _listen(self, node: int) -> None:
+        """``node``'s listeners, on its ports (new ones at the first start)."""
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(
+            lambda node=node: _NodeProtocol(self, node, False),  # type: ignore[misc]
+            HOST,
+            self.cluster.ports[node],
+        )
+        listeners: list[asyncio.AbstractServer] = [srv]
+        self.cluster.ports[node] = srv.sockets[0].getsockname()[1]
+        if self.tls_context is not None:
+            tsrv = await loop.create_server(
+                lambda node=node: _NodeProtocol(self, node, True),  # type: ignore[misc]
+                HOST,
+                self.cluster.tls_ports[node] or 0,
+                ssl=self.tls_context,
+            )
+            listeners.append(tsrv)
+            self.cluster.tls_ports[node] = tsrv.sockets[0].getsockname()[1]
+        self._listeners[node] = listeners
+        self._servers.extend(listeners)
+
+    async def restart_node(self, node: int, down_s: float) -> int:
+        """``node`` crashes (its connections reset, nothing listens on its ports) and comes
+        back on the same ports after ``down_s`` seconds, with the same vbuckets: a restart or
+        an upgrade. Returns how many connections were reset."""
+        if not 0 <= node < self.cluster.nodes:
+            raise ValueError(f"restart_node: node {node} is not one of 0..{self.cluster.nodes - 1}")
+        for srv in self._listeners.pop(node, []):
+            srv.close()
+            self._servers.remove(srv)
+        reset = [p for p in self.protocols if p.node == node]
+        for proto in reset:
+            proto.reset()
+        await asyncio.sleep(down_s)
+        await self._listen(node)
+        self.restarts += 1
+        return len(reset)
 
     async def stop(self) -> None:
         if self._timer is not None:
@@ -252,7 +308,7 @@ class ProducerServer:
                 bucket.advance(5)
                 sim.pager()
         for vb in bucket.vbuckets:
-            bucket.trim_undo(vb, vb.high_seqno)
+            bucket.trim_undo(vb, vb.high_seqno - UNDO_KEPT)
 
     async def steady_workload(
         self,
@@ -294,10 +350,16 @@ class ProducerServer:
 
     # --- faults ----------------------------------------------------------------------------
 
-    def failover(self, vbid: int, *, lost: int = 12) -> int:
-        point = self.cluster.failover(vbid, lost=lost)
+    def failover(self, vbid: int, *, lost: int = 12, back: int = 0, grow: int = 0) -> int:
+        point = self.cluster.failover(vbid, lost=lost, back=back, grow=grow)
         self.kick()
         return point
+
+    def changes(self, n: int) -> None:
+        """``n`` live changes now (after the workload, between captures)."""
+        self._changes(n, self.ops_done, self._collection_ids())
+        self.ops_done += n
+        self.kick()
 
     def rebalance(self, vbid: int, to_node: int) -> None:
         self.cluster.rebalance(vbid, to_node)
@@ -412,6 +474,20 @@ async def _control(
     cmd, args = words[0], [int(w) for w in words[1:] if w.lstrip("-").isdigit()]
     if cmd == "failover" and len(args) == 1:
         return f"ok {server.failover(args[0])}"
+    if cmd == "failover" and len(args) == 4:  # VB LOST BACK GROW
+        return f"ok {server.failover(args[0], lost=args[1], back=args[2], grow=args[3])}"
+    if cmd == "changes" and len(args) == 1:
+        server.changes(args[0])
+        return f"ok {server.ops_done}"
+    if cmd == "cut_requests" and len(args) == 2:
+        server.cluster.cut_after_requests(args[0], args[1])
+        return "ok"
+    if cmd == "slow_seqnos" and len(args) == 1:  # milliseconds
+        server.cluster.slow_seqnos(args[0] / 1000)
+        return "ok"
+    if cmd == "restart_node" and len(args) == 2:  # NODE, milliseconds down (answers at once)
+        asyncio.get_running_loop().create_task(server.restart_node(args[0], args[1] / 1000))
+        return "ok"
     if cmd == "rebalance" and len(args) == 2:
         server.rebalance(args[0], args[1])
         return f"ok {server.cluster.rev}"
