@@ -148,6 +148,10 @@ class CaptureConfig(_Model):
     different ids."""
     connect_timeout_s: Annotated[float, Field(ge=0.1, le=600)] = 10.0
     """Seconds to connect, handshake and authenticate with a node before giving up on it."""
+    reconnect_timeout_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
+    """Seconds a node that went away (a restart, an upgrade, a failover) is tried again,
+    with a growing pause and jitter between attempts, before the capture gives up on it and
+    exits with an error. The node's vbuckets wait meanwhile; the others go on."""
 
     @model_validator(mode="before")
     @classmethod

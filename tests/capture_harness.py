@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.capture import iter_capture
 from dcp_cdc.errors import MalformedFrameError
+from dcp_cdc.simulator.server import ProducerServer
 from tests.reference_consumer import ReferenceConsumer
 
 PASSWORD_ENV = "DCP_CDC_TEST_CAPTURE_PASSWORD"
+IN_PROCESS_BUCKET = "travel-sample"
+"""The bucket of a :class:`ProducerServer` made from a default :class:`SimConfig`."""
 USER, PASSWORD = "dcp-reader", "s3cret-Passw0rd"
 
 
@@ -156,3 +160,40 @@ def assert_captures_equal_truth(landing: Path, truth_out: Path) -> int:
         want = (d["seqno"], d["rev_seqno"], body, d["xattrs"], d["expiry"], d["flags"], d["cas"])
         assert got == want, f"{ident}: {got[:2]} != {want[:2]}"
     return len(truth)
+
+
+# --- the agent in process, against a ProducerServer in the same event loop ---------------
+
+
+def in_process_settings(tmp: Path, connection_string: str, **changes: Any) -> CaptureSettings:
+    """Capture settings for a test: small buffers and files, short timers, quick backoff."""
+    base: dict[str, Any] = {
+        "connection_string": connection_string,
+        "bucket": IN_PROCESS_BUCKET,
+        "username": "Administrator",
+        "password": "password",
+        "landing": tmp / "landing",
+        "staging": tmp / "landing" / ".dcp-cdc-capture",
+        "state_dir": tmp / "state",
+        "buffer_bytes": 1 << 16,
+        "connect_timeout_s": 5.0,
+        "rotate_seconds": 0.3,
+        "backoff_s": 0.05,
+        "noop_interval_s": 2,
+    }
+    base.update(changes)
+    return CaptureSettings(**base)
+
+
+def truth_seqnos(server: ProducerServer, out: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
+    """The bucket's live documents now: (collection, key) → (seqno, rev seqno)."""
+    server.write_truth(out)
+    return {ident: (d["seqno"], d["rev_seqno"]) for ident, d in truth_documents(out).items()}
+
+
+def captured_seqnos(landing: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
+    """The reference consumer over every capture in ``landing``: the same shape."""
+    consumer = ReferenceConsumer()
+    consumer.consume(landing)
+    assert consumer.errors == []
+    return {k: (v.seqno, v.rev_seqno) for k, v in consumer.state().items()}

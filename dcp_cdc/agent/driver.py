@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import random
 import signal
 import ssl
 import time
@@ -47,6 +48,7 @@ from dcp_cdc.agent.consumer import (
     NEED_DATA,
     AgentEvent,
     ClusterConfig,
+    ClusterStateRecorded,
     CollectionsManifest,
     ConsumerConnection,
     ConsumerSettings,
@@ -77,8 +79,8 @@ Mode = Literal["until-now", "follow"]
 READ_BYTES = 1 << 16
 QUEUE_ITEMS = 64
 """Runs of frames (≤ 64 KiB each) between a socket reader and its file writer."""
-MAX_FAILURES = 8
-"""Consecutive failed (re)connections to one node before the capture gives up."""
+MAX_BACKOFF_S = 10.0
+"""The longest wait between two connection attempts to a node that is down."""
 STOP_GRACE_S = 5.0
 """How long a stop waits for STREAM_END (closed) before closing the sockets anyway."""
 WATCH_S = 2.0
@@ -109,7 +111,11 @@ class CaptureSettings:
     rotate_seconds: float = 300.0
     connect_timeout_s: float = 10.0
     backoff_s: float = 0.5
-    """First reconnection delay; doubled per failure, at most 30 s."""
+    """First reconnection delay; doubled per failed attempt (with jitter), at most
+    :data:`MAX_BACKOFF_S`."""
+    reconnect_timeout_s: float = 60.0
+    """How long a node that went away is tried again before the capture gives up: a node
+    that restarts or fails over within this time costs a pause, not the run."""
 
     @classmethod
     def into(cls, landing: Path, **settings: Any) -> CaptureSettings:
@@ -175,6 +181,7 @@ def settings_from_config(
         rotate_bytes=cap.rotate_bytes,
         rotate_seconds=cap.rotate_seconds,
         connect_timeout_s=cap.connect_timeout_s,
+        reconnect_timeout_s=cap.reconnect_timeout_s,
     )
 
 
@@ -217,6 +224,8 @@ class _Node:
         self.last_positions: dict[int, VbPosition] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.dead = False
+        self.recorded = asyncio.Event()
+        """Set when :meth:`~ConsumerConnection.record_cluster_state` finished on this node."""
 
     @property
     def label(self) -> str:
@@ -431,6 +440,16 @@ class _Node:
 # --- the agent -------------------------------------------------------------------------------
 
 
+@dataclass
+class _Down:
+    """A node the agent cannot reach: since when, and when every placement tries it next."""
+
+    since: float
+    attempts: int = 0
+    next_try: float = 0.0
+    cause: str = ""
+
+
 class _Agent:
     def __init__(self, settings: CaptureSettings, mode: Mode, stop: asyncio.Event) -> None:
         self.settings = settings
@@ -473,7 +492,8 @@ class _Agent:
         self.tasks: set[asyncio.Task[None]] = set()
         self._last_start = 0.0
         self._counter = 0
-        self.failures: dict[HostPort, int] = {}
+        self.down: dict[HostPort, _Down] = {}
+        self.rng = random.Random()
 
     # --- small services ---
 
@@ -583,9 +603,17 @@ class _Agent:
         node = _Node(self, endpoint, index)
         try:
             ready = await node.connect()
+        except (AuthenticationError, TlsError):
+            await node.close()
+            raise
+        except CaptureConnectionError as exc:
+            await node.close()
+            self.node_down(endpoint, exc.cause)
+            raise
         except BaseException:
             await node.close()
             raise
+        self.down.pop(endpoint, None)
         self.nodes[endpoint] = node
         self.refresh_map(ready.cluster_config, endpoint.host)
         node.new_session()
@@ -635,63 +663,147 @@ class _Agent:
             except (AuthenticationError, TlsError):
                 raise
             except CaptureConnectionError as exc:
-                count = self.failures[endpoint] = self.failures.get(endpoint, 0) + 1
-                if count >= MAX_FAILURES:
-                    raise
-                log.warning("capture: %s; retrying", exc)
-                await asyncio.sleep(min(30.0, self.settings.backoff_s * 2 ** (count - 1)))
+                await self.wait_for_node(endpoint, exc)
                 await self.any_map_refresh()
                 continue
-            self.failures.pop(endpoint, None)
             await self.open_on(node, vb)
             return
 
-    async def open_on(self, node: _Node, vb: int) -> None:
+    def node_down(self, endpoint: HostPort, cause: str) -> None:
+        """A connection attempt to ``endpoint`` failed: the next one waits, for every
+        placement at once (exponential, with jitter, at most :data:`MAX_BACKOFF_S`)."""
+        now = time.monotonic()
+        down = self.down.setdefault(endpoint, _Down(since=now))
+        down.attempts += 1
+        down.cause = cause
+        delay = min(MAX_BACKOFF_S, self.settings.backoff_s * 2 ** (down.attempts - 1))
+        down.next_try = now + delay * self.rng.uniform(0.5, 1.0)
+        left = self.settings.reconnect_timeout_s - (now - down.since)
+        log.warning(
+            "capture: %s: %s; trying again in %.1f s (giving up in %.0f s)",
+            endpoint.label,
+            cause,
+            down.next_try - now,
+            max(left, 0.0),
+        )
+
+    async def wait_for_node(self, endpoint: HostPort, exc: CaptureConnectionError) -> None:
+        """Until ``endpoint`` may be tried again; :class:`CaptureConnectionError` once it has
+        been down for longer than ``reconnect_timeout_s``."""
+        down = self.down.get(endpoint)
+        if down is None:  # failed after its handshake (a send): try again after a backoff
+            await asyncio.sleep(self.settings.backoff_s)
+            return
+        now = time.monotonic()
+        if now - down.since >= self.settings.reconnect_timeout_s:
+            raise CaptureConnectionError(
+                endpoint.label,
+                f"unreachable for {now - down.since:.0f} s after {down.attempts} attempts "
+                f"(reconnect_timeout_s = {self.settings.reconnect_timeout_s:g}): {down.cause}",
+            ) from None
+        await asyncio.sleep(max(0.0, down.next_try - now))
+
+    def streaming_anywhere(self, vb: int) -> bool:
+        return any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead)
+
+    def may_open(self, node: _Node, vb: int) -> bool:
+        """Whether a stream of ``vb`` may be requested on ``node`` now. Asked again after
+        every wait: a stream that ended OK (``until-now``: done) meanwhile, or a stop, or a
+        connection lost, makes an opener that was waiting stand down."""
+        return (
+            not self.stopping
+            and not node.dead
+            and vb in self.pending
+            and not self.streaming_anywhere(vb)
+        )
+
+    async def send_or_lose(self, node: _Node) -> bool:
+        """Send what ``node``'s core has queued; a lost connection is the node's loss (its
+        vbuckets resume elsewhere, :meth:`node_lost`), not the run's failure."""
+        try:
+            await node._send()
+        except ConnectionLostError as exc:
+            self.lose(node, exc.cause)
+            return False
+        return True
+
+    def lose(self, node: _Node, cause: str) -> None:
+        if not node.dead and not self.stopping:
+            self.spawn(self.node_lost(node, cause))
+
+    def resume_position(self, node: _Node, vb: int) -> VbPosition | None:
+        """Where ``vb`` resumes on ``node``: the connection's own position when this session
+        is the last that streamed it (its frames are ahead in this session's queue, in wire
+        order), else the durable one (the session that streamed it last was made durable
+        before the vbucket moved: :meth:`move_away`, :meth:`node_lost`)."""
         assert node.conn is not None
-        if any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead):
-            return  # already streaming (on this node or another)
+        if self.last_session.get(vb) == node.session_started:
+            mine = node.conn.positions().get(vb)
+            if mine is not None:
+                return mine
+        return self.durable.get(vb)
+
+    async def open_on(self, node: _Node, vb: int) -> None:
+        if node.dead or node.conn is None:
+            if vb in self.pending and not self.stopping:
+                self.spawn(self.place(vb, delay=self.settings.backoff_s))
+            return
+        if not self.may_open(node, vb):
+            return
         if self.mode == "until-now" and vb not in self.end_seqnos:
             # the reply to a GET_ALL_VB_SEQNOS opens the stream; ask (again): an earlier
             # reply may have come before this vbucket was placed here
             node.owned.add(vb)
             node.conn.request_high_seqnos()
-            await node._send()
+            await self.send_or_lose(node)
             return
         if node.session_started < self.last_session.get(vb, 0.0):
             await node.flush(new_session=True)
-        position = self.durable.get(vb)
-        end = self.end_seqnos.get(vb, NO_END_SEQNO)
-        if position is not None and position.seqno >= end:
-            self.vb_done(vb)
-            return
+            if not self.may_open(node, vb):
+                return
         node.owned.add(vb)
+        self.open_stream(node, vb, self.resume_position(node, vb))
+        await self.send_or_lose(node)
+
+    def open_stream(self, node: _Node, vb: int, position: VbPosition | None) -> None:
+        """The stream request itself (no await between the checks before it and this).
+
+        ``until-now`` asks even when the position is at or past the end seqno: only the node
+        can say whether that position is still on its branch (a failover may have lowered
+        the high seqno below it); it ends such a stream at once, or answers ROLLBACK."""
+        assert node.conn is not None
         self.last_session[vb] = node.session_started
+        end = self.end_seqnos.get(vb, NO_END_SEQNO)
         node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
-        await node._send()
 
     async def reached(self) -> None:
-        """``until-now``: end the streams already at their end seqno. The server ends a stream
-        at the end seqno asked for; after a failover lowered it (rollback), the server would
-        wait for seqnos the new branch may never reach."""
+        """``until-now``: close the streams that reached an end a failover lowered. The server
+        ends a stream at the end seqno asked for; after a failover lowered the high seqno
+        (rollback), it would wait for seqnos the new branch may never reach. The stream
+        closed (reason closed) is asked for again up to the lowered end (:meth:`reopen`),
+        which the node ends with OK: the vbucket's last stream is a whole one."""
         if self.mode != "until-now":
             return
         for node in list(self.nodes.values()):
             if node.conn is None or node.dead or not node.conn.ready:
                 continue
             positions = node.conn.positions()
-            ended = [
-                vb
-                for vb in node.conn.streaming()
-                if vb in self.pending
-                and vb in positions
-                and positions[vb].seqno >= self.end_seqnos.get(vb, NO_END_SEQNO)
-            ]
+            ended = []
+            for vb in node.conn.streaming():
+                end = self.end_seqnos.get(vb, NO_END_SEQNO)
+                requested = node.conn.requested_end(vb)
+                if (
+                    vb in self.pending
+                    and vb in positions
+                    and positions[vb].seqno >= end
+                    and requested is not None
+                    and requested > end
+                ):
+                    ended.append(vb)
             for vb in ended:
                 node.conn.close_stream(vb)
-                self.vb_done(vb)
             if ended:
-                with contextlib.suppress(ConnectionLostError):
-                    await node._send()
+                await self.send_or_lose(node)
 
     async def ask_high_seqnos(self) -> None:
         """``until-now``, every :data:`WATCH_S` of a run still streaming: the high seqnos
@@ -787,6 +899,8 @@ class _Agent:
         await self.place(vb, delay=self.settings.backoff_s)
 
     async def node_lost(self, node: _Node, why: str) -> None:
+        if node.dead:
+            return  # the read loop and a sender may both find the connection gone
         log.warning("capture: connection to %s lost (%s); resuming elsewhere", node.label, why)
         node.dead = True
         self.summary.reconnects += 1
@@ -802,19 +916,23 @@ class _Agent:
             self.spawn(self.place(vb, delay=self.settings.backoff_s))
 
     async def reopen(self, node: _Node, vb: int) -> None:
+        """Ask again, on the same connection, for a stream that ended (closed, too slow,
+        refused for now): from this connection's position."""
         assert node.conn is not None
-        await asyncio.sleep(self.settings.backoff_s)
-        if self.stopping or node.dead or vb not in self.pending:
+        if vb in self.placing:
             return
-        if vb in node.conn.streaming():
+        self.placing.add(vb)  # watch() leaves it alone while it waits
+        try:
+            await asyncio.sleep(self.settings.backoff_s)
+        finally:
+            self.placing.discard(vb)
+        if not self.may_open(node, vb):
+            if node.dead and vb in self.pending and not self.stopping:
+                self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
         position = node.conn.positions().get(vb, self.durable.get(vb))
-        end = self.end_seqnos.get(vb, NO_END_SEQNO)
-        if position is not None and position.seqno >= end:
-            self.vb_done(vb)
-            return
-        node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
-        await node._send()
+        self.open_stream(node, vb, position)
+        await self.send_or_lose(node)
 
     # --- events ---
 
@@ -828,6 +946,8 @@ class _Agent:
                 # again (HighSeqnos lowers the end; reached() then ends the vbucket)
                 node.conn.request_high_seqnos()
                 await node._send()
+        elif isinstance(event, ClusterStateRecorded):
+            node.recorded.set()
         elif isinstance(event, NotMyVbucket):
             self.spawn(self.move_away(node, event.vbucket))
         elif isinstance(event, StreamRefused):
@@ -903,6 +1023,34 @@ class _Agent:
         self.summary.positions = dict(self.durable)
         return self.summary
 
+    async def record_cluster_state(self, live: list[_Node]) -> None:
+        """The end of each session: its node's high seqnos and the failover logs of our
+        vbuckets it holds, recorded in the capture (what the cluster's history is now, which
+        the quality check ``on_cluster_branch`` holds silver against). Best effort: a node
+        that does not answer within :data:`STOP_GRACE_S` leaves its session without them."""
+        ours = frozenset(self.vbuckets)
+        asked = []
+        for node in live:
+            if node.conn is None or node.dead or any(t.done() for t in node.tasks[:1]):
+                continue
+            node.conn.record_cluster_state(ours)
+            with contextlib.suppress(ConnectionLostError):
+                await node._send()
+                asked.append(node)
+        waits = [asyncio.ensure_future(n.recorded.wait()) for n in asked]
+        if waits:
+            readers = {n.tasks[0] for n in asked}
+            deadline = time.monotonic() + STOP_GRACE_S
+            while not all(w.done() for w in waits) and time.monotonic() < deadline:
+                if any(t.done() for t in readers):
+                    break
+                await asyncio.sleep(0.01)
+            for w in waits:
+                w.cancel()
+        missing = [n.label for n in asked if not n.recorded.is_set()]
+        if missing:
+            log.warning("capture: no cluster state recorded from %s", ", ".join(missing))
+
     async def shutdown(self) -> None:
         self.stopping = True
         for task in list(self.tasks):
@@ -921,6 +1069,8 @@ class _Agent:
             time.monotonic() < deadline and all(not t.done() for n in live for t in n.tasks[:1])
         ):
             await asyncio.sleep(0.02)
+        if self.failure is None:
+            await self.record_cluster_state(live)
         for node in live:
             node.tasks[0].cancel()
             with contextlib.suppress(BaseException):

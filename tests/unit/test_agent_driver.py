@@ -10,57 +10,19 @@ bucket's truth.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dcp_cdc.agent.driver import CaptureSettings, capture
+from dcp_cdc.agent.driver import capture
 from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError, TlsError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
 from tests.capture_harness import assert_captures_equal_truth
-from tests.reference_consumer import ReferenceConsumer
-
-BUCKET = "travel-sample"
-
-
-def settings(tmp: Path, connection_string: str, **changes: Any) -> CaptureSettings:
-    base: dict[str, Any] = {
-        "connection_string": connection_string,
-        "bucket": BUCKET,
-        "username": "Administrator",
-        "password": "password",
-        "landing": tmp / "landing",
-        "staging": tmp / "landing" / ".dcp-cdc-capture",
-        "state_dir": tmp / "state",
-        "buffer_bytes": 1 << 16,
-        "connect_timeout_s": 5.0,
-        "rotate_seconds": 0.3,
-        "backoff_s": 0.05,
-        "noop_interval_s": 2,
-    }
-    base.update(changes)
-    return CaptureSettings(**base)
-
-
-def truth(server: ProducerServer, out: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
-    server.write_truth(out)
-    docs = {}
-    for line in (out / "truth" / "documents.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        key = d["key"].encode() if "key" in d else base64.b64decode(d["key_b64"])
-        docs[(d["collection_id"], key)] = (d["seqno"], d["rev_seqno"])
-    return docs
-
-
-def captured(landing: Path) -> dict[tuple[int, bytes], tuple[int, int]]:
-    consumer = ReferenceConsumer()
-    consumer.consume(landing)
-    assert consumer.errors == []
-    return {k: (v.seqno, v.rev_seqno) for k, v in consumer.state().items()}
+from tests.capture_harness import captured_seqnos as captured
+from tests.capture_harness import in_process_settings as settings
+from tests.capture_harness import truth_seqnos as truth
 
 
 def test_capture_until_now_follow_with_faults_and_resume(tmp_path: Path) -> None:
