@@ -169,7 +169,9 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             sc,
             "bounded_streams_end_ok",
             "error",
-            "Every stream requested with an end seqno ended with reason Ok (spec §6.10).",
+            "Every stream requested with an end seqno ended with reason Ok (spec §6.10), or "
+            "a later stream of its vbucket resumed it (a recovered fault: a cut connection, a "
+            "move, a rollback).",
             IN_SET,
             _true("bounded_end_ok"),
             "end_detail",

@@ -485,7 +485,10 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
     def open_col(name: str) -> Column:
         return F.when(last_open, F.col(f"last.{name}"))
 
-    end_ok = F.coalesce(F.col("stream_end.reason_code") == 0, F.lit(False))
+    # a bounded stream that did not end OK (a cut connection, a move, a failover) but that a
+    # later stream of its vbucket resumed is a recovered fault, not an error: the latest
+    # stream of each vbucket is the one that must have ended OK
+    end_ok = F.coalesce(F.col("stream_end.reason_code") == 0, F.lit(False)) | ~F.col("latest")
     return joined.select(
         F.concat(
             F.lit("vb "),
