@@ -462,6 +462,7 @@ class _Steady:
             return "error no steady workload runs"
         self.stop.set()
         await self.task
+        self.task, self.stop = None, asyncio.Event()  # another steady workload may follow
         return f"ok {self.server.ops_done}"
 
 

@@ -8,11 +8,17 @@ workload) → ``dcp_cdc.agent`` → capture files → bronze → silver, equal t
 - kill -9 trials: the real command line is killed at random moments while the producer's
   workload runs (with failovers and rebalances between kills) and restarted each time; no
   partly written file is ever in the landing folder, and silver ends equal to the truth.
+- Server behaviours a real cluster shows (``make test-long``), each through ten runs of the
+  real command line: a failover whose new branch is shorter than what the agent holds, a
+  reset while stream requests are in flight, a node restarted after a few seconds, late
+  GET_ALL_VB_SEQNOS replies while other streams end OK. Every run exits 0, the captures equal
+  the bucket after each, and silver then equals the truth with ``dcp-cdc check`` passing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -27,14 +33,18 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.agent.driver import CaptureSettings, capture
+from dcp_cdc.capture import iter_capture
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.events import StreamRequest
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.job import ingest_bucket
+from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
 from tests.capture_harness import (
     PASSWORD,
     USER,
+    Producer,
     agent_command,
     agent_env,
     assert_captures_equal_truth,
@@ -50,6 +60,8 @@ ALL = os.environ.get("DCP_CDC_CAPTURE_ALL") == "1"
 alone, 6 kills with every fault between them (the per-fault runs without Spark are in
 tests/unit/test_agent_driver.py)."""
 KILLS = int(os.environ.get("DCP_CDC_CAPTURE_KILLS", "20" if ALL else "6"))
+BEHAVIOURS = ("shorter_branch", "reset_at_stream_requests", "node_restart", "late_seqnos")
+ROUNDS = int(os.environ.get("DCP_CDC_CAPTURE_ROUNDS", "10"))
 
 
 def _inject(server: ProducerServer, fault: str, rng: random.Random) -> None:
@@ -209,5 +221,136 @@ def test_kill_9_of_the_agent_at_random_moments_loses_nothing(
         ingest_bucket(spark, app, app.buckets[0])
         apply_bucket(spark, app, app.buckets[0])
         assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
+    finally:
+        _drop_all(spark, bucket)
+
+
+def _highs(prod: Producer) -> dict[int, int]:
+    """Each vbucket's high seqno now (from the truth the producer writes)."""
+    prod.control("truth")
+    summary = json.loads((prod.truth_out / "truth" / "summary.json").read_text())
+    return {v["vbucket"]: v["high_seqno"] for v in summary["vbuckets"]}
+
+
+def _run_agent(config: Path, *flags: str) -> str:
+    done = subprocess.run(
+        agent_command(config, *flags), env=agent_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _follow_through_a_restart(config: Path, prod: Producer, node: int) -> None:
+    """``--follow`` while a steady workload runs and ``node`` is down for 3 s; then SIGTERM."""
+    agent = subprocess.Popen(
+        agent_command(config, "--follow"),
+        env=agent_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(1.0)
+        prod.control("steady 400")
+        time.sleep(0.5)
+        prod.control(f"restart_node {node} 3000")
+        time.sleep(4.5)
+        prod.control("halt")
+        time.sleep(0.5)
+        assert agent.poll() is None, agent.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        agent.send_signal(signal.SIGTERM)
+        code = agent.wait(timeout=60)
+        assert code == 0, agent.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+
+
+def _requested_twice(files: list[Path]) -> list[tuple[str, int, int, int]]:
+    """Stream requests repeated in one file with the same vbucket, start and end."""
+    seen: dict[tuple[str, int, int, int], int] = {}
+    for path in files:
+        for event in iter_capture(path):
+            if isinstance(event, StreamRequest):
+                key = (path.name, event.header.vbucket, event.start_seqno, event.end_seqno)
+                seen[key] = seen.get(key, 0) + 1
+    return [k for k, n in seen.items() if n > 1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ALL, reason="make test-long (DCP_CDC_CAPTURE_ALL=1)")
+@pytest.mark.parametrize("behaviour", BEHAVIOURS)
+def test_a_server_behaviour_through_ten_runs_then_silver_and_the_check(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, behaviour: str
+) -> None:
+    rng = random.Random(BEHAVIOURS.index(behaviour))
+    bucket = f"beh{uuid.uuid4().hex[:6]}"
+    landing = tmp_path / "landing"
+    with producer(
+        tmp_path,
+        bucket=bucket,
+        nodes=4,
+        vbuckets=32,
+        docs=600,
+        ops=0,
+        seed=11 + BEHAVIOURS.index(behaviour),
+        ticks_out=tmp_path / "ticks.jsonl",
+    ) as prod:
+        config = write_config(
+            tmp_path / "conf" / "capture.toml",
+            landing=landing,
+            warehouse=spark_warehouse,
+            bucket=bucket,
+            connection_string=prod.info["connection_string"],
+            buffer_bytes=65536,
+            rotate_bytes=65536,
+            rotate_seconds=0.3,
+        )
+        highs: list[dict[int, int]] = []  # each vbucket's high seqno at each run's end
+        rollbacks = 0
+        for round_no in range(ROUNDS):
+            if behaviour == "shorter_branch" and len(highs) >= 2:
+                # two vbuckets fail over to where the run before last left them (captured
+                # whole); their new branches grow by one change: shorter than what the agent
+                # holds since the last run
+                prev, last, now = highs[-2], highs[-1], _highs(prod)
+                gains = sorted(((last[v] - prev[v], v) for v in now), reverse=True)[:2]
+                for gain, vb in gains:
+                    assert gain >= 2
+                    prod.control(f"failover {vb} 0 {now[vb] - prev[vb]} 1")
+            elif behaviour == "reset_at_stream_requests":
+                prod.control(f"cut_requests {round_no % 4} {rng.randint(2, 7)}")
+            elif behaviour == "late_seqnos":
+                prod.control(f"slow_seqnos {rng.randint(300, 2500)}")
+            elif behaviour == "node_restart":
+                _follow_through_a_restart(config, prod, round_no % 4)
+            before = set(landing.glob("*.dcpcap"))
+            out = _run_agent(config, "--until", "now")
+            rollbacks += (
+                int(out.split("rollbacks: ")[1].split(";")[0]) if "rollbacks: " in out else 0
+            )
+            new = sorted(set(landing.glob("*.dcpcap")) - before)
+            assert not _requested_twice(new), _requested_twice(new)[:3]
+            assert_landing_whole(landing)
+            prod.control("truth")
+            assert assert_captures_equal_truth(landing, prod.truth_out) > 300
+            highs.append(_highs(prod))
+            prod.control("changes 300")
+        if behaviour == "shorter_branch":
+            assert rollbacks >= 2 * (ROUNDS - 2), rollbacks
+        prod.control("slow_seqnos 0")
+        _run_agent(config, "--until", "now")
+        prod.control("truth")
+        truth_out = prod.truth_out
+    assert assert_captures_equal_truth(landing, truth_out) > 300
+    app = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    try:
+        ingest_bucket(spark, app, app.buckets[0])
+        apply_bucket(spark, app, app.buckets[0])
+        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
+        report = check_bucket(spark, app, app.buckets[0])
+        assert report.passed and report.failed_errors == [], report.render()
     finally:
         _drop_all(spark, bucket)
