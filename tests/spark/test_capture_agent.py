@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -354,3 +355,88 @@ def test_a_server_behaviour_through_ten_runs_then_silver_and_the_check(
         assert report.passed and report.failed_errors == [], report.render()
     finally:
         _drop_all(spark, bucket)
+
+
+def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees_a_miss(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """Two ``--until now`` runs capture a bucket; two vbuckets then fail over to where the
+    first run left them and their new branches grow by two changes, below what the agent
+    holds. A third run as the agent used to be (a vbucket at or past its end seqno was done
+    without asking the node) leaves silver on the abandoned branch, and only the check that
+    silver lies on the cluster's current branch fails. The third run as it is now rolls back:
+    silver equals the bucket and every check passes."""
+    bucket = f"fo{uuid.uuid4().hex[:6]}"
+    landing = {"before": tmp_path / "before", "after": tmp_path / "after"}
+
+    def settings(which: str) -> CaptureSettings:
+        return CaptureSettings.into(
+            landing[which],
+            connection_string=server.connection_string,
+            bucket=bucket,
+            username=USER,
+            password=PASSWORD,
+            buffer_bytes=64 * 1024,
+            rotate_seconds=0.5,
+            backoff_s=0.05,
+        )
+
+    async def as_the_agent_was(self: Any, node: Any, vb: int) -> None:
+        position, end = self.durable.get(vb), self.end_seqnos.get(vb)
+        if position is not None and end is not None and position.seqno >= end:
+            self.vb_done(vb)  # done without a stream request: no chance of a ROLLBACK
+            return
+        await open_on(self, node, vb)
+
+    from dcp_cdc.agent import driver
+
+    open_on = driver._Agent.open_on
+
+    async def captures() -> None:
+        first = await capture(settings("before"))
+        server.changes(600)
+        second = await capture(settings("before"))
+        gains = sorted((second.positions[v].seqno - first.positions[v].seqno, v) for v in range(16))
+        for gain, vb in gains[-2:]:
+            assert gain >= 3
+            server.failover(vb, lost=0, back=gain, grow=2)
+        shutil.copytree(landing["before"], landing["after"])  # the checkpoint too
+        driver._Agent.open_on = as_the_agent_was  # type: ignore[method-assign]
+        try:
+            missed = await capture(settings("before"))
+        finally:
+            driver._Agent.open_on = open_on  # type: ignore[method-assign]
+        assert missed.rollbacks == 0
+        fixed = await capture(settings("after"))
+        assert fixed.rollbacks >= 2
+        server.write_truth(tmp_path)
+
+    async def scenario() -> None:
+        nonlocal server
+        config = SimConfig(scenario="mixed", seed=5, bucket=bucket, vbuckets=16, docs=400, ops=0)
+        async with ProducerServer(config, nodes=2, users={USER: PASSWORD}) as server:
+            await asyncio.wait_for(captures(), 120)
+
+    server: Any = None
+    asyncio.run(scenario())
+    truth = SimpleNamespace(out=tmp_path)
+    for which in ("before", "after"):
+        app = AppConfig(
+            landing=str(landing[which]),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+        )
+        try:
+            ingest_bucket(spark, app, app.buckets[0])
+            apply_bucket(spark, app, app.buckets[0])
+            report = check_bucket(spark, app, app.buckets[0])
+            failed = set(report.failed_errors)
+            if which == "before":
+                with pytest.raises(AssertionError):
+                    assert_equal_to_truth(spark, bucket, truth)  # type: ignore[arg-type]
+                assert failed == {"stream_coverage.on_cluster_branch"}, report.render()
+            else:
+                assert_equal_to_truth(spark, bucket, truth)  # type: ignore[arg-type]
+                assert not failed, report.render()
+        finally:
+            _drop_all(spark, bucket)
