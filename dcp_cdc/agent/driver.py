@@ -6,7 +6,7 @@ the socket reader hands each run of captured frames to the queue and only then t
 ``consumed()``, so a lagging writer stops the acknowledgements and flow control stops the node
 (spec §7.6); a full queue also stops the reads. Every wait has a timeout.
 
-Durability (the design of issue 15): a file is fsync'd and renamed before the checkpoint that
+Durability: a file is fsync'd and renamed before the checkpoint that
 covers its frames is committed; the checkpoint is committed after every file close. Before a
 vbucket is re-opened on another connection, the session that streamed it closes its file and
 commits, so the new stream starts from a durable position; and a connection whose session
@@ -14,11 +14,25 @@ started before the session that last streamed the vbucket starts a new session f
 bronze's order (session_started_at, session_id, file_sequence, offset) stays the wire order
 of every vbucket.
 
-Stream ends: OK is done (``until-now``); closed is ours; state_changed and NOT_MY_VBUCKET
-refresh the cluster map and re-open on the owner; FILTER_EMPTY stops the vbucket and records
-it; every other reason re-opens from the position. A dead connection (2 × the noop interval
-of silence, a reset, EOF) closes its session durably, then its vbuckets resume from their
-durable positions on a new connection, after a backoff.
+Ends (``until-now``): a vbucket is done only when its stream ends OK. A position at or past
+the end seqno is still asked for (the node either ends that stream at once or answers
+ROLLBACK: a failover may have left a branch shorter than what we hold), and a stream whose
+end a failover lowered is closed and asked for again up to the lowered end. A stream opener
+checks, after its last wait and right before its request, that the vbucket still needs one
+(:meth:`_Agent.may_open`): one that wakes after the stream ended OK, or after a stop, does
+nothing.
+
+Stream ends: closed is ours (or :meth:`_Agent.reached`'s, which asks again); state_changed
+and NOT_MY_VBUCKET refresh the cluster map and re-open on the owner; FILTER_EMPTY stops the
+vbucket and records it; every other reason re-opens from the position. A dead connection (2 ×
+the noop interval of silence, a reset, EOF, or a send that fails, wherever it was sent from)
+closes its session durably, then its vbuckets resume from their durable positions on a new
+connection. A node that cannot be reached is tried again by every placement waiting for it on
+one shared, jittered, exponential backoff, until ``reconnect_timeout_s`` has passed.
+
+The end of a run: each session still connected records its node's high seqnos and the
+failover logs of our vbuckets there (:meth:`_Agent.record_cluster_state`) before its last file
+closes.
 
 Secrets: the password reaches only the SASL exchange; nothing here logs it.
 """
