@@ -165,10 +165,16 @@ def list_files(location: str, suffix: str, settings: Mapping[str, str] | None = 
         return Listing()
     selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
     files, skipped = [], []
+    undecodable = False
     for info in fs.get_file_info(selector):
-        if not info.base_name.endswith(suffix):
+        try:
+            name, where = info.base_name, info.path
+        except UnicodeDecodeError:  # pyarrow decodes names as UTF-8 when asked for them
+            undecodable = True
             continue
-        path = _location_of(location, info.path)
+        if not name.endswith(suffix):
+            continue
+        path = _location_of(location, where)
         if info.type == pafs.FileType.File and info.size:
             files.append(Listed(path, info.size, _millis(info.mtime_ns)))
         else:
@@ -178,7 +184,33 @@ def list_files(location: str, suffix: str, settings: Mapping[str, str] | None = 
             Skipped(_location_of(location, link), _SKIPPED[pafs.FileType.NotFound])
             for link in _dangling_links(root, suffix)
         ]
+    if undecodable:
+        skipped += _undecodable(location, root, suffix, local=isinstance(fs, pafs.LocalFileSystem))
     return Listing(sorted(files), sorted(set(skipped)))
+
+
+NOT_UTF8 = "its name is not UTF-8 (rename it to read it)"
+
+
+def _undecodable(location: str, root: str, suffix: str, *, local: bool) -> list[Skipped]:
+    """The entries named with bytes that are not UTF-8, shown with those bytes escaped
+    (``\\xff``): bronze keeps every path as text, so such a file cannot be read or logged as
+    it is. A local folder is walked for them by name; elsewhere one entry says they exist."""
+    if not local:
+        return [Skipped(_location_of(location, root) + "/…", NOT_UTF8)]
+    tail = suffix.encode()
+    found = []
+    for folder, dirs, names in os.walk(os.fsencode(root)):
+        for name in [*names, *dirs]:
+            if not name.endswith(tail):
+                continue
+            try:
+                name.decode("utf-8")
+                os.fsdecode(folder).encode("utf-8")
+            except UnicodeError:
+                shown = os.path.join(folder, name).decode("utf-8", "backslashreplace")
+                found.append(Skipped(_location_of(location, shown), NOT_UTF8))
+    return found
 
 
 def _dangling_links(root: str, suffix: str) -> list[str]:

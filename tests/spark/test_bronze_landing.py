@@ -4,6 +4,7 @@ rest is reported, and never blocks the other files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -172,7 +173,8 @@ def test_landing_folder_torture(
     spark_warehouse: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Among good files: a folder, a dangling link, an empty file and junk named as captures;
+    """Among good files: a folder, a dangling link, an empty file, junk named as captures and
+    a capture whose name is not UTF-8;
     a file that vanishes and one that grows between listing and reading; one replaced (same
     size) between planning and writing. An ingest log of the version before digests."""
     landing = tmp_path / "landing"
@@ -190,6 +192,8 @@ def test_landing_folder_torture(
     (landing / "dangling.dcpcap").symlink_to(tmp_path / "nowhere")
     (landing / "empty.dcpcap").touch()
     (landing / "junk.dcpcap").write_bytes(b"not a capture file at all")
+    with open(os.path.join(os.fsencode(landing), b"named\xff.dcpcap"), "wb") as fh:
+        fh.write(original[replaced])  # a good capture, under a name that is not UTF-8
     by_name[growing].write_bytes(original[growing][: len(original[growing]) // 2])
 
     listed = job.list_captures
@@ -229,6 +233,7 @@ def test_landing_folder_torture(
             f"{landing / 'dangling.dcpcap'}: a dangling link, or gone while listing",
             f"{landing / 'empty.dcpcap'}: empty (0 bytes)",
             f"{landing / 'folder.dcpcap'}: a folder, not a file",
+            f"{landing}/named\\xff.dcpcap: its name is not UTF-8 (rename it to read it)",
             f"{by_name[vanishing]}: vanished before it was read",
             f"{by_name[growing]}: grew past the {len(original[growing]) // 2} bytes planned "
             "(while planning); left for a later run",

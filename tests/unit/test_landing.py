@@ -89,6 +89,21 @@ def test_odd_entries_are_skipped_and_reported(landing: Path) -> None:
     assert str(listing.skipped[2]) == f"{landing / 'empty.dcpcap'}: empty (0 bytes)"
 
 
+def test_a_name_that_is_not_utf8_is_skipped_and_reported(landing: Path) -> None:
+    """pyarrow raises UnicodeDecodeError for such a name: it must not stop the listing."""
+    odd = os.path.join(os.fsencode(landing), b"bad\xff.dcpcap")
+    with open(odd, "wb") as fh:
+        fh.write(b"frames")
+    with open(os.path.join(os.fsencode(landing), b"other\xfe.txt"), "wb") as fh:
+        fh.write(b"not ours")
+    listing = list_files(str(landing), ".dcpcap")
+    assert [Path(f.path).name for f in listing.files] == ["two.dcpcap", "one.dcpcap"]
+    assert listing.skipped == [
+        Skipped(str(landing / "a" / "dir.dcpcap"), "a folder, not a file"),
+        Skipped(f"{landing}/bad\\xff.dcpcap", "its name is not UTF-8 (rename it to read it)"),
+    ]
+
+
 def test_why_a_listed_file_can_no_longer_be_read(landing: Path) -> None:
     assert gone(str(landing / "one.dcpcap")) is None  # still a file
     assert gone(str(landing / "vanished.dcpcap")) == "vanished"
