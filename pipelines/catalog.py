@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipelines.tables import LAYERS, BucketTables, all_rows
+from pipelines.tables import LAYERS, WITH_TABLES, BucketTables, all_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,7 +102,7 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
     if spark.catalog.tableExists(names.quarantine):
         overview.quarantined = spark.table(names.quarantine).count()
     if spark.catalog.tableExists(names.registry):
-        registry = spark.table(names.registry).where(F.col("status") != "retired").collect()
+        registry = spark.table(names.registry).where(F.col("status").isin(*WITH_TABLES)).collect()
         now = F.unix_timestamp()
         deleted, expiry = F.col("_deleted"), F.col("_expiry")
         tallies = [

@@ -291,8 +291,10 @@ REGISTRY = T.StructType(
         T.StructField("updated_at", T.TimestampType()),
     ]
 )
-"""``silver.<bucket>__collections``: ``status`` is live, dropped (not yet in every vbucket) or
-retired (its table archived or dropped)."""
+"""``silver.<bucket>__collections``: ``status`` is live, dropped (not yet in every vbucket),
+retiring (its drop reached every vbucket: its tables are being archived or dropped; only a
+killed run leaves it so, and the next run finishes the retire) or retired (its tables
+archived or dropped)."""
 
 STATE = T.StructType(
     [

@@ -141,3 +141,8 @@ def report_location(config: AppConfig, bucket: str) -> str:
 
 LIVE_ROWS = "NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
 """The rows of a collection's ``_all`` table its view shows: live documents, not expired."""
+
+
+WITH_TABLES = ("live", "dropped")
+"""The collection registry's statuses (``silver.<bucket>__collections.status``) whose tables
+are in the catalog and may be written; ``retiring`` and ``retired`` ones are not."""

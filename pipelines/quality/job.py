@@ -127,7 +127,12 @@ def silver_frames(
         return SilverFrames(states, rows, live, names)
     reg = read_at(spark, registry, at)
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
-    for r in reg.where(F.col("status") != "retired").select("table_name").distinct().collect():
+    for r in (
+        reg.where(F.col("status").isin(*tables.WITH_TABLES))
+        .select("table_name")
+        .distinct()
+        .collect()
+    ):
         table = r["table_name"]
         all_rows = tables.all_rows(table)
         if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):

@@ -226,7 +226,7 @@ def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> li
     their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
     from pipelines.silver import store
 
-    live = [r for r in store.read_registry(spark, bucket) if r["status"] != "retired"]
+    live = [r for r in store.read_registry(spark, bucket) if r["status"] in tables.WITH_TABLES]
     if collection is not None:
         chosen = [r for r in live if f"{r['scope']}.{r['name']}" == collection]
         if not chosen:

@@ -123,7 +123,7 @@ def ensure_projections(
     made = []
     for row in registry:
         projection = wanted.get((row["scope"], row["name"]))
-        if projection is None or row["status"] == "retired":
+        if projection is None or row["status"] not in tables.WITH_TABLES:
             continue
         view = row["table_name"]
         # the collection's view has the VARIANT when its table has it (a catalog lookup)
@@ -340,7 +340,7 @@ def update_registry(
         current[cid] = _registry_row(cid, -1, "_unknown", f"collection_{cid:x}", bucket)
         changed = True
     for row in current.values():
-        if row["status"] != "retired":
+        if row["status"] in tables.WITH_TABLES:
             ensure_collection_table(
                 spark, row["table_name"], properties, document_variant=document_variant
             )
@@ -370,7 +370,7 @@ def _registry_row(cid: int, sid: int, scope: str, name: str, bucket: str) -> dic
 
 def _table_of(registry: Registry, cid: int) -> str | None:
     for r in registry:
-        if r["collection_id"] == cid and r["status"] != "retired":
+        if r["collection_id"] == cid and r["status"] in tables.WITH_TABLES:
             return tables.all_rows(r["table_name"])
     return None
 
@@ -382,12 +382,26 @@ def retire_dropped(
     states: dict[int, dict[str, Any]],
     config: AppConfig,
 ) -> None:
-    """A collection whose drop reached every vbucket is retired (archived or dropped)."""
+    """A collection whose drop reached every vbucket is retired (archived or dropped).
+
+    Kill-safe: the registry says ``retiring`` before the first catalog change and ``retired``
+    after the last. A run killed in between leaves ``retiring``, which no step makes tables
+    for and the next run finishes (each step is a no-op when already done)."""
     vbuckets = set(states)
-    changed = False
-    for row in registry:
-        if row["status"] != "dropped" or not vbuckets <= set(row["drop_seqnos"]):
-            continue
+    todo = [
+        row
+        for row in registry
+        if row["status"] == "retiring"
+        or (row["status"] == "dropped" and vbuckets <= set(row["drop_seqnos"]))
+    ]
+    if not todo:
+        return
+    table = BucketTables(bucket).registry
+    if any(row["status"] == "dropped" for row in todo):
+        for row in todo:
+            row["status"] = "retiring"
+        _save_registry(spark, table, registry)
+    for row in todo:
         name = row["table_name"]
         if config.silver.retire == "archive":
             stamp = time.strftime("%Y%m%d", time.gmtime())
@@ -412,9 +426,7 @@ def retire_dropped(
         for view in (tables.typed(name), name):
             delta_io.catalog_step(view, partial(spark.sql, f"DROP VIEW IF EXISTS {view}"), "")
         row["status"] = "retired"
-        changed = True
-    if changed:
-        _save_registry(spark, BucketTables(bucket).registry, registry)
+    _save_registry(spark, table, registry)
 
 
 # --- MERGEs and deletes --------------------------------------------------------------------
@@ -555,7 +567,7 @@ def rebuild_rolled_back(
     rows = transforms.silver_rows(changes)
     rebuilt = 0
     for reg in registry:
-        if reg["status"] == "retired":
+        if reg["status"] not in tables.WITH_TABLES:
             continue
         table = tables.all_rows(reg["table_name"])
         batch = rows.where(F.col("_collection_id") == reg["collection_id"])
@@ -623,7 +635,7 @@ def apply_history(
     versions = transforms.version_rows(changes)
     added: dict[str, int] = {}
     for reg in registry:
-        if reg["status"] == "retired" or not keeps(reg["scope"], reg["name"]):
+        if reg["status"] not in tables.WITH_TABLES or not keeps(reg["scope"], reg["name"]):
             continue
         cid = reg["collection_id"]
         table = tables.history(reg["table_name"])
@@ -723,7 +735,7 @@ def purge_tombstones(
     old = transforms.old_tombstone(retention_hours)
     purged: dict[str, int] = {}
     for reg in registry:
-        if reg["status"] == "retired":
+        if reg["status"] not in tables.WITH_TABLES:
             continue
         table = tables.all_rows(reg["table_name"])
         marks = transforms.purge_marks(spark.table(table), table, old).cache()

@@ -128,3 +128,70 @@ def _apply_killed_then_again(
     setup = kh.Setup(tmp_path, Path(), Path(config.warehouse), result, bucket)
     assert kh.regressions(setup) == []
     assert_equal_to_truth(spark, bucket, result)
+
+
+def _silver_catalog(spark: SparkSession, bucket: str) -> set[tuple[str, str]]:
+    """The bucket's silver tables and views, named without the bucket."""
+    prefix = bucket.replace("-", "_")
+    return {
+        (t.name[len(prefix) :], t.tableType)
+        for t in spark.catalog.listTables("silver")
+        if t.name.startswith(prefix)
+    }
+
+
+def test_a_retire_killed_before_the_registry_is_saved_is_finished_by_the_next_run(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A dropped collection is retired (its table archived, its views dropped); the run is
+    killed right after the retire dropped its typed view, before the registry said so. The
+    next run must finish the retire, not make the collection's table again (empty): the
+    catalog ends as one uninterrupted run leaves it."""
+    from pipelines import faults
+
+    names = {
+        w: f"rt{w}{tmp_path.name[-6:]}".replace("_", "").replace("-", "").lower() for w in "ab"
+    }
+    results = {
+        w: simulate(
+            tmp_path / w,
+            bucket=name,
+            scenario="collection-lifecycle",
+            seed=4,
+            vbuckets=2,
+            docs=60,
+            ops=150,
+        )
+        for w, name in names.items()
+    }
+    configs = {
+        w: AppConfig(
+            landing=str(results[w].out / "landing"),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=names[w])],
+        )
+        for w in names
+    }
+
+    def killed() -> None:
+        raise KeyboardInterrupt("killed after the retire, before the registry is saved")
+
+    try:
+        for w in names:
+            ingest_bucket(spark, configs[w], configs[w].buckets[0])
+        apply_bucket(spark, configs["a"], configs["a"].buckets[0])  # uninterrupted
+        with monkeypatch.context() as m:
+            m.setenv(faults.KILL_AT_ENV, "catalog:silver.*__typed")
+            m.setattr(faults, "kill_now", killed)
+            with pytest.raises(KeyboardInterrupt):
+                apply_bucket(spark, configs["b"], configs["b"].buckets[0])
+        apply_bucket(spark, configs["b"], configs["b"].buckets[0])
+        assert_equal_to_truth(spark, names["b"], results["b"])
+        uninterrupted = _silver_catalog(spark, names["a"])
+        assert any("__dropped_" in n for n, _ in uninterrupted)  # a retire happened
+        assert _silver_catalog(spark, names["b"]) == uninterrupted
+        statuses = {r["status"] for r in spark.table(f"silver.{names['b']}__collections").collect()}
+        assert "retiring" not in statuses and "retired" in statuses
+    finally:
+        for name in names.values():
+            _drop_all(spark, name)
