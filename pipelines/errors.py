@@ -14,6 +14,11 @@ class SparkSetupError(DcpError):
     """The local Spark set-up is missing or conflicts with the session asked for."""
 
 
+class CatalogError(SparkSetupError):
+    """The embedded catalog of a local warehouse (``<warehouse>/metastore_db``) cannot be
+    opened: another process has it, or it is damaged. The message says which and what to do."""
+
+
 class CommitConflictError(DcpError):
     """Another writer kept winning the Delta commit race (or the catalog race) on a table;
     nothing of the step was written, and running again is safe."""

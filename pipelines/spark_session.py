@@ -9,7 +9,9 @@ registered in the catalog persist across sessions: the catalog is Spark's built-
 on an embedded Derby database kept in ``<warehouse>/metastore_db``, with ``derby.log`` beside it,
 so a session writes nothing to the working directory.
 
-Embedded Derby admits one JVM at a time: two live Spark processes cannot share a warehouse.
+Embedded Derby admits one JVM at a time: two live Spark processes cannot share a warehouse
+(the second gets a :class:`~pipelines.errors.CatalogError` at once; a catalog whose creation
+was killed is set aside and made again: :mod:`pipelines.local_catalog`).
 While a session runs, asking for one on another warehouse is an error. JVM options (the jars,
 ``derby.system.home``) are fixed by the first session of a Python process: after ``stop()`` a
 new session may use another warehouse, but ``derby.log`` stays where the first one put it.
@@ -33,6 +35,7 @@ from urllib.parse import urlparse
 
 from dcp_cdc.config import is_uri
 from pipelines.errors import SparkSetupError
+from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +48,6 @@ JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 CHECKOUT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
 """Where ``make setup`` puts the jars, when this package runs from a checkout."""
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
-METASTORE_DIR_NAME = "metastore_db"
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
 C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
@@ -222,8 +224,11 @@ def build_spark_session(
                 f"expected none, or one on {location}. Stop it first (spark.stop())."
             )
 
+    embedded = isinstance(location, Path) and not metastore
     if isinstance(location, Path):
         location.mkdir(parents=True, exist_ok=True)
+        if embedded:
+            open_local_catalog(location)
     submitted = launched_by_spark_submit()
     conf = spark_conf(
         app_name,
@@ -241,7 +246,14 @@ def build_spark_session(
     builder = SparkSession.builder.enableHiveSupport()
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if embedded and active is None:
+        assert isinstance(location, Path)
+        try:  # open the catalog now, so that a failure is ours to explain
+            spark.catalog.listDatabases()
+        except Exception as exc:
+            raise explain_open_failure(location, exc) from None
+    return spark
 
 
 def session_for(
