@@ -74,6 +74,8 @@ I64 = pa.int64()
 I32 = pa.int32()
 I16 = pa.int16()
 FAILOVER_ENTRY_TYPE = pa.struct([("vb_uuid", I64), ("seqno", I64)])
+HIGH_SEQNO_TYPE = pa.struct([("vbucket", I32), ("seqno", I64)])
+"""An entry of ``high_seqnos`` (a GET_ALL_VB_SEQNOS reply)."""
 XATTRS_TYPE = pa.map_(pa.string(), pa.string())
 FLAG_NAMES_TYPE = pa.list_(pa.string())
 
@@ -134,6 +136,7 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
     ("stream_flag_names", FLAG_NAMES_TYPE),
     ("status_name", pa.string()),
     ("failover_log", pa.list_(FAILOVER_ENTRY_TYPE)),
+    ("high_seqnos", pa.list_(HIGH_SEQNO_TYPE)),
     ("rollback_seqno", I64),
     ("stream_opaque", I64),
     ("buffer_bytes", I64),
@@ -141,6 +144,8 @@ COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
 )
 ARROW_SCHEMA = pa.schema([pa.field(n, t) for n, t in COLUMNS])
 
+_PAIR_LISTS = ("failover_log", "high_seqnos")
+"""Columns that are lists of pairs of u64 wire values (stored as int64)."""
 _NUMERIC = {n: t for n, t in COLUMNS if pa.types.is_integer(t) or pa.types.is_boolean(t)}
 _STRINGS = [n for n, t in COLUMNS if pa.types.is_string(t) and n != "op"]
 _BINARIES = [n for n, t in COLUMNS if pa.types.is_binary(t)]
@@ -203,7 +208,7 @@ def event_to_row(event: Event) -> dict[str, Any]:
     """The column values of one event: the reference the columnar path must equal."""
     row = raw_row(event)
     for name, value in row.items():
-        if name == "failover_log":
+        if name in _PAIR_LISTS:
             row[name] = [(to_signed64(u), to_signed64(s)) for u, s in value]
         elif isinstance(value, int) and not isinstance(value, bool):
             row[name] = to_signed64(value)
@@ -520,6 +525,7 @@ class _Columns:
         # (entry rows, keys, items, the map offsets of these entries alone if known)
         self.xattr_entries: list[tuple[Any, pa.Array, pa.Array, Any]] = []
         self.failover: list[tuple[int, list[tuple[int, int]]]] = []
+        self.high_seqnos: list[tuple[int, list[tuple[int, int]]]] = []
         self.flag_names: tuple[list[int], list[list[str]]] = ([], [])
         self.extra = bytearray()
         self.pending: dict[str, tuple[list[int], list[Any]]] = {
@@ -588,9 +594,10 @@ class _Columns:
                 self.set_bytes(name, rows, source, values, self.bin_pending_len[name])
             elif name == "xattrs":
                 self._add_xattr_dicts(rows, values)
-            elif name == "failover_log":
+            elif name in _PAIR_LISTS:
                 signed = [[(to_signed64(u), to_signed64(s)) for u, s in log] for log in values]
-                self.failover.extend(zip(rows, signed, strict=True))
+                pairs = self.failover if name == "failover_log" else self.high_seqnos
+                pairs.extend(zip(rows, signed, strict=True))
             elif name == "stream_flag_names":
                 self.flag_names[0].extend(rows)
                 self.flag_names[1].extend(values)
@@ -640,7 +647,8 @@ class _Columns:
             else:
                 arrays[name] = _views(*ranges).cast(pa.binary())
         arrays["xattrs"] = self._xattrs()
-        arrays["failover_log"] = _sparse_list(n, self.failover)
+        arrays["failover_log"] = _sparse_list(n, self.failover, FAILOVER_ENTRY_TYPE)
+        arrays["high_seqnos"] = _sparse_list(n, self.high_seqnos, HIGH_SEQNO_TYPE)
         arrays["stream_flag_names"] = _sparse_names(n, *self.flag_names)
         table = pa.table([arrays[c] for c, _ in COLUMNS], schema=ARROW_SCHEMA)
         return table if keep.all() else table.filter(_numeric(pa.bool_(), keep))
@@ -735,22 +743,26 @@ def _sparse_names(n: int, rows: list[int], names: list[list[str]]) -> pa.Array:
     )
 
 
-def _sparse_list(n: int, entries: Iterable[tuple[int, list[tuple[int, int]]]]) -> pa.Array:
+def _sparse_list(
+    n: int, entries: Iterable[tuple[int, list[tuple[int, int]]]], entry: pa.StructType
+) -> pa.Array:
+    """A list column of ``n`` rows of pairs (``entry``'s two fields), null but at ``entries``."""
     counts = np.zeros(n, dtype=_I32)
     mask = np.ones(n, dtype=np.bool_)
-    uuids: list[int] = []
-    seqnos: list[int] = []
+    firsts: list[int] = []
+    seconds: list[int] = []
     for i, log in sorted(entries, key=lambda e: e[0]):
         counts[i] = len(log)
         mask[i] = False
-        uuids.extend(u for u, _ in log)
-        seqnos.extend(s for _, s in log)
+        firsts.extend(u for u, _ in log)
+        seconds.extend(s for _, s in log)
     if mask.all():
-        return pa.nulls(n, pa.list_(FAILOVER_ENTRY_TYPE))
+        return pa.nulls(n, pa.list_(entry))
     offsets = np.zeros(n + 1, dtype=_I32)
     np.cumsum(counts, out=offsets[1:])
+    fields = list(entry)
     values = pa.StructArray.from_arrays(
-        [pa.array(uuids, I64), pa.array(seqnos, I64)], fields=list(FAILOVER_ENTRY_TYPE)
+        [pa.array(firsts, fields[0].type), pa.array(seconds, fields[1].type)], fields=fields
     )
     return pa.ListArray.from_arrays(
         _numeric(pa.int32(), offsets), values, mask=_numeric(pa.bool_(), mask)

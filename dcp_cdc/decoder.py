@@ -41,6 +41,8 @@ from dcp_cdc.events import (
     StreamRequestResponse,
     SystemEvent,
     UnknownFrame,
+    VbSeqnosRequest,
+    VbSeqnosResponse,
 )
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
@@ -52,6 +54,7 @@ from dcp_cdc.protocol import (
     RESPONSE_MAGICS,
     STREAM_ID_FRAME_INFO,
     STREAM_ID_LEN,
+    ClientOpcode,
     Datatype,
     Opcode,
     Status,
@@ -618,6 +621,44 @@ def read_failover_log_response(
     return FailoverLogResponse(h, status_name(status), None, value)
 
 
+def parse_vb_seqnos(value: bytes) -> tuple[tuple[int, int], ...]:
+    """N × (u16 vbucket, u64 high seqno): a GET_ALL_VB_SEQNOS reply (possibly none)."""
+    size = layouts.VB_SEQNO_ENTRY.length
+    if len(value) % size:
+        raise FieldError(
+            "bad GET_ALL_VB_SEQNOS reply",
+            expected="a multiple of 10 bytes",
+            got=f"{len(value)} bytes",
+        )
+    return tuple(
+        layouts.VB_SEQNO_ENTRY.unpack(value, i)  # type: ignore[misc]
+        for i in range(0, len(value), size)
+    )
+
+
+def read_vb_seqnos_request(
+    h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool
+) -> Event:
+    """Extras: none (every state), the vbucket state, or the state and a collection id."""
+    _require_empty("key", key)
+    _require_empty("value", value)
+    if not ext:
+        return VbSeqnosRequest(h, None, None)
+    _, fields = _extras(
+        ext, {4: layouts.VB_SEQNOS_REQUEST, 8: layouts.VB_SEQNOS_COLLECTION_REQUEST}
+    )
+    return VbSeqnosRequest(h, fields[0], fields[1] if len(fields) > 1 else None)
+
+
+def read_vb_seqnos_response(
+    h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool
+) -> Event:
+    status = h.vbucket_or_status
+    if status == Status.SUCCESS:
+        return VbSeqnosResponse(h, "success", parse_vb_seqnos(value), b"")
+    return VbSeqnosResponse(h, status_name(status), None, value)
+
+
 def read_buffer_ack(h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool) -> Event:
     _, (count,) = _extras(ext, {4: layouts.BUFFER_ACK})
     return BufferAck(h, count)
@@ -645,6 +686,8 @@ READERS: Final[dict[tuple[bool, int], Reader]] = {
     (False, Opcode.DCP_GET_FAILOVER_LOG): read_failover_log_request,
     (True, Opcode.DCP_GET_FAILOVER_LOG): read_failover_log_response,
     (False, Opcode.DCP_BUFFER_ACKNOWLEDGEMENT): read_buffer_ack,
+    (False, ClientOpcode.GET_ALL_VB_SEQNOS): read_vb_seqnos_request,
+    (True, ClientOpcode.GET_ALL_VB_SEQNOS): read_vb_seqnos_response,
 }
 """(is_response, opcode) → reader. Server-initiated duplex magics (0x82/0x83) have none."""
 

@@ -34,6 +34,8 @@ from dcp_cdc.events import (
     StreamRequestResponse,
     SystemEvent,
     UnknownFrame,
+    VbSeqnosRequest,
+    VbSeqnosResponse,
 )
 from dcp_cdc.protocol import (
     STREAM_ID_LEN,
@@ -115,6 +117,28 @@ def doc_value(datatype: int, body: bytes, xattrs: dict[str, str] | None) -> byte
 
 def failover_log_bytes(log: FailoverLog) -> bytes:
     return b"".join(layouts.FAILOVER_ENTRY.pack(vb_uuid=u, seqno=s) for u, s in log)
+
+
+def vb_seqnos_bytes(highs: tuple[tuple[int, int], ...]) -> bytes:
+    """A GET_ALL_VB_SEQNOS reply's value."""
+    return b"".join(layouts.VB_SEQNO_ENTRY.pack(vbucket=vb, seqno=s) for vb, s in highs)
+
+
+def _vb_seqnos_request(e: VbSeqnosRequest) -> Sections:
+    if e.vbucket_state is None:
+        return b"", b"", b""
+    if e.collection_id is None:
+        return layouts.VB_SEQNOS_REQUEST.pack(vbucket_state=e.vbucket_state), b"", b""
+    ext = layouts.VB_SEQNOS_COLLECTION_REQUEST.pack(
+        vbucket_state=e.vbucket_state, collection_id=e.collection_id
+    )
+    return ext, b"", b""
+
+
+def _vb_seqnos_response(e: VbSeqnosResponse) -> Sections:
+    if e.high_seqnos is not None:
+        return b"", b"", vb_seqnos_bytes(e.high_seqnos)
+    return b"", b"", e.value
 
 
 def _mutation(e: Mutation) -> Sections:
@@ -301,6 +325,8 @@ _SECTIONS: dict[type, Callable[..., Sections]] = {
     FailoverLogRequest: lambda e: (b"", b"", b""),
     FailoverLogResponse: _failover_log_response,
     BufferAck: lambda e: (layouts.BUFFER_ACK.pack(buffer_bytes=e.buffer_bytes), b"", b""),
+    VbSeqnosRequest: _vb_seqnos_request,
+    VbSeqnosResponse: _vb_seqnos_response,
 }
 
 

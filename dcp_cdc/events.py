@@ -326,6 +326,33 @@ class FailoverLogResponse:
     value: bytes
 
 
+HighSeqnos = tuple[tuple[int, int], ...]
+"""``((vbucket, high seqno), ...)`` in the order the node sent them."""
+
+
+@dataclass(frozen=True, slots=True)
+class VbSeqnosRequest:
+    """The consumer's GET_ALL_VB_SEQNOS 0x48 (a memcached command, not DCP): the high seqno
+    of every vbucket the node holds in ``vbucket_state`` (1 active, 0 any), of one collection
+    when ``collection_id`` is set. The capture agent records one at the end of a session."""
+
+    op: ClassVar[str] = "vb_seqnos_request"
+    header: FrameHeader
+    vbucket_state: int | None
+    collection_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class VbSeqnosResponse:
+    """Reply to GET_ALL_VB_SEQNOS: ``high_seqnos`` on success, else ``value`` as it came."""
+
+    op: ClassVar[str] = "vb_seqnos_response"
+    header: FrameHeader
+    status_name: str
+    high_seqnos: HighSeqnos | None
+    value: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class BufferAck:
     """The consumer's DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (spec §7.6)."""
@@ -366,6 +393,8 @@ Event = (
     | FailoverLogResponse
     | BufferAck
     | UnknownFrame
+    | VbSeqnosRequest
+    | VbSeqnosResponse
 )
 
 OPS: tuple[str, ...] = tuple(cls.op for cls in get_args(Event))

@@ -161,6 +161,16 @@ STREAM_REQUEST = _layout(
     ("snap_start_seqno", 32, 8), ("snap_end_seqno", 40, 8),
 )  # fmt: skip
 BUFFER_ACK = _layout("buffer_ack", 4, "§7.6", ("buffer_bytes", 0, 4))
+VB_SEQNOS_REQUEST = _layout("vb_seqnos_request", 4, "GET_ALL_VB_SEQNOS", ("vbucket_state", 0, 4))
+"""GET_ALL_VB_SEQNOS 0x48 request: the vbucket state asked for (1 active; 0 every state)."""
+VB_SEQNOS_COLLECTION_REQUEST = _layout(
+    "vb_seqnos_collection_request",
+    8,
+    "GET_ALL_VB_SEQNOS",
+    ("vbucket_state", 0, 4),
+    ("collection_id", 4, 4),
+)
+"""The same, for the high seqnos of one collection."""
 ADD_STREAM = _layout("add_stream", 4, "§4.4, add-stream.md", ("flags", 0, 4))
 """DCP_ADD_STREAM 0x51 request: the stream flags (§4.4's flag bits)."""
 ADD_STREAM_RESPONSE = _layout("add_stream_response", 4, "add-stream.md", ("stream_opaque", 0, 4))
@@ -189,4 +199,8 @@ COLLECTION_EVENT_V1 = _layout(
 )  # fmt: skip
 SCOPE_EVENT_V0 = _layout("scope_event_v0", 12, "§6.7", ("manifest_uid", 0, 8), ("scope_id", 8, 4))
 FAILOVER_ENTRY = _layout("failover_entry", 16, "§6.1", ("vb_uuid", 0, 8), ("seqno", 8, 8))
+VB_SEQNO_ENTRY = _layout(
+    "vb_seqno_entry", 10, "GET_ALL_VB_SEQNOS", ("vbucket", 0, 2), ("seqno", 2, 8)
+)
+"""One entry of a GET_ALL_VB_SEQNOS (0x48) reply: a vbucket and its high seqno."""
 ROLLBACK = _layout("rollback", 8, "§6.1", ("rollback_seqno", 0, 8))

@@ -54,8 +54,8 @@ def event_to_json(event: Event, *, file: str | None = None) -> dict[str, Any]:
         elif f.name == "value" and isinstance(value, bytes):
             if value:
                 bytes_field(out, "value", value, text_ok=h.is_json and hasattr(event, "xattrs"))
-        elif f.name == "failover_log":
-            out["failover_log"] = [list(entry) for entry in value]
+        elif f.name in ("failover_log", "high_seqnos"):
+            out[f.name] = [list(entry) for entry in value]
         else:
             out[f.name] = value
     if hasattr(event, "xattrs"):

@@ -137,6 +137,8 @@ def reference_rows(items: list[Any]) -> list[dict[str, Any]]:
             row["xattrs"] = list(row["xattrs"].items())
         if row["failover_log"] is not None:
             row["failover_log"] = [{"vb_uuid": u, "seqno": s} for u, s in row["failover_log"]]
+        if row["high_seqnos"] is not None:
+            row["high_seqnos"] = [{"vbucket": v, "seqno": s} for v, s in row["high_seqnos"]]
         rows.append(row)
     return rows
 

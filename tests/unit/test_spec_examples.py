@@ -15,6 +15,7 @@ import pytest
 from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame
 from dcp_cdc.encoder import encode
+from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import Event
 from dcp_cdc.protocol import cas_time
 
@@ -456,6 +457,22 @@ EXAMPLES += [
         {"status": 0, "opaque": 0x99},
         {"status_name": "success", "failover_log": ((0x1122334455667788, 0),)},
     ),
+    Example(  # the capture agent records one at the end of each session (docs: capture)
+        "get all vb seqnos, active vbuckets",
+        "80480000040000000000000400010009000000000000000000000001",
+        True,
+        "vb_seqnos_request",
+        {"vbucket": 0, "opaque": 0x10009, "ext_len": 4},
+        {"vbucket_state": 1, "collection_id": None},
+    ),
+    Example(
+        "get all vb seqnos response, two vbuckets",
+        "814800000000000000000014000100090000000000000000000300000000000000070005000000000000002a",
+        True,
+        "vb_seqnos_response",
+        {"status": 0, "opaque": 0x10009, "body_len": 20},
+        {"status_name": "success", "high_seqnos": ((3, 7), (5, 42)), "value": b""},
+    ),
     Example(
         "7.6 buffer acknowledgement",
         "805d0000040000000000000400000000000000000000000000010000",
@@ -545,6 +562,8 @@ def test_columnar_face_agrees(example: Example) -> None:
     expected.update(event_to_row(decode_frame(data, collections=example.collections)))
     if expected["failover_log"] is not None:
         expected["failover_log"] = [{"vb_uuid": u, "seqno": q} for u, q in expected["failover_log"]]
+    if expected["high_seqnos"] is not None:
+        expected["high_seqnos"] = [{"vbucket": v, "seqno": q} for v, q in expected["high_seqnos"]]
     assert row == expected
     assert row["op"] == example.op
 
@@ -565,6 +584,13 @@ def test_spec_8_8_scope_comes_before_collection() -> None:
 
 ADD_STREAM_SEED = bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
 ADD_STREAM_RESPONSE_SEED = bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
+
+
+def test_a_vb_seqnos_reply_of_a_partial_entry_is_malformed() -> None:
+    frame = bytes.fromhex("814800000000000000000009000100090000000000000000000300000000000000")
+    with pytest.raises(MalformedFrameError, match="a multiple of 10 bytes") as info:
+        decode_frame(frame, collections=True)
+    assert info.value.offset == 0
 
 
 def test_add_stream_flags_by_name() -> None:
