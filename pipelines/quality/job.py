@@ -113,7 +113,7 @@ def silver_frames(
     table_column = T.StructField("table", T.StringType())
     silver_tables = BucketTables(bucket)
     registry, state = silver_tables.registry, silver_tables.stream_state
-    state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno")
+    state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno", "vb_uuid", "failover_log")
     if spark.catalog.tableExists(state):
         states = read_at(spark, state, at).select(*state_columns)
     else:
@@ -161,7 +161,9 @@ def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
     if spark.catalog.tableExists(names.registry):
         wanted.append(names.registry)
-        for r in spark.table(names.registry).where("status != 'retired'").collect():
+        for r in spark.table(names.registry).collect():
+            if r["status"] not in tables.WITH_TABLES:
+                continue
             wanted.append(tables.all_rows(r["table_name"]))
     return {t: delta_io.table_version(spark, t) for t in wanted if spark.catalog.tableExists(t)}
 
@@ -198,7 +200,12 @@ def metric_frames(
         coverage = _collect(
             spark,
             tr.coverage_metrics(
-                streams.df, silver.states, silver_rows, branches, tr.dead_changes(alive, dead)
+                streams.df,
+                silver.states,
+                silver_rows,
+                branches,
+                tr.dead_changes(alive, dead),
+                tr.cluster_branches(base),
             ),
         )
         reconciliation = _collect(

@@ -214,6 +214,19 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "rolled_back_detail",
         ),
         Check(
+            cov,
+            "on_cluster_branch",
+            "error",
+            "Silver's position in each vbucket lies on the cluster's current branch, as the "
+            "captures last recorded it (the failover log and high seqnos each capture session "
+            "ends with): its branch is in the newest failover log and it is not past that "
+            "branch's end. A lake that missed a rollback fails here even when every stream it "
+            "got was whole. A vbucket whose captures recorded no failover log is not judged.",
+            IN_SET,
+            _true("on_cluster_branch"),
+            "cluster_branch_detail",
+        ),
+        Check(
             rec,
             "live_count_matches",
             "error",

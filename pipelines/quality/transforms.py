@@ -16,7 +16,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from dcp_cdc.events import DATA_OPS
-from dcp_cdc.protocol import Opcode, OsoFlag, SnapshotFlag
+from dcp_cdc.protocol import ClientOpcode, Opcode, OsoFlag, SnapshotFlag
 from pipelines.bronze.transforms import vb_key
 
 ITEM_OPS = (*DATA_OPS, "system_event", "seqno_advanced", "prepare", "commit", "abort")
@@ -29,7 +29,9 @@ STREAM_OPS = (
     "stream_request",
     "stream_request_response",
 )
-KNOWN_OPCODES = tuple(sorted(int(o) for o in Opcode))
+KNOWN_OPCODES = tuple(sorted([int(o) for o in Opcode] + [int(ClientOpcode.GET_ALL_VB_SEQNOS)]))
+"""The DCP opcodes, and the one other command a capture records (the cluster state a session
+ends with: docs on capture)."""
 HISTORY_FLAGS = int(
     SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
 )  # keys may repeat (spec §6.3)
@@ -139,6 +141,7 @@ def base_frames(events: DataFrame) -> DataFrame:
         "reason",
         "rollback_seqno",
         "failover_log",
+        "high_seqnos",
         "in_snapshot_start",
         "in_snapshot_end",
         "in_snapshot_flags",
@@ -732,12 +735,107 @@ def bronze_live_documents(alive: DataFrame, cuts: DataFrame) -> DataFrame:
 # --- the other metric frames --------------------------------------------------------------
 
 
+def cluster_branches(base: DataFrame) -> DataFrame:
+    """Per vbucket, the cluster's history as the captures last recorded it: ``log``, the
+    newest failover log (of a stream request's success, or of a DCP_GET_FAILOVER_LOG reply,
+    newest first), ``log_session`` the session it came from, and ``high``, the newest high
+    seqno recorded (GET_ALL_VB_SEQNOS) in that session or a later one (null when none)."""
+    session = F.struct("session_started_at", "session_id")
+    op, ok = F.col("op"), F.col("status") == 0
+    logs = (
+        base.where(
+            op.isin("stream_request_response", "failover_log_response")
+            & ok
+            & F.col("failover_log").isNotNull()
+        )
+        .groupBy("vbucket")
+        .agg(
+            F.max_by(
+                F.struct(F.col("failover_log").alias("log"), session.alias("at")), _position()
+            ).alias("newest")
+        )
+        .select("vbucket", F.col("newest.log").alias("log"), F.col("newest.at").alias("log_at"))
+    )
+    highs = (
+        base.where((op == "vb_seqnos_response") & ok & F.col("high_seqnos").isNotNull())
+        .select(_position().alias("p"), session.alias("at"), F.explode("high_seqnos").alias("h"))
+        .groupBy(F.col("h.vbucket").alias("h_vbucket"))
+        .agg(F.max_by(F.struct(F.col("h.seqno").alias("seqno"), "at"), "p").alias("high"))
+    )
+    joined = logs.join(highs, logs["vbucket"] == highs["h_vbucket"], how="left")
+    return joined.select(
+        "vbucket",
+        "log",
+        F.col("log_at.session_id").alias("log_session"),
+        F.when(F.col("high.at") >= F.col("log_at"), F.col("high.seqno")).alias("high"),
+    )
+
+
+def on_branch(states: DataFrame, cluster: DataFrame) -> DataFrame:
+    """Per vbucket of silver's stream state that the captures recorded the cluster's history
+    of (:func:`cluster_branches`): ``on_cluster_branch``, whether silver's position lies on
+    the cluster's current branch (spec §7.4): the branch of silver's consistent seqno (the
+    newest entry of silver's failover log at or below it) is in the cluster's newest failover
+    log, and the seqno is not past that branch's end (where the next newer branch starts; for
+    the newest, the high seqno recorded). ``cluster_branch_detail`` says why not."""
+    seqno = F.col("consistent_seqno")
+    at_or_below = F.filter(F.col("failover_log"), lambda e: e["seqno"] <= seqno)
+    silver_uuid = F.coalesce(F.try_element_at(at_or_below, F.lit(1))["vb_uuid"], F.col("vb_uuid"))
+    positions = F.transform(F.col("log"), lambda e, i: F.struct(e.alias("e"), i.alias("i")))
+    found = F.try_element_at(
+        F.filter(positions, lambda p: p["e"]["vb_uuid"] == F.col("s_uuid")), F.lit(1)
+    )
+    branch_end = F.when(
+        F.col("found.i") > 0, F.element_at(F.col("log"), F.col("found.i"))["seqno"]
+    ).otherwise(F.col("high"))
+    c = cluster.withColumnRenamed("vbucket", "c_vbucket")
+    joined = (
+        states.select("vbucket", seqno, silver_uuid.alias("s_uuid"))
+        .join(c, F.col("vbucket") == F.col("c_vbucket"), how="inner")
+        .select("*", found.alias("found"))
+    )
+    log_text = F.array_join(
+        F.transform(F.col("log"), lambda e: F.concat(e["vb_uuid"], F.lit("@"), e["seqno"])), ", "
+    )
+    where = F.concat(
+        F.lit("vb "),
+        F.col("vbucket"),
+        F.lit(": silver at seqno "),
+        seqno,
+        F.lit(" of vb uuid "),
+        F.col("s_uuid"),
+        F.lit("; the cluster's failover log (session "),
+        F.col("log_session"),
+        F.lit(") is ["),
+        log_text,
+        F.lit("]"),
+    )
+    ok = F.col("found").isNotNull() & (
+        F.col("branch_end").isNull() | (seqno <= F.col("branch_end"))
+    )
+    return joined.select(
+        "vbucket", branch_end.alias("branch_end"), "found", seqno, where.alias("w")
+    ).select(
+        "vbucket",
+        ok.alias("on_cluster_branch"),
+        F.when(
+            F.col("found").isNull(), F.concat(F.col("w"), F.lit(": it no longer holds that branch"))
+        )
+        .when(
+            ~ok,
+            F.concat(F.col("w"), F.lit(": that branch ends at seqno "), F.col("branch_end")),
+        )
+        .alias("cluster_branch_detail"),
+    )
+
+
 def coverage_metrics(
     streams: DataFrame,
     states: DataFrame,
     silver_rows: DataFrame,
     branches: DataFrame,
     dead_changes: DataFrame,
+    cluster: DataFrame | None = None,
 ) -> DataFrame:
     """The ``stream_coverage`` metric frame: one row per vbucket of bronze.
 
@@ -746,7 +844,8 @@ def coverage_metrics(
     the bucket's collection tables, tombstones included; ``dead_changes`` the (vbucket, vb
     uuid, seqno) of bronze changes a rollback or failover removed and nothing re-sent.
     A silver row is rolled back when its branch is gone from the newest failover log or it
-    came from such a change.
+    came from such a change. ``cluster`` (:func:`cluster_branches`): what the captures say the
+    cluster's history is now, which silver's position must lie on (:func:`on_branch`).
     """
     rows = with_branch(silver_rows, branches, vbucket="_vbucket", uuid="_vb_uuid", seqno="_seqno")
     dead = dead_changes.select(
@@ -785,6 +884,14 @@ def coverage_metrics(
         states.select("vbucket", "consistent_seqno", "last_applied_seqno"),
         allowMissingColumns=True,
     ).unionByName(rolled, allowMissingColumns=True)
+    if cluster is not None:
+        parts = parts.unionByName(on_branch(states, cluster), allowMissingColumns=True)
+    else:
+        parts = parts.select(
+            "*",
+            F.lit(None).cast("boolean").alias("on_cluster_branch"),
+            F.lit(None).cast("string").alias("cluster_branch_detail"),
+        )
     grouped = parts.groupBy("vbucket").agg(
         F.max(F.col("session_id")).alias("latest_session"),
         F.max(F.col("bounded")).alias("bounded"),
@@ -795,6 +902,8 @@ def coverage_metrics(
         F.max(F.col("last_applied_seqno")).alias("last_applied_seqno"),
         F.count(F.col("rolled")).alias("rolled_back_rows"),
         F.min_by(F.col("rolled"), F.col("rolled_seqno")).alias("rolled_back_detail"),
+        F.min(F.col("on_cluster_branch")).alias("on_cluster_branch"),
+        F.max(F.col("cluster_branch_detail")).alias("cluster_branch_detail"),
     )
     zero = F.lit(0)
     return grouped.where(F.col("latest_session").isNotNull()).select(
@@ -809,6 +918,8 @@ def coverage_metrics(
         F.coalesce(F.col("last_applied_seqno"), zero).alias("applied_last"),
         "rolled_back_rows",
         "rolled_back_detail",
+        "on_cluster_branch",
+        "cluster_branch_detail",
     )
 
 

@@ -120,7 +120,7 @@ def test_the_clean_bucket_passes_with_the_interrupted_warnings_only(bucket: Buck
     report = bucket.clean
     assert report.passed and report.failed_errors == []
     assert set(report.failed_warnings) == INTERRUPTED_WARNINGS
-    assert len(report.outcomes) == 19
+    assert len(report.outcomes) == 20
     counts = report.counts
     assert counts["vbuckets"] == VBUCKETS * len(SCENARIOS)
     assert counts["live_documents_bronze"] == counts["live_documents_silver"] == bucket.live_now
@@ -172,7 +172,7 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
         f"SELECT suite, expectation, success, severity, observed_value, examples "
         f"FROM {BucketTables(bucket.name).results} WHERE run_id = '{report.run_id}'"
     ).collect()
-    assert len(rows) == 19
+    assert len(rows) == 20
     failed = {f"{r['suite']}.{r['expectation']}": r for r in rows if not r["success"]}
     assert set(failed) == INTERRUPTED_WARNINGS
     assert {r["severity"] for r in failed.values()} == {"warn"}
@@ -621,3 +621,77 @@ def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
     )
     assert sorted(r["seqno"] for r in alive.collect()) == [3, 10, 12, 12, 16, 40]
     assert sorted(r["seqno"] for r in dead.collect()) == [19, 26, 28]  # above the rollback to 15
+
+
+LOG = "ARRAY<STRUCT<vb_uuid: BIGINT, seqno: BIGINT>>"
+
+
+def test_cluster_branches_take_the_newest_log_and_a_high_seqno_not_older(
+    spark: SparkSession,
+) -> None:
+    """What the captures say the cluster's history is: per vbucket the newest failover log
+    (a stream's or a DCP_GET_FAILOVER_LOG reply's) and a high seqno of its session or later."""
+    columns = (
+        f"vbucket INT, op STRING, status INT, session_started_at STRING, session_id STRING, "
+        f"file_sequence INT, offset BIGINT, failover_log {LOG}, "
+        "high_seqnos ARRAY<STRUCT<vbucket: INT, seqno: BIGINT>>"
+    )
+    t1, t2 = "2026-01-05T09:30:00", "2026-01-05T09:40:00"
+    base = spark.createDataFrame(
+        [
+            (3, "stream_request_response", 0, t1, "s1", 0, 24, [(11, 0)], None),
+            (3, "failover_log_response", 0, t1, "s1", 0, 900, [(11, 0)], None),
+            (3, "stream_request_response", 0, t2, "s2", 0, 24, [(12, 1), (11, 0)], None),
+            (3, "failover_log_response", 7, t2, "s2", 0, 800, None, None),  # refused
+            (4, "failover_log_response", 0, t2, "s2", 0, 900, [(11, 0)], None),
+            (None, "vb_seqnos_response", 0, t1, "s1", 0, 850, None, [(3, 6), (4, 20)]),
+            (None, "vb_seqnos_response", 0, t2, "s2", 0, 850, None, [(3, 3)]),
+        ],
+        columns,
+    )
+    rows = {r["vbucket"]: r.asDict() for r in tr.cluster_branches(base).collect()}
+    assert rows == {
+        3: {
+            "vbucket": 3,
+            "log": [Row(vb_uuid=12, seqno=1), Row(vb_uuid=11, seqno=0)],
+            "log_session": "s2",
+            "high": 3,
+        },
+        4: {"vbucket": 4, "log": [Row(vb_uuid=11, seqno=0)], "log_session": "s2", "high": None},
+    }  # vbucket 4's high (20) is of an older session than its log: not used
+
+
+def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
+    states = spark.createDataFrame(
+        [
+            (3, 6, 11, [(11, 0)]),  # the cluster's branch 11 ended at 1: a missed rollback
+            (4, 9, 11, [(11, 0)]),  # on the newest branch, below its high seqno
+            (5, 12, 11, [(11, 0)]),  # past the newest branch's high seqno (10)
+            (6, 3, 13, [(13, 0)]),  # a branch the cluster does not hold
+            (7, 3, 11, [(11, 0)]),  # nothing recorded: not judged
+            (8, 4, 12, [(12, 5), (11, 0)]),  # silver's branch at 4 is 11, which ended at 5
+        ],
+        f"vbucket INT, consistent_seqno BIGINT, vb_uuid BIGINT, failover_log {LOG}",
+    )
+    cluster = spark.createDataFrame(
+        [
+            (3, [(12, 1), (11, 0)], "s2", 3),
+            (4, [(11, 0)], "s2", 9),
+            (5, [(11, 0)], "s2", 10),
+            (6, [(12, 0)], "s2", None),
+            (8, [(14, 6), (12, 5), (11, 0)], "s2", 30),
+        ],
+        f"vbucket INT, log {LOG}, log_session STRING, high BIGINT",
+    )
+    rows = {
+        r["vbucket"]: (r["on_cluster_branch"], r["cluster_branch_detail"])
+        for r in tr.on_branch(states, cluster).collect()
+    }
+    head = "silver at seqno {} of vb uuid {}; the cluster's failover log (session s2) is [{}]"
+    assert rows == {
+        3: (False, "vb 3: " + head.format(6, 11, "12@1, 11@0") + ": that branch ends at seqno 1"),
+        4: (True, None),
+        5: (False, "vb 5: " + head.format(12, 11, "11@0") + ": that branch ends at seqno 10"),
+        6: (False, "vb 6: " + head.format(3, 13, "12@0") + ": it no longer holds that branch"),
+        8: (True, None),
+    }

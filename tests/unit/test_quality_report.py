@@ -35,7 +35,7 @@ def test_every_suite_has_expectations_with_unique_names_and_known_columns() -> N
         "silver_reconciliation",
         "bronze_integrity",
     ]
-    assert len({c.key for c in all_checks}) == len(all_checks) == 19
+    assert len({c.key for c in all_checks}) == len(all_checks) == 20
     assert {c.suite for c in all_checks} == {s.name for s in SUITES}
     warn = {c.key for c in all_checks if c.severity == "warn"}
     assert warn == {
