@@ -37,6 +37,11 @@ class TableLocationError(DcpError):
     creation leaves (which is cleared and created again): it is not ours to delete."""
 
 
+class CollectionNameError(DcpError):
+    """A collection that learned its name cannot take it: a table of that name exists already
+    (the message names both tables; nothing was changed)."""
+
+
 class LandingChangedError(DcpError):
     """A capture file planned for an ingest run changed or vanished before the run wrote it:
     its bytes are not those the plan bound to (size and digest). Nothing of the run's write

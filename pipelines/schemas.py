@@ -289,9 +289,13 @@ REGISTRY = T.StructType(
         T.StructField("flush_seqnos", T.MapType(T.IntegerType(), T.LongType())),
         T.StructField("status", T.StringType()),
         T.StructField("updated_at", T.TimestampType()),
+        T.StructField("renamed_from", T.StringType()),
     ]
 )
-"""``silver.<bucket>__collections``: ``status`` is live, dropped (not yet in every vbucket),
+"""``silver.<bucket>__collections``: ``renamed_from`` is the collection's former name while
+its tables are being renamed (a collection registered before its create event was seen, as
+``_unknown.collection_<id>``, takes its name when the event arrives; only a killed run leaves
+it set, and the next run finishes the renames). ``status`` is live, dropped (not yet in every vbucket),
 retiring (its drop reached every vbucket: its tables are being archived or dropped; only a
 killed run leaves it so, and the next run finishes the retire) or retired (its tables
 archived or dropped)."""

@@ -8,6 +8,7 @@ Reads, collects and writes live here; the DataFrames they run are built by the p
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -21,8 +22,11 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, ProjectionConfig
 from pipelines import delta_io, schemas, tables
 from pipelines.delta_io import metric, replace_rows, with_retry
+from pipelines.errors import CollectionNameError
 from pipelines.silver import transforms
 from pipelines.tables import BucketTables
+
+log = logging.getLogger(__name__)
 
 Registry = list[dict[str, Any]]
 """The registry's rows (:data:`pipelines.schemas.REGISTRY`) as dictionaries."""
@@ -41,6 +45,8 @@ def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str
     )
     for table, schema in support:
         delta_io.create_table(spark, table, schema, properties)
+    # a registry of an earlier version: without ``renamed_from``
+    delta_io.add_missing_columns(spark, names.registry, schemas.REGISTRY)
 
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -291,14 +297,20 @@ def update_registry(
     ``document_variant``: :func:`ensure_collection_table`).
 
     A collection whose changes arrive without its create event (a stream that started after
-    it) is registered as ``_unknown.collection_<id hex>`` rather than losing its changes.
+    it, or files that arrive newest first) is registered as ``_unknown.collection_<id hex>``
+    rather than losing its changes; when its create event arrives, it takes its name (and a
+    scope registered by its id alone, ``scope_<id>``, takes the name its create event gives):
+    :func:`_take_names` renames its tables, kill-safe.
     """
     table = BucketTables(bucket).registry
     stored = spark.table(table).collect()
     current = {r["collection_id"]: r.asDict(recursive=True) for r in stored}
     scopes = {0: "_default"}
-    for r in current.values():
-        scopes[r["scope_id"]] = r["scope"]
+    for r in current.values():  # a scope's name from its create event wins over its stand-in
+        if scopes.get(r["scope_id"], _scope_stand_in(r["scope_id"])) == _scope_stand_in(
+            r["scope_id"]
+        ):
+            scopes[r["scope_id"]] = r["scope"]
     if 0 not in current:
         current[0] = _registry_row(0, 0, "_default", "_default", bucket)
     events = sorted(
@@ -314,10 +326,16 @@ def update_registry(
         if cid is None:
             continue
         row = current.get(cid)
-        if row is None:
-            scope = scopes.get(e["scope_id"], f"scope_{e['scope_id']}")
-            row = current[cid] = _registry_row(cid, e["scope_id"], scope, e["name"], bucket)
         kind = e["event"]
+        if row is None and not (kind in NAMING_EVENTS and e["name"]):
+            # a drop or modify before its create (which names it): known by its id for now
+            row = current[cid] = _unknown_row(cid, bucket)
+        elif row is None:
+            scope = scopes.get(e["scope_id"], _scope_stand_in(e["scope_id"]))
+            row = current[cid] = _registry_row(cid, e["scope_id"], scope, e["name"], bucket)
+        elif row["scope_id"] == UNKNOWN_SCOPE_ID and kind in NAMING_EVENTS and e["name"]:
+            scope = scopes.get(e["scope_id"], _scope_stand_in(e["scope_id"]))
+            _rename(row, e["scope_id"], scope, e["name"], bucket)
         if kind in ("create_collection", "flush_collection"):
             row["create_seqnos"].setdefault(vb, seqno)
             row["created_uid"] = row["created_uid"] or e["manifest_uid"]
@@ -336,8 +354,15 @@ def update_registry(
             if row["status"] == "live":
                 row["status"] = "dropped"
         changed = True
+    for row in current.values():  # a scope first known by its id learns its name
+        sid = row["scope_id"]
+        if sid != UNKNOWN_SCOPE_ID and scopes.get(sid, row["scope"]) != row["scope"]:
+            _rename(row, sid, scopes[sid], row["name"], bucket)
     for cid in sorted(change_cids - set(current)):
-        current[cid] = _registry_row(cid, -1, "_unknown", f"collection_{cid:x}", bucket)
+        current[cid] = _unknown_row(cid, bucket)
+        changed = True
+    if any(row.get("renamed_from") for row in current.values()):
+        _take_names(spark, table, list(current.values()))
         changed = True
     for row in current.values():
         if row["status"] in tables.WITH_TABLES:
@@ -347,6 +372,97 @@ def update_registry(
     if changed or len(current) != len(stored):
         _save_registry(spark, table, list(current.values()))
     return list(current.values())
+
+
+UNKNOWN_SCOPE_ID = -1
+"""The scope id of a collection registered before its create event was seen."""
+NAMING_EVENTS = ("create_collection", "flush_collection")
+"""System events that carry a collection's name and scope (a flush re-sends its create)."""
+
+
+def _unknown_row(cid: int, bucket: str) -> dict[str, Any]:
+    """The registry row of a collection whose create event was not seen yet."""
+    return _registry_row(cid, UNKNOWN_SCOPE_ID, "_unknown", f"collection_{cid:x}", bucket)
+
+
+def _scope_stand_in(sid: int) -> str:
+    """The name a scope is registered under until its create event is seen."""
+    return f"scope_{sid}"
+
+
+def _rename(row: dict[str, Any], sid: int, scope: str, name: str, bucket: str) -> None:
+    """``row``'s collection takes the name ``scope.name``; its tables follow
+    (:func:`_take_names`), from the name they have in the catalog now."""
+    new = BucketTables(bucket).collection(scope, name)
+    if new == row["table_name"]:
+        row.update(scope_id=sid, scope=scope, name=name)
+        return
+    row["renamed_from"] = row.get("renamed_from") or row["table_name"]
+    row.update(scope_id=sid, scope=scope, name=name, table_name=new)
+    if row["renamed_from"] == new:
+        row["renamed_from"] = None
+
+
+def _take_names(spark: SparkSession, registry_table: str, registry: Registry) -> None:
+    """The tables of each collection whose name changed (``renamed_from`` set) take the new
+    name, exactly once and kill-safe: the registry with the new names (and ``renamed_from``)
+    is saved before the first catalog change; each rename is done only when the old table is
+    there and the new one is not; the views of the old name go (the new ones are made by
+    :func:`ensure_collection_table` and :func:`ensure_projections`); ``renamed_from`` is
+    cleared with the next save of the registry. A run killed anywhere in between finds
+    ``renamed_from`` still set and finishes."""
+    _save_registry(spark, registry_table, registry)
+    for row in registry:
+        old, new = row.get("renamed_from"), row["table_name"]
+        if not old:
+            continue
+        moves = [
+            (tables.all_rows(old), tables.all_rows(new)),
+            (tables.history(old), tables.history(new)),
+        ]
+        if row["status"] not in tables.WITH_TABLES:  # retired: its archived tables
+            _, _, old_view = old.partition(".")
+            prefix = tables.archived(old_view, row["collection_id"], "")
+            for source in archived_tables(spark, row, history=False, name=old) + archived_tables(
+                spark, row, history=True, name=old
+            ):
+                rest = source.partition(".")[2][len(prefix) :]  # <day>[__history]
+                day = rest.removesuffix(tables.HISTORY_SUFFIX)
+                target = tables.archived(new, row["collection_id"], day) + rest[len(day) :]
+                moves.append((source, target))
+        for source, target in moves:
+            if not spark.catalog.tableExists(source):
+                continue  # renamed already (or never made: no history kept)
+            if spark.catalog.tableExists(target):
+                raise CollectionNameError(
+                    f"collection {row['collection_id']} of {registry_table}: its table "
+                    f"{source} is to be renamed {target}, which exists already; "
+                    "the two tables need a look before a rename (no data was changed)"
+                )
+            rename = f"ALTER TABLE {source} RENAME TO {target}"
+            delta_io.catalog_step(target, partial(spark.sql, rename), "TABLE_OR_VIEW_NOT_FOUND")
+        for view in (tables.typed(old), old):
+            delta_io.catalog_step(view, partial(spark.sql, f"DROP VIEW IF EXISTS {view}"), "")
+        log.info("silver: collection %d took its name: %s (was %s)", row["collection_id"], new, old)
+        row["renamed_from"] = None
+
+
+def archived_tables(
+    spark: SparkSession, row: dict[str, Any], *, history: bool, name: str | None = None
+) -> list[str]:
+    """The tables a retire archived for the collection of registry ``row`` (under its view
+    name ``name``, default its own): its ``_all`` tables, or with ``history`` its history
+    tables; several only if it was retired on several days (collection ids are not reused)."""
+    database, _, view = (name or row["table_name"]).partition(".")
+    prefix = tables.archived(view, row["collection_id"], "")
+    found = [
+        f"{database}.{t.name}"
+        for t in spark.catalog.listTables(database)
+        if t.name.startswith(prefix)
+        and t.tableType != "VIEW"
+        and t.name.endswith(tables.HISTORY_SUFFIX) == history
+    ]
+    return sorted(found)
 
 
 def _registry_row(cid: int, sid: int, scope: str, name: str, bucket: str) -> dict[str, Any]:
@@ -365,6 +481,7 @@ def _registry_row(cid: int, sid: int, scope: str, name: str, bucket: str) -> dic
         "flush_seqnos": {},
         "status": "live",
         "updated_at": None,
+        "renamed_from": None,
     }
 
 
@@ -635,13 +752,21 @@ def apply_history(
     versions = transforms.version_rows(changes)
     added: dict[str, int] = {}
     for reg in registry:
-        if reg["status"] not in tables.WITH_TABLES or not keeps(reg["scope"], reg["name"]):
+        if not keeps(reg["scope"], reg["name"]):
             continue
         cid = reg["collection_id"]
-        table = tables.history(reg["table_name"])
-        delta_io.create_table(
-            spark, table, schemas.HISTORY, properties, cluster_by=("_vbucket", "key")
-        )
+        if reg["status"] in tables.WITH_TABLES:
+            table = tables.history(reg["table_name"])
+            delta_io.create_table(
+                spark, table, schemas.HISTORY, properties, cluster_by=("_vbucket", "key")
+            )
+        elif cid in change_cids:  # older versions of a retired collection, arriving late
+            found = archived_tables(spark, reg, history=True)
+            if not found:
+                continue  # retired by dropping its tables: no history is kept
+            table = found[0]
+        else:
+            continue
         if cid not in change_cids and not points and cid not in ends:
             continue
         batch = versions.where(F.col("_collection_id") == cid)

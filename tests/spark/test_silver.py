@@ -26,6 +26,8 @@ from pipelines.silver.transforms import modified_at
 from pipelines.tables import BucketTables, all_rows
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
+ARRIVAL_SEEDS = int(os.environ.get("DCP_CDC_ARRIVAL_SEEDS", str(len(SCENARIOS))))
+"""Seeds whose files arrive one per run, shuffled (one per scenario; make test-long: 48)."""
 
 
 def _drop_all(spark: SparkSession, bucket: str) -> None:
@@ -224,6 +226,51 @@ def test_many_seeds_in_one_bucket_equal_their_truths(
                 d["seqno"],
                 d["rev_seqno"],
             )
+
+
+def test_many_seeds_one_file_per_run_in_a_shuffled_order_equal_their_truths(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """DCP_CDC_ARRIVAL_SEEDS simulations (every scenario in turn), each in a bucket of its
+    own, whose files arrive in a shuffled order, one file per ingest and apply: each ends
+    equal to its truth, and with every collection under its name (none left ``_unknown``).
+    (Buckets of their own: simulations side by side in one bucket share collection ids, and
+    a drop one of them makes in all the vbuckets seen so far would retire the others'.)"""
+    for i in range(ARRIVAL_SEEDS):
+        scenario = SCENARIOS[i % len(SCENARIOS)]
+        bucket = f"arr{i}{uuid.uuid4().hex[:6]}"
+        result = simulate(
+            tmp_path / f"sim{i}",
+            bucket=bucket,
+            scenario=scenario,
+            seed=500 + i,
+            vbuckets=4,
+            docs=50,
+            ops=200,
+        )
+        files = list(result.files)
+        random.Random(i).shuffle(files)
+        landing = tmp_path / f"landing{i}"
+        landing.mkdir()
+        config = AppConfig(
+            landing=str(landing),
+            warehouse=str(spark_warehouse),
+            buckets=[BucketConfig(name=bucket)],
+        )
+        try:
+            for f in files:
+                shutil.copy(f, landing)
+                ingest_bucket(spark, config, config.buckets[0])
+                apply_bucket(spark, config, config.buckets[0])
+            where = f"seed {500 + i} ({scenario}, {len(files)} files)"
+            try:
+                assert_equal_to_truth(spark, bucket, result)
+            except AssertionError as exc:
+                raise AssertionError(f"{where}: {exc}") from None
+            names = [r["table_name"] for r in spark.table(BucketTables(bucket).registry).collect()]
+            assert not [n for n in names if "_unknown" in n], where
+        finally:
+            _drop_all(spark, bucket)
 
 
 def test_incremental_runs_in_any_arrival_order_equal_one_run(
