@@ -3,8 +3,10 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
-#   make test-long  silver against the truth over 200 simulator seeds; 200,000 fuzzed frames;
-#                   kill -9 at every step; the capture agent through every fault and 20 kills;
+#   make test-long  silver against the truth over 200 simulator seeds (24 more with one file a
+#                   run, shuffled; a late-named collection killed mid-rename); 200,000 fuzzed frames;
+#                   kill -9 at every step; the capture agent through every fault, four server
+#                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
 #                   by SIGTERM and started again
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
@@ -59,11 +61,13 @@ test: setup lint typecheck
 
 check: test
 
-# Silver against the simulator's truth over 200 seeds (CI runs 24); both decoder faces over
+# Silver against the simulator's truth over 200 seeds (CI runs 24), and 24 seeds whose files
+# arrive one per run in a shuffled order (CI runs 3); both decoder faces over
 # 200,000 fuzzed inputs (make test runs 2,000); kill -9 of ingest and apply at every step; the
 # capture agent through each fault into silver, and 20 kill -9 of the agent (make test: 6).
 test-long: setup
-	DCP_CDC_SEEDS=200 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+	DCP_CDC_SEEDS=200 DCP_CDC_ARRIVAL_SEEDS=24 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+	DCP_CDC_ARRIVAL_ALL=1 $(PY) -m pytest tests/spark/test_silver_arrival.py $(PYTEST_ARGS)
 	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
