@@ -262,15 +262,22 @@ def decode_value(datatype: int, value: bytes) -> tuple[bytes, dict[str, str] | N
 
 def parse_failover_log(value: bytes) -> FailoverLog:
     """N × (u64 vb_uuid, u64 seqno), newest first (spec §6.1, §6.2; errata E17)."""
-    size = layouts.FAILOVER_ENTRY.length
-    if not value or len(value) % size:
+    return _pairs(value, layouts.FAILOVER_ENTRY, "failover log", empty_ok=False)
+
+
+def _pairs(
+    value: bytes, entry: Layout, what: str, *, empty_ok: bool
+) -> tuple[tuple[int, int], ...]:
+    """``value`` as back-to-back ``entry`` sections of two fields each."""
+    size = entry.length
+    if (not value and not empty_ok) or len(value) % size:
         raise FieldError(
-            "bad failover log",
-            expected="a non-empty multiple of 16 bytes",
+            f"bad {what}",
+            expected=f"a {'' if empty_ok else 'non-empty '}multiple of {size} bytes",
             got=f"{len(value)} bytes",
         )
     return tuple(
-        layouts.FAILOVER_ENTRY.unpack(value, i)  # type: ignore[misc]
+        entry.unpack(value, i)  # type: ignore[misc]
         for i in range(0, len(value), size)
     )
 
@@ -623,17 +630,7 @@ def read_failover_log_response(
 
 def parse_vb_seqnos(value: bytes) -> tuple[tuple[int, int], ...]:
     """N × (u16 vbucket, u64 high seqno): a GET_ALL_VB_SEQNOS reply (possibly none)."""
-    size = layouts.VB_SEQNO_ENTRY.length
-    if len(value) % size:
-        raise FieldError(
-            "bad GET_ALL_VB_SEQNOS reply",
-            expected="a multiple of 10 bytes",
-            got=f"{len(value)} bytes",
-        )
-    return tuple(
-        layouts.VB_SEQNO_ENTRY.unpack(value, i)  # type: ignore[misc]
-        for i in range(0, len(value), size)
-    )
+    return _pairs(value, layouts.VB_SEQNO_ENTRY, "GET_ALL_VB_SEQNOS reply", empty_ok=True)
 
 
 def read_vb_seqnos_request(

@@ -65,6 +65,47 @@ BEHAVIOURS = ("shorter_branch", "reset_at_stream_requests", "node_restart", "lat
 ROUNDS = int(os.environ.get("DCP_CDC_CAPTURE_ROUNDS", "10"))
 
 
+def _agent_config(
+    tmp_path: Path, landing: Path, warehouse: Path, bucket: str, prod: Producer
+) -> Path:
+    """The agent's configuration against ``prod``: small buffers and files, rotated often."""
+    return write_config(
+        tmp_path / "conf" / "capture.toml",
+        landing=landing,
+        warehouse=warehouse,
+        bucket=bucket,
+        connection_string=prod.info["connection_string"],
+        buffer_bytes=65536,
+        rotate_bytes=65536,
+        rotate_seconds=0.3,
+    )
+
+
+def _silver_equals_truth(
+    spark: SparkSession,
+    landing: Path,
+    warehouse: Path,
+    bucket: str,
+    truth_out: Path,
+    *,
+    check: bool = False,
+) -> None:
+    """Ingest and apply ``landing``: silver equals the truth (and with ``check``, every
+    quality expectation passes); the bucket's tables are dropped after."""
+    app = AppConfig(
+        landing=str(landing), warehouse=str(warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    try:
+        ingest_bucket(spark, app, app.buckets[0])
+        apply_bucket(spark, app, app.buckets[0])
+        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
+        if check:
+            report = check_bucket(spark, app, app.buckets[0])
+            assert report.passed and report.failed_errors == [], report.render()
+    finally:
+        _drop_all(spark, bucket)
+
+
 def _inject(server: ProducerServer, fault: str, rng: random.Random) -> None:
     vbs = rng.sample(range(64), 6)
     if fault == "cut_node":
@@ -172,16 +213,7 @@ def test_kill_9_of_the_agent_at_random_moments_loses_nothing(
         pause=0.08,
         seed=3,
     ) as prod:
-        config = write_config(
-            tmp_path / "conf" / "capture.toml",
-            landing=landing,
-            warehouse=spark_warehouse,
-            bucket=bucket,
-            connection_string=prod.info["connection_string"],
-            buffer_bytes=65536,
-            rotate_bytes=65536,
-            rotate_seconds=0.3,
-        )
+        config = _agent_config(tmp_path, landing, spark_warehouse, bucket, prod)
         seen: set[Path] = set()
         faults = {
             KILLS // 4: "failover 5",
@@ -215,15 +247,7 @@ def test_kill_9_of_the_agent_at_random_moments_loses_nothing(
         assert_landing_whole(landing, seen)
         truth_out = prod.truth_out
     assert assert_captures_equal_truth(landing, truth_out) > 500
-    app = AppConfig(
-        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
-    )
-    try:
-        ingest_bucket(spark, app, app.buckets[0])
-        apply_bucket(spark, app, app.buckets[0])
-        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
-    finally:
-        _drop_all(spark, bucket)
+    _silver_equals_truth(spark, landing, spark_warehouse, bucket, truth_out)
 
 
 def _highs(prod: Producer) -> dict[int, int]:
@@ -297,16 +321,7 @@ def test_a_server_behaviour_through_ten_runs_then_silver_and_the_check(
         seed=11 + BEHAVIOURS.index(behaviour),
         ticks_out=tmp_path / "ticks.jsonl",
     ) as prod:
-        config = write_config(
-            tmp_path / "conf" / "capture.toml",
-            landing=landing,
-            warehouse=spark_warehouse,
-            bucket=bucket,
-            connection_string=prod.info["connection_string"],
-            buffer_bytes=65536,
-            rotate_bytes=65536,
-            rotate_seconds=0.3,
-        )
+        config = _agent_config(tmp_path, landing, spark_warehouse, bucket, prod)
         highs: list[dict[int, int]] = []  # each vbucket's high seqno at each run's end
         rollbacks = 0
         for round_no in range(ROUNDS):
@@ -344,17 +359,7 @@ def test_a_server_behaviour_through_ten_runs_then_silver_and_the_check(
         prod.control("truth")
         truth_out = prod.truth_out
     assert assert_captures_equal_truth(landing, truth_out) > 300
-    app = AppConfig(
-        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
-    )
-    try:
-        ingest_bucket(spark, app, app.buckets[0])
-        apply_bucket(spark, app, app.buckets[0])
-        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=truth_out))  # type: ignore[arg-type]
-        report = check_bucket(spark, app, app.buckets[0])
-        assert report.passed and report.failed_errors == [], report.render()
-    finally:
-        _drop_all(spark, bucket)
+    _silver_equals_truth(spark, landing, spark_warehouse, bucket, truth_out, check=True)
 
 
 def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees_a_miss(
