@@ -4,7 +4,7 @@
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
 #   make test-long  silver against the truth over 200 simulator seeds (24 more with one file a
-#                   run, shuffled; a late-named collection killed mid-rename); 200,000 fuzzed frames;
+#                   run, shuffled; a late-named collection, whole and killed mid-rename); 200,000 fuzzed frames;
 #                   kill -9 at every step; the capture agent through every fault, four server
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped

@@ -91,17 +91,19 @@ def _killed_at(point: str) -> Any:
     return kill_now
 
 
-KILLED = pytest.param(
-    "cataloged:silver.*_all",
-    marks=pytest.mark.skipif(
-        os.environ.get("DCP_CDC_ARRIVAL_ALL") != "1",
-        reason="make test-long (DCP_CDC_ARRIVAL_ALL=1)",
-    ),
-    id="killed-mid-rename",
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DCP_CDC_ARRIVAL_ALL") != "1",
+    reason="make test-long (DCP_CDC_ARRIVAL_ALL=1): two buckets, a run a file, 2-3 minutes each",
 )
 
 
-@pytest.mark.parametrize("kill", [pytest.param(None, id="whole"), KILLED])
+@pytest.mark.parametrize(
+    "kill",
+    [
+        pytest.param(None, id="whole"),
+        pytest.param("cataloged:silver.*_all", id="killed-mid-rename"),
+    ],
+)
 def test_a_collection_named_late_takes_its_name_like_one_run_over_everything(
     spark: SparkSession,
     spark_warehouse: Path,
