@@ -59,6 +59,7 @@ from dcp_cdc.protocol import (
     Opcode,
     Status,
     SystemEventId,
+    VbucketState,
     status_name,
     stream_end_reason_name,
     system_event_name,
@@ -636,7 +637,11 @@ def parse_vb_seqnos(value: bytes) -> tuple[tuple[int, int], ...]:
 def read_vb_seqnos_request(
     h: FrameHeader, ext: bytes, key: bytes, value: bytes, coll: bool
 ) -> Event:
-    """Extras: none (every state), the vbucket state, or the state and a collection id."""
+    """Extras: none (every state), the vbucket state, or the state and a collection id.
+
+    The state is a u32 on the wire that names one of five filters (0, or a
+    :class:`VbucketState`): a larger one is no state (and would not fit bronze's column).
+    """
     _require_empty("key", key)
     _require_empty("value", value)
     if not ext:
@@ -644,6 +649,10 @@ def read_vb_seqnos_request(
     _, fields = _extras(
         ext, {4: layouts.VB_SEQNOS_REQUEST, 8: layouts.VB_SEQNOS_COLLECTION_REQUEST}
     )
+    if fields[0] > max(VbucketState):
+        raise FieldError(
+            "unknown vbucket state", expected=f"0 to {max(VbucketState)}", got=f"{fields[0]}"
+        )
     return VbSeqnosRequest(h, fields[0], fields[1] if len(fields) > 1 else None)
 
 

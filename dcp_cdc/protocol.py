@@ -248,7 +248,8 @@ def cas_time(cas: int) -> dt.datetime | None:
 
 class ClientOpcode(IntEnum):
     """Connection-level commands a DCP consumer sends besides the DCP ones (kv_engine
-    include/mcbp/protocol/opcode.h; docs/BinaryProtocol.md). They never reach a capture file."""
+    include/mcbp/protocol/opcode.h; docs/BinaryProtocol.md). Only GET_ALL_VB_SEQNOS reaches a
+    capture file: the high seqnos each capture session ends with (the decoder reads it)."""
 
     NOOP = 0x0A
     HELLO = 0x1F

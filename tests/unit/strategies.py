@@ -30,8 +30,10 @@ from dcp_cdc.events import (
     StreamRequest,
     StreamRequestResponse,
     SystemEvent,
+    VbSeqnosRequest,
+    VbSeqnosResponse,
 )
-from dcp_cdc.protocol import Opcode, Status, stream_end_reason_name
+from dcp_cdc.protocol import ClientOpcode, Opcode, Status, stream_end_reason_name
 
 u8 = st.integers(0, 0xFF)
 u16 = st.integers(0, 0xFFFF)
@@ -312,6 +314,27 @@ def add_stream_responses(draw: st.DrawFn) -> AddStreamResponse:
     )
 
 
+@st.composite
+def vb_seqnos_requests(draw: st.DrawFn) -> VbSeqnosRequest:
+    """Every state (no extras), a vbucket state, or a state and a collection."""
+    h = draw(header(ClientOpcode.GET_ALL_VB_SEQNOS))
+    state = draw(st.none() | st.integers(0, 4))
+    return VbSeqnosRequest(h, state, None if state is None else draw(st.none() | u32))
+
+
+@st.composite
+def vb_seqnos_responses(draw: st.DrawFn) -> VbSeqnosResponse:
+    """Success with (vbucket, high seqno) pairs, none included; or an error and its value."""
+    opaque = draw(u32)
+    if draw(st.booleans()):
+        h = make_header(ClientOpcode.GET_ALL_VB_SEQNOS, status=Status.SUCCESS, opaque=opaque)
+        highs = draw(st.lists(st.tuples(u16, seqno), max_size=5).map(tuple))
+        return VbSeqnosResponse(h, "success", highs, b"")
+    status = draw(st.sampled_from([Status.EINVAL, Status.NOT_SUPPORTED, Status.ETMPFAIL]))
+    h = make_header(ClientOpcode.GET_ALL_VB_SEQNOS, status=status, opaque=opaque)
+    return VbSeqnosResponse(h, status.name.lower(), None, draw(st.binary(max_size=20)))
+
+
 def any_event(collections: bool) -> st.SearchStrategy[Event]:
     return st.one_of(
         mutations(collections),
@@ -345,6 +368,8 @@ def any_event(collections: bool) -> st.SearchStrategy[Event]:
             )
         ),
         st.builds(BufferAck, header(Opcode.DCP_BUFFER_ACKNOWLEDGEMENT), u32),
+        vb_seqnos_requests(),
+        vb_seqnos_responses(),
     )
 
 

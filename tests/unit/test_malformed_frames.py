@@ -9,7 +9,7 @@ from dcp_cdc.decoder import END_OF_STREAM, DcpDecoder, decode_frame, iter_decode
 from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation, UnknownFrame
-from dcp_cdc.protocol import Datatype, Opcode
+from dcp_cdc.protocol import ClientOpcode, Datatype, Opcode
 from dcp_cdc.snappy import compress
 
 MUTATION_8_2 = bytes.fromhex(
@@ -32,6 +32,7 @@ def _xattrs(*pairs: bytes) -> bytes:
 
 
 _XA, _XS = Datatype.XATTR, Datatype.XATTR | Datatype.SNAPPY
+_ALL_VB_SEQNOS = ClientOpcode.GET_ALL_VB_SEQNOS
 
 CASES = [
     (
@@ -180,6 +181,48 @@ CASES = [
         "unexpected key",
         None,
         None,
+    ),
+    (
+        "vb seqnos request extras",
+        frame(make_header(_ALL_VB_SEQNOS), bytes(3), b"", b""),
+        "extras length",
+        "4 bytes or 8 bytes",
+        "3 bytes",
+    ),
+    (
+        "vb seqnos request of no vbucket state",
+        frame(make_header(_ALL_VB_SEQNOS), (0x8000).to_bytes(4, "big"), b"", b""),
+        "unknown vbucket state",
+        "0 to 4",
+        "32768",
+    ),
+    (
+        "vb seqnos request with a key",
+        frame(make_header(_ALL_VB_SEQNOS), bytes(4), b"k", b""),
+        "unexpected key",
+        "no key",
+        "1 bytes",
+    ),
+    (
+        "vb seqnos request with a value",
+        frame(make_header(_ALL_VB_SEQNOS), bytes(4), b"", b"v"),
+        "unexpected value",
+        "no value",
+        "1 bytes",
+    ),
+    (
+        "vb seqnos reply of a partial entry",
+        frame(make_header(_ALL_VB_SEQNOS, status=0), b"", b"", bytes(15)),
+        "bad GET_ALL_VB_SEQNOS reply",
+        "a multiple of 10 bytes",
+        "15 bytes",
+    ),
+    (
+        "failover log reply of a partial entry",
+        frame(make_header(Opcode.DCP_GET_FAILOVER_LOG, status=0), b"", b"", bytes(24)),
+        "bad failover log",
+        "a non-empty multiple of 16 bytes",
+        "24 bytes",
     ),
 ]
 
