@@ -61,7 +61,8 @@ SUITES = (
         "stream_coverage",
         "vbucket",
         "Per vbucket: silver reached what its latest stream asked for or was told exists, "
-        "and nothing of a rolled-back branch remains (spec §7.4, §7.5).",
+        "nothing of a rolled-back branch remains (spec §7.4, §7.5), and silver stands on the "
+        "cluster's current branch as the captures last recorded it.",
     ),
     Suite(
         "silver_reconciliation",
@@ -208,7 +209,8 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "no_rolled_back_rows",
             "error",
             "No silver row (tombstones included) comes from a branch the newest failover log "
-            "no longer holds, or from a change a rollback removed (spec §7.4, §7.5).",
+            "a stream was opened with no longer holds, or from a change a rollback removed "
+            "(spec §7.4, §7.5).",
             IN_SET,
             _zero("rolled_back_rows"),
             "rolled_back_detail",
@@ -218,10 +220,13 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "on_cluster_branch",
             "error",
             "Silver's position in each vbucket lies on the cluster's current branch, as the "
-            "captures last recorded it (the failover log and high seqnos each capture session "
-            "ends with): its branch is in the newest failover log and it is not past that "
-            "branch's end. A lake that missed a rollback fails here even when every stream it "
-            "got was whole. A vbucket whose captures recorded no failover log is not judged.",
+            "captures last recorded it (the failover logs and high seqnos each capture session "
+            "ends with, and the stream requests' failover logs): the branch of silver's "
+            "consistent seqno is in the newest failover log, and the seqno is not past that "
+            "branch's end (where the next newer branch starts; for the newest branch, the high "
+            "seqno recorded in the log's session or later). A lake that missed a rollback "
+            "fails here even when every stream it got was whole. A vbucket whose captures "
+            "recorded no failover log is not judged.",
             IN_SET,
             _true("on_cluster_branch"),
             "cluster_branch_detail",

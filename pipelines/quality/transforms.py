@@ -570,7 +570,13 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
 
 def latest_branches(frames: DataFrame) -> DataFrame:
     """Per vbucket, the branches of its newest failover log (spec §7.4): ``uuid`` and
-    ``branch_end``, the seqno where the next newer branch starts (null for the newest)."""
+    ``branch_end``, the seqno where the next newer branch starts (null for the newest).
+
+    Only the logs that opened streams, which silver's walk rolls back by: the live documents
+    bronze implies and the rows found rolled back are judged against the history silver was
+    sent. What the cluster holds now (the failover logs a session ends with) is
+    :func:`cluster_branches`, and ``on_cluster_branch`` alone judges silver against it, so a
+    missed rollback fails that one check, saying so, and not every count of the vbucket."""
     logs = (
         frames.where(F.col("opens_stream") & F.col("failover_log").isNotNull())
         .groupBy("vbucket")
@@ -739,7 +745,12 @@ def cluster_branches(base: DataFrame) -> DataFrame:
     """Per vbucket, the cluster's history as the captures last recorded it: ``log``, the
     newest failover log (of a stream request's success, or of a DCP_GET_FAILOVER_LOG reply,
     newest first), ``log_session`` the session it came from, and ``high``, the newest high
-    seqno recorded (GET_ALL_VB_SEQNOS) in that session or a later one (null when none)."""
+    seqno recorded (GET_ALL_VB_SEQNOS) in that session or a later one (null when none).
+
+    "That session or later", not "after the log": a session records its high seqnos just
+    before its failover logs (the capture agent's last step), and both say what the node held
+    as the session ended. A high seqno of an older session may predate a failover the log
+    shows, so it bounds nothing."""
     session = F.struct("session_started_at", "session_id")
     op, ok = F.col("op"), F.col("status") == 0
     logs = (
@@ -772,12 +783,16 @@ def cluster_branches(base: DataFrame) -> DataFrame:
 
 
 def on_branch(states: DataFrame, cluster: DataFrame) -> DataFrame:
-    """Per vbucket of silver's stream state that the captures recorded the cluster's history
-    of (:func:`cluster_branches`): ``on_cluster_branch``, whether silver's position lies on
-    the cluster's current branch (spec §7.4): the branch of silver's consistent seqno (the
-    newest entry of silver's failover log at or below it) is in the cluster's newest failover
-    log, and the seqno is not past that branch's end (where the next newer branch starts; for
-    the newest, the high seqno recorded). ``cluster_branch_detail`` says why not."""
+    """Per vbucket of silver's stream state whose cluster history the captures recorded
+    (:func:`cluster_branches`): ``on_cluster_branch``, whether silver's position lies on the
+    cluster's current branch, and ``cluster_branch_detail``, why not.
+
+    Silver's branch is the uuid its consistent seqno belongs to: the newest entry of silver's
+    failover log at or below it (the uuid a consumer resuming there asks with; after a
+    rollback it may be older than ``vb_uuid``). That uuid must be in the cluster's newest failover
+    log, and the seqno not past where that branch ends: the start of the next newer branch,
+    or for the newest branch the high seqno recorded (none recorded: no end known). A vbucket
+    without a uuid in silver, or absent from ``cluster``, is not judged (null)."""
     seqno = F.col("consistent_seqno")
     at_or_below = F.filter(F.col("failover_log"), lambda e: e["seqno"] <= seqno)
     silver_uuid = F.coalesce(F.try_element_at(at_or_below, F.lit(1))["vb_uuid"], F.col("vb_uuid"))
@@ -785,47 +800,46 @@ def on_branch(states: DataFrame, cluster: DataFrame) -> DataFrame:
     found = F.try_element_at(
         F.filter(positions, lambda p: p["e"]["vb_uuid"] == F.col("s_uuid")), F.lit(1)
     )
-    branch_end = F.when(
-        F.col("found.i") > 0, F.element_at(F.col("log"), F.col("found.i"))["seqno"]
-    ).otherwise(F.col("high"))
+    # element_at is 1-based: element i is the entry just newer than entry i (0-based)
+    newer_start = F.element_at(F.col("log"), F.col("found.i"))["seqno"]
+    branch_end = F.when(F.col("found.i") > 0, newer_start).otherwise(F.col("high"))
     c = cluster.withColumnRenamed("vbucket", "c_vbucket")
     joined = (
         states.select("vbucket", seqno, silver_uuid.alias("s_uuid"))
+        .where(F.col("s_uuid").isNotNull())
         .join(c, F.col("vbucket") == F.col("c_vbucket"), how="inner")
-        .select("*", found.alias("found"))
+        .select("*", found.alias("found"), branch_end.alias("branch_end"))
     )
     log_text = F.array_join(
         F.transform(F.col("log"), lambda e: F.concat(e["vb_uuid"], F.lit("@"), e["seqno"])), ", "
     )
-    where = F.concat(
-        F.lit("vb "),
-        F.col("vbucket"),
-        F.lit(": silver at seqno "),
-        seqno,
-        F.lit(" of vb uuid "),
-        F.col("s_uuid"),
-        F.lit("; the cluster's failover log (session "),
-        F.col("log_session"),
-        F.lit(") is ["),
-        log_text,
-        F.lit("]"),
+    silver_at = F.concat(
+        F.lit("silver at seqno "), seqno, F.lit(" of vb uuid "), F.col("s_uuid"), F.lit("; ")
     )
+    log_note = F.concat(
+        F.lit("newest failover log, session "),
+        F.col("log_session"),
+        F.lit(": ["),
+        log_text,
+        F.lit("])"),
+    )
+    where_it_ends = F.when(
+        F.col("found.i") > 0, F.concat(F.lit(" ended at seqno "), F.col("branch_end"), F.lit(" ("))
+    ).otherwise(F.concat(F.lit(" is at seqno "), F.col("branch_end"), F.lit(" (its high seqno; ")))
     ok = F.col("found").isNotNull() & (
         F.col("branch_end").isNull() | (seqno <= F.col("branch_end"))
     )
+    detail = F.when(
+        F.col("found").isNull(),
+        F.concat(silver_at, F.lit("the cluster no longer holds that branch ("), log_note),
+    ).when(
+        ~ok,
+        F.concat(
+            silver_at, F.lit("the cluster's branch "), F.col("s_uuid"), where_it_ends, log_note
+        ),
+    )
     return joined.select(
-        "vbucket", branch_end.alias("branch_end"), "found", seqno, where.alias("w")
-    ).select(
-        "vbucket",
-        ok.alias("on_cluster_branch"),
-        F.when(
-            F.col("found").isNull(), F.concat(F.col("w"), F.lit(": it no longer holds that branch"))
-        )
-        .when(
-            ~ok,
-            F.concat(F.col("w"), F.lit(": that branch ends at seqno "), F.col("branch_end")),
-        )
-        .alias("cluster_branch_detail"),
+        "vbucket", ok.alias("on_cluster_branch"), detail.alias("cluster_branch_detail")
     )
 
 
@@ -835,7 +849,7 @@ def coverage_metrics(
     silver_rows: DataFrame,
     branches: DataFrame,
     dead_changes: DataFrame,
-    cluster: DataFrame | None = None,
+    cluster: DataFrame,
 ) -> DataFrame:
     """The ``stream_coverage`` metric frame: one row per vbucket of bronze.
 
@@ -876,22 +890,18 @@ def coverage_metrics(
             ).alias("rolled"),
         )
     )
-    # one row per vbucket from three sources: a union and one aggregation, no joins
+    # one row per vbucket from four sources: a union and one aggregation
     latest = streams.where(F.col("latest")).select(
         "vbucket", "session_id", "bounded", "requested_end", "producer_high", "complete_end"
     )
-    parts = latest.unionByName(
-        states.select("vbucket", "consistent_seqno", "last_applied_seqno"),
-        allowMissingColumns=True,
-    ).unionByName(rolled, allowMissingColumns=True)
-    if cluster is not None:
-        parts = parts.unionByName(on_branch(states, cluster), allowMissingColumns=True)
-    else:
-        parts = parts.select(
-            "*",
-            F.lit(None).cast("boolean").alias("on_cluster_branch"),
-            F.lit(None).cast("string").alias("cluster_branch_detail"),
+    parts = (
+        latest.unionByName(
+            states.select("vbucket", "consistent_seqno", "last_applied_seqno"),
+            allowMissingColumns=True,
         )
+        .unionByName(rolled, allowMissingColumns=True)
+        .unionByName(on_branch(states, cluster), allowMissingColumns=True)
+    )
     grouped = parts.groupBy("vbucket").agg(
         F.max(F.col("session_id")).alias("latest_session"),
         F.max(F.col("bounded")).alias("bounded"),

@@ -662,6 +662,8 @@ def test_cluster_branches_take_the_newest_log_and_a_high_seqno_not_older(
 
 
 def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
+    """Silver's branch at its consistent seqno against the cluster's newest failover log and
+    high seqno: the expected verdicts and details written down."""
     states = spark.createDataFrame(
         [
             (3, 6, 11, [(11, 0)]),  # the cluster's branch 11 ended at 1: a missed rollback
@@ -670,6 +672,8 @@ def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
             (6, 3, 13, [(13, 0)]),  # a branch the cluster does not hold
             (7, 3, 11, [(11, 0)]),  # nothing recorded: not judged
             (8, 4, 12, [(12, 5), (11, 0)]),  # silver's branch at 4 is 11, which ended at 5
+            (9, 0, None, []),  # no uuid in silver (no stream opened): not judged
+            (10, 50, 11, [(11, 0)]),  # the newest branch, no high seqno recorded: no end known
         ],
         f"vbucket INT, consistent_seqno BIGINT, vb_uuid BIGINT, failover_log {LOG}",
     )
@@ -680,6 +684,8 @@ def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
             (5, [(11, 0)], "s2", 10),
             (6, [(12, 0)], "s2", None),
             (8, [(14, 6), (12, 5), (11, 0)], "s2", 30),
+            (9, [(11, 0)], "s2", 3),
+            (10, [(11, 0)], "s2", None),
         ],
         f"vbucket INT, log {LOG}, log_session STRING, high BIGINT",
     )
@@ -687,11 +693,23 @@ def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
         r["vbucket"]: (r["on_cluster_branch"], r["cluster_branch_detail"])
         for r in tr.on_branch(states, cluster).collect()
     }
-    head = "silver at seqno {} of vb uuid {}; the cluster's failover log (session s2) is [{}]"
     assert rows == {
-        3: (False, "vb 3: " + head.format(6, 11, "12@1, 11@0") + ": that branch ends at seqno 1"),
+        3: (
+            False,
+            "silver at seqno 6 of vb uuid 11; the cluster's branch 11 ended at seqno 1 "
+            "(newest failover log, session s2: [12@1, 11@0])",
+        ),
         4: (True, None),
-        5: (False, "vb 5: " + head.format(12, 11, "11@0") + ": that branch ends at seqno 10"),
-        6: (False, "vb 6: " + head.format(3, 13, "12@0") + ": it no longer holds that branch"),
+        5: (
+            False,
+            "silver at seqno 12 of vb uuid 11; the cluster's branch 11 is at seqno 10 "
+            "(its high seqno; newest failover log, session s2: [11@0])",
+        ),
+        6: (
+            False,
+            "silver at seqno 3 of vb uuid 13; the cluster no longer holds that branch "
+            "(newest failover log, session s2: [12@0])",
+        ),
         8: (True, None),
+        10: (True, None),
     }

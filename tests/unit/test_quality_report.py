@@ -366,3 +366,44 @@ def test_check_command_fails_on_bad_configuration_before_spark(
     assert "snapshot_completeness.typo" in capsys.readouterr().err
     assert cli.main(["check", "--config", str(path), "--bucket", "other"]) == 2
     assert not (tmp_path / "w").exists()  # no Spark session was started on the warehouse
+
+
+def test_summary_page_shows_where_silver_left_the_clusters_branch() -> None:
+    """A failing ``on_cluster_branch`` row (as GE returns it) reaches the page with its
+    vbucket and the detail naming silver's position and the cluster's branch."""
+    detail = (
+        "silver at seqno 6 of vb uuid 11; the cluster's branch 11 ended at seqno 1 "
+        "(newest failover log, session s2: [12@1, 11@0])"
+    )
+    result = {
+        "success": False,
+        "result": {
+            "element_count": 4,
+            "unexpected_count": 1,
+            "missing_count": 1,  # a vbucket without a recorded failover log: not judged
+            "partial_unexpected_index_list": [
+                {
+                    "where": "vb 3",
+                    "cluster_branch_detail": detail,
+                    "rolled_back_detail": None,
+                    "on_cluster_branch": False,
+                }
+            ],
+        },
+    }
+    check = _check("stream_coverage.on_cluster_branch")
+    outcome = outcome_from_result(check, result, entity="vbucket", max_examples=5)
+    assert (outcome.success, outcome.observed) == (False, "1 of 3 vbuckets")
+    assert outcome.examples == (
+        {"where": "vb 3", "cluster_branch_detail": detail, "on_cluster_branch": False},
+    )
+    report = _report()
+    report.outcomes = [outcome]
+    page = _Page()
+    page.feed(render_summary(report))
+    assert page.expectations["failing"] == ["stream_coverage.on_cluster_branch"]
+    assert f"vb 3: {detail}" in page.text["failing"]
+    assert f"vb 3: {detail}" in page.text["suite-stream_coverage"]
+    assert report.render().splitlines()[1] == (
+        f"  ERROR stream_coverage.on_cluster_branch: 1 of 3 vbuckets; e.g. vb 3: {detail}"
+    )
