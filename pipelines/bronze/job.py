@@ -251,7 +251,7 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
         properties = {**config.tables.properties, **(EVENTS_STATS if events else {})}
         delta_io.create_table(spark, table, schema, properties, cluster_by=clustering)
         # a table made by an earlier version: an ingest log without ``digest``, events
-        # without ``stream_flag_names`` and ``stream_opaque``
+        # without ``stream_flag_names``, ``stream_opaque`` or ``high_seqnos``
         delta_io.add_missing_columns(spark, table, schema)
     return names
 
