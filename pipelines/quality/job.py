@@ -83,7 +83,7 @@ def _collect(spark: SparkSession, df: DataFrame) -> Metrics:
 
 @dataclass(frozen=True)
 class SilverFrames:
-    states: DataFrame  # vbucket, consistent_seqno, last_applied_seqno
+    states: DataFrame  # vbucket, consistent_seqno, last_applied_seqno, vb_uuid, failover_log
     rows: DataFrame  # every row of the collection tables (``_all``), with ``table``
     live: DataFrame  # the rows of the user views, with ``table``
     names: DataFrame  # collection_id, name (scope.collection)
