@@ -34,6 +34,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig
 from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.events import (
     Event,
+    FailoverLog,
     FailoverLogRequest,
     FailoverLogResponse,
     Mutation,
@@ -80,7 +81,7 @@ def _stream(
     start: int,
     end: int,
     vb_uuid: int,
-    log: tuple[tuple[int, int], ...],
+    log: FailoverLog,
     changes: list[tuple[int, str]],
 ) -> list[Event]:
     """A stream request answered with ``log``, one snapshot of ``changes``, an OK end."""
@@ -111,9 +112,7 @@ def _stream(
     return events
 
 
-def _cluster_state(
-    highs: dict[int, int], logs: dict[int, tuple[tuple[int, int], ...]]
-) -> list[Event]:
+def _cluster_state(highs: dict[int, int], logs: dict[int, FailoverLog]) -> list[Event]:
     """What the agent records as a session ends: the node's high seqnos, then each vbucket's
     failover log (opaque = the vbucket)."""
     seqnos = ClientOpcode.GET_ALL_VB_SEQNOS
@@ -139,7 +138,8 @@ def _cluster_state(
 
 FIRST = [(seqno, key) for seqno, key in enumerate("abcdef", start=1)]
 BRANCHED = ((B3, 1), (A3, 0))  # vbucket 3's log after its failover
-CLUSTER = {  # per session, the high seqnos and failover logs it ends with
+# what each session ends with: the high seqnos and the failover logs
+CLUSTER: dict[str, tuple[dict[int, int], dict[int, FailoverLog]]] = {
     "s1": ({3: 6, 4: 6}, {3: ((A3, 0),), 4: ((A4, 0),)}),
     "s2": ({3: 3, 4: 6}, {3: BRANCHED, 4: ((A4, 0),)}),
     "s3": ({3: 3, 4: 6}, {3: BRANCHED, 4: ((A4, 0),)}),
@@ -312,7 +312,7 @@ def test_silver_ignores_the_cluster_state_frames_bronze_keeps(
             for r in recorded
             if r["op"].endswith("_response")
         }
-        expected = {}
+        expected: dict[tuple[str, str, int], tuple[int, Any, Any]] = {}
         for session, (highs, logs) in CLUSTER.items():
             pairs = [{"vbucket": vb, "seqno": seqno} for vb, seqno in highs.items()]
             expected[(session, "vb_seqnos_response", CLUSTER_OPAQUE)] = (0, None, pairs)
