@@ -305,6 +305,10 @@ class Follower:
     def run(self) -> int:
         """Micro-batches until ``stop``; 0, or 1 when the latest quality check failed."""
         agents = [AgentProcess(s) for s in self.captures.values()]
+        for settings in self.captures.values():
+            # what the agent makes first when it starts: the first micro-batch may come before
+            # the agent's process has (its landing must exist: bronze.job.check_landing)
+            settings.landing.mkdir(parents=True, exist_ok=True)
         try:
             for agent in agents:
                 agent.start()
