@@ -3,9 +3,10 @@
 Per bucket and run:
 
 1. bronze events are read once and placed in their streams and snapshots; compact metric
-   frames are computed from that (:mod:`pipelines.quality.transforms`): one row per stream,
-   vbucket, collection and capture file. Silver's tables are read for coverage and
-   reconciliation; the state bronze implies is computed without silver;
+   frames are computed from that (:mod:`pipelines.quality.frames`, ``streams``, ``branches``,
+   ``metrics``): one row per stream, vbucket, collection and capture file. Silver's tables
+   are read for coverage and reconciliation; the state bronze implies is computed without
+   silver;
 2. Great Expectations validates each suite's frame (:mod:`pipelines.quality.validate`) and
    writes its Data Docs;
 3. the results are appended to ``quality.<bucket>_results`` (one row per expectation), and a
@@ -176,7 +177,20 @@ def metric_frames(
     Intermediate frames are local checkpoints: materialized once and cut from their lineage,
     so the later plans stay small to analyse (planning, not data, dominates small buckets).
     """
-    from pipelines.quality import transforms as tr
+    from pipelines.quality.branches import (
+        bronze_live_documents,
+        cluster_branches,
+        collection_cuts,
+        committed_items,
+        dead_changes,
+        history_items,
+        latest_branches,
+        rollbacks,
+        split_history,
+    )
+    from pipelines.quality.frames import base_frames, stream_frames
+    from pipelines.quality.metrics import coverage_metrics, file_metrics, reconciliation_metrics
+    from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 
     names = BucketTables(bucket)
     kept: list[DataFrame] = []
@@ -186,32 +200,32 @@ def metric_frames(
         return kept[-1]
 
     try:
-        base = keep(tr.base_frames(read_at(spark, names.events, at)))
-        frames = keep(tr.stream_frames(base))
-        snaps = keep(tr.snapshots(frames))
-        streams = _collect(spark, tr.stream_metrics(frames, snaps, tr.duplicate_seqnos(frames)))
-        branches = tr.latest_branches(frames)
-        alive, dead = tr.split_history(tr.history_items(frames), branches, tr.rollbacks(frames))
+        base = keep(base_frames(read_at(spark, names.events, at)))
+        frames = keep(stream_frames(base))
+        snaps = keep(snapshots(frames))
+        streams = _collect(spark, stream_metrics(frames, snaps, duplicate_seqnos(frames)))
+        branches = latest_branches(frames)
+        alive, dead = split_history(history_items(frames), branches, rollbacks(frames))
         alive = keep(alive)
-        committed = keep(tr.committed_items(alive, snaps))
-        cuts = tr.collection_cuts(committed)
+        committed = keep(committed_items(alive, snaps))
+        cuts = collection_cuts(committed)
         silver = silver_frames(spark, bucket, at)
         silver_rows = keep(silver.rows)
         coverage = _collect(
             spark,
-            tr.coverage_metrics(
+            coverage_metrics(
                 streams.df,
                 silver.states,
                 silver_rows,
                 branches,
-                tr.dead_changes(alive, dead),
-                tr.cluster_branches(base),
+                dead_changes(alive, dead),
+                cluster_branches(base),
             ),
         )
         reconciliation = _collect(
             spark,
-            tr.reconciliation_metrics(
-                tr.bronze_live_documents(committed, cuts),
+            reconciliation_metrics(
+                bronze_live_documents(committed, cuts),
                 silver.live,
                 silver_rows,
                 cuts,
@@ -220,7 +234,7 @@ def metric_frames(
         )
         files = _collect(
             spark,
-            tr.file_metrics(
+            file_metrics(
                 base,
                 read_at(spark, names.quarantine, at),
                 read_at(spark, names.ingest_log, at),

@@ -1,10 +1,11 @@
 """The four suites and their expectations, as plain data (no Spark, no Great Expectations).
 
 Each expectation checks one column of its suite's metric frame
-(:mod:`pipelines.quality.transforms`): a problem count that must be 0, a flag that must be
-true, or two columns that must agree. ``detail`` names the column that says, per failing row,
-what is wrong. Severities are ``error`` (fails the run) or ``warn`` (reported only); the
-configuration may override them per expectation or per suite (``[quality] severity``).
+(:mod:`pipelines.quality.streams`, :mod:`pipelines.quality.metrics`): a problem count that
+must be 0, a flag that must be true, or two columns that must agree. ``detail`` names the
+column that says, per failing row, what is wrong. Severities are ``error`` (fails the run)
+or ``warn`` (reported only); the configuration may override them per expectation or per
+suite (``[quality] severity``).
 """
 
 from __future__ import annotations

@@ -35,9 +35,18 @@ from pipelines import cli, schemas
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket
-from pipelines.quality import transforms as tr
+from pipelines.quality.branches import (
+    cluster_branches,
+    history_items,
+    latest_branches,
+    on_branch,
+    rollbacks,
+    split_history,
+)
+from pipelines.quality.frames import base_frames, stream_frames
 from pipelines.quality.job import check_bucket, prune_results
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
+from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables, all_rows
 
@@ -506,8 +515,8 @@ def _stream_metrics(spark: SparkSession, *sessions: list[dict[str, Any]]) -> dic
         tables.append(decoded)
     frames_df = spark.createDataFrame(pa.concat_tables(tables))
     events = bronze_transforms.events(frames_df, "run", F.current_timestamp()).localCheckpoint()
-    placed = tr.stream_frames(tr.base_frames(events)).localCheckpoint()
-    metrics = tr.stream_metrics(placed, tr.snapshots(placed), tr.duplicate_seqnos(placed))
+    placed = stream_frames(base_frames(events)).localCheckpoint()
+    metrics = stream_metrics(placed, snapshots(placed), duplicate_seqnos(placed))
     return {(r["session_id"], r["stream_no"]): r.asDict() for r in metrics.collect()}
 
 
@@ -562,11 +571,11 @@ def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
         decoded = decoded.append_column(name, column)
     frames = spark.createDataFrame(decoded)
     events = bronze_transforms.events(frames, "run", F.current_timestamp()).localCheckpoint()
-    placed = tr.stream_frames(tr.base_frames(events)).localCheckpoint()
-    snaps = tr.snapshots(placed)
+    placed = stream_frames(base_frames(events)).localCheckpoint()
+    snaps = snapshots(placed)
     rows = {
         r["stream_no"]: r.asDict()
-        for r in tr.stream_metrics(placed, snaps, tr.duplicate_seqnos(placed)).collect()
+        for r in stream_metrics(placed, snaps, duplicate_seqnos(placed)).collect()
     }
     assert sorted(rows) == [1, 2]  # the rollback response and re-request belong to stream 2
     first, second = rows[1], rows[2]
@@ -614,11 +623,9 @@ def test_stream_metrics_of_a_hand_made_session(spark: SparkSession) -> None:
         "complete_end": 60,
     }
 
-    branches = {(r["uuid"], r["branch_end"]) for r in tr.latest_branches(placed).collect()}
+    branches = {(r["uuid"], r["branch_end"]) for r in latest_branches(placed).collect()}
     assert branches == {(9, None), (7, 15)}
-    alive, dead = tr.split_history(
-        tr.history_items(placed), tr.latest_branches(placed), tr.rollbacks(placed)
-    )
+    alive, dead = split_history(history_items(placed), latest_branches(placed), rollbacks(placed))
     assert sorted(r["seqno"] for r in alive.collect()) == [3, 10, 12, 12, 16, 40]
     assert sorted(r["seqno"] for r in dead.collect()) == [19, 26, 28]  # above the rollback to 15
 
@@ -649,7 +656,7 @@ def test_cluster_branches_take_the_newest_log_and_a_high_seqno_not_older(
         ],
         columns,
     )
-    rows = {r["vbucket"]: r.asDict() for r in tr.cluster_branches(base).collect()}
+    rows = {r["vbucket"]: r.asDict() for r in cluster_branches(base).collect()}
     assert rows == {
         3: {
             "vbucket": 3,
@@ -691,7 +698,7 @@ def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
     )
     rows = {
         r["vbucket"]: (r["on_cluster_branch"], r["cluster_branch_detail"])
-        for r in tr.on_branch(states, cluster).collect()
+        for r in on_branch(states, cluster).collect()
     }
     assert rows == {
         3: (
