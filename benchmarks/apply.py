@@ -130,7 +130,7 @@ def prepare(
     from pyspark.sql import functions as F
 
     from pipelines import schemas
-    from pipelines.silver import store
+    from pipelines.silver import registry
     from pipelines.tables import all_rows, view_of
 
     dv, cdf, variant = deletion_vectors, change_data_feed, document_variant
@@ -144,8 +144,10 @@ def prepare(
         print(f"  building {table} ({keys:,} keys)", flush=True)
         marker.unlink(missing_ok=True)
         spark.sql(f"DROP TABLE IF EXISTS {table}")
-        store.ensure_support_tables(spark, bucket_of(keys, dv, cdf, variant), properties)
-        store.ensure_collection_table(spark, view_of(table), properties, document_variant=variant)
+        registry.ensure_support_tables(spark, bucket_of(keys, dv, cdf, variant), properties)
+        registry.ensure_collection_table(
+            spark, view_of(table), properties, document_variant=variant
+        )
         files = max(1, keys // ROWS_PER_FILE)
         rows = table_rows(spark, keys)
         if variant:
@@ -192,7 +194,7 @@ def measure_fill(spark: Any, table: str, version: int, runs: int) -> list[float]
     """Seconds of turning ``[silver] document_variant`` on for ``table`` (made without it, at
     its built ``version``): the column added and filled, on a fresh shallow clone each run."""
     from pipelines import schemas
-    from pipelines.silver import store
+    from pipelines.silver import registry
 
     clone = f"{table}_fill"
     seconds = []
@@ -200,7 +202,7 @@ def measure_fill(spark: Any, table: str, version: int, runs: int) -> list[float]
         spark.sql(f"DROP TABLE IF EXISTS {clone}")
         spark.sql(f"CREATE TABLE {clone} SHALLOW CLONE {table} VERSION AS OF {version}")
         spark.sql(f"ALTER TABLE {clone} ADD COLUMNS ({schemas.DOCUMENT_VARIANT} VARIANT)")
-        took, filled = timed(lambda: store.fill_document_variant(spark, clone), 1)
+        took, filled = timed(lambda: registry.fill_document_variant(spark, clone), 1)
         if filled != spark.table(clone).where("doc IS NOT NULL").count():
             raise AssertionError(f"{clone}: {filled} rows filled")
         seconds += took

@@ -377,7 +377,7 @@ def _compare(spark: Any, truth_dir: Path) -> tuple[bool, str]:
     import base64
 
     from pipelines import tables
-    from pipelines.silver.store import read_registry
+    from pipelines.silver.registry import read_registry
 
     truth = {}
     for line in (truth_dir / "documents.jsonl").read_text().splitlines():

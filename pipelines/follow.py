@@ -325,7 +325,7 @@ class Follower:
         return 1 if self.failed_check else 0
 
     def _follow(self, agents: list[AgentProcess]) -> None:
-        from pipelines.silver import store
+        from pipelines.silver import state
         from pipelines.tables import BucketTables
 
         interval = self.config.follow.interval_s
@@ -335,7 +335,7 @@ class Follower:
             if self.spark.catalog.tableExists(table):
                 progress.applied = {
                     vb: s["state"]["consistent_seqno"]
-                    for vb, s in store.read_states(self.spark, table).items()
+                    for vb, s in state.read_states(self.spark, table).items()
                 }
             self.progress[b.name] = progress
         names = ", ".join(repr(b.name) for b in self.buckets)

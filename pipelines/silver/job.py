@@ -16,8 +16,10 @@ Per run and bucket:
 
 The table a user queries, ``silver.<bucket>__<scope>__<collection>``, is a view of live
 documents (no tombstones, nothing past its expiry) over ``..._all``, which keeps tombstones
-(names: :mod:`pipelines.tables`). This module orders the steps; the reads, MERGEs and deletes
-are :mod:`pipelines.silver.store`'s, the DataFrames they run :mod:`pipelines.silver.transforms`'.
+(names: :mod:`pipelines.tables`). This module orders the steps; the registry and the tables'
+lifecycle are :mod:`pipelines.silver.registry`'s, the stream state and what to walk
+:mod:`pipelines.silver.state`'s, the MERGEs and deletes :mod:`pipelines.silver.store`'s, the
+DataFrames they run :mod:`pipelines.silver.transforms`'.
 """
 
 from __future__ import annotations
@@ -103,18 +105,27 @@ def apply_bucket(
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
     from pyspark.sql import functions as F
 
-    from pipelines.silver import store, transforms
+    from pipelines.silver import state, store, transforms
+    from pipelines.silver.registry import (
+        collection_properties,
+        ensure_projections,
+        ensure_support_tables,
+        history_properties,
+        read_registry,
+        retire_dropped,
+        update_registry,
+    )
 
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
     name = bucket.name
-    store.ensure_support_tables(spark, name, config.tables.properties)
+    ensure_support_tables(spark, name, config.tables.properties)
     names = BucketTables(name)
     if not spark.catalog.tableExists(names.events):
         log.info("no bronze table for bucket %s yet", name)
         return summary
     at = summary.step("tables", started)
-    states = store.read_states(spark, names.stream_state)
+    states = state.read_states(spark, names.stream_state)
     at = summary.step("read_states", at)
     if rebuild:
         emptied = empty_tables(spark, name, collection)
@@ -122,11 +133,11 @@ def apply_bucket(
         # Every vbucket is walked from its first frame again; the tables not emptied see
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
-    frames, again = store.unconsumed_frames(spark, names, states)
+    frames, again = state.unconsumed_frames(spark, names, states)
     at = summary.step("unconsumed", at)
     if again:
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-    walked = store.walk_vbuckets(
+    walked = state.walk_vbuckets(
         spark, frames, states, again, eager=config.silver.eager_apply
     ).cache()
     try:
@@ -151,9 +162,7 @@ def apply_bucket(
         }
         if not new_states:
             if bucket.projections:  # a projection added since the last run with changes
-                store.ensure_projections(
-                    spark, store.read_registry(spark, name), bucket.projections
-                )
+                ensure_projections(spark, read_registry(spark, name), bucket.projections)
             summary.seconds = time.perf_counter() - started
             return summary
         summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
@@ -161,11 +170,11 @@ def apply_bucket(
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
         changes = walked.where(F.col("kind") == "change")
         versions = walked.where(is_version)  # for history tables: ended changes too
-        registry = store.update_registry(
+        registry = update_registry(
             spark,
             name,
             controls,
-            store.collection_properties(config),
+            collection_properties(config),
             change_cids,
             document_variant=config.silver.document_variant,
         )
@@ -207,12 +216,12 @@ def apply_bucket(
                 version_cids,
                 controls,
                 bucket.keeps_history,
-                store.history_properties(config),
+                history_properties(config),
             )
             at = summary.step("history", at)
-        store.retire_dropped(spark, name, registry, new_states, config)
-        store.ensure_projections(spark, registry, bucket.projections)
-        store.save_states(spark, names.stream_state, states, new_states)
+        retire_dropped(spark, name, registry, new_states, config)
+        ensure_projections(spark, registry, bucket.projections)
+        state.save_states(spark, names.stream_state, states, new_states)
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
@@ -225,8 +234,9 @@ def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> li
     """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone) and
     their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
     from pipelines.silver import store
+    from pipelines.silver.registry import read_registry
 
-    live = [r for r in store.read_registry(spark, bucket) if r["status"] in tables.WITH_TABLES]
+    live = [r for r in read_registry(spark, bucket) if r["status"] in tables.WITH_TABLES]
     if collection is not None:
         chosen = [r for r in live if f"{r['scope']}.{r['name']}" == collection]
         if not chosen:
@@ -247,11 +257,12 @@ def purge_tombstones(
     """Maintenance: tombstones older than ``silver.tombstone_retention_hours`` leave every
     collection table of ``bucket``; returns rows removed per table (the user-facing name)."""
     from pipelines.silver import store
+    from pipelines.silver.registry import ensure_support_tables, read_registry
 
     if not spark.catalog.tableExists(BucketTables(bucket.name).registry):
         return {}
-    store.ensure_support_tables(spark, bucket.name, config.tables.properties)
-    registry = store.read_registry(spark, bucket.name)
+    ensure_support_tables(spark, bucket.name, config.tables.properties)
+    registry = read_registry(spark, bucket.name)
     purged = store.purge_tombstones(
         spark, bucket.name, registry, config.silver.tombstone_retention_hours
     )

@@ -1,6 +1,7 @@
 """Pure DataFrame → DataFrame steps of the silver apply (no reads, writes or collects).
 
-:mod:`pipelines.silver.store` reads the tables, runs these and writes what they give;
+:mod:`pipelines.silver.state`, :mod:`pipelines.silver.registry` and
+:mod:`pipelines.silver.store` read the tables, run these and write what they give;
 :mod:`pipelines.silver.job` says in which order.
 """
 
@@ -15,10 +16,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dcp_cdc.config import ProjectionColumn
+from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
-from pipelines.silver.walk import CHANGE_OF, DATA_OPS, VbState, position_of, walk
+from pipelines.silver.walk import CHANGE_OF, VbState, position_of, walk
 
 WALK_OPS = [
     *DATA_OPS,

@@ -18,7 +18,7 @@ from dcp_cdc.simulator import simulate
 from pipelines import delta_io
 from pipelines.bronze.job import ingest_bucket
 from pipelines.errors import TableLocationError
-from pipelines.silver import store
+from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from tests import kill_harness as kh
 from tests.spark.conftest import Warehouse
@@ -120,7 +120,7 @@ def _apply_killed_then_again(
         raise KeyboardInterrupt("killed before saving the position")
 
     with monkeypatch.context() as m:
-        m.setattr(store, "save_states", killed)
+        m.setattr(state, "save_states", killed)
         with pytest.raises(KeyboardInterrupt):
             apply_bucket(spark, config, config.buckets[0])
     summary = apply_bucket(spark, config, config.buckets[0])

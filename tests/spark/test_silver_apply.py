@@ -24,8 +24,9 @@ from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines import delta_io, schemas, tables
 from pipelines.bronze.job import ingest_bucket
-from pipelines.silver import store
+from pipelines.silver import state, store
 from pipelines.silver.job import apply_bucket, purge_tombstones
+from pipelines.silver.registry import CHANGE_DATA_FEED
 from pipelines.tables import BucketTables, all_rows
 from tests import delta_rs
 from tests.spark.test_silver import (
@@ -87,9 +88,9 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
     )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
-    states = store.read_states(spark, BucketTables(bucket).stream_state)
-    frames, _ = store.unconsumed_frames(spark, BucketTables(bucket), {})
-    walked = store.walk_vbuckets(spark, frames, {})
+    states = state.read_states(spark, BucketTables(bucket).stream_state)
+    frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+    walked = state.walk_vbuckets(spark, frames, {})
     changes = walked.where(F.col("kind") == "change").localCheckpoint()
     registry = [
         r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
@@ -332,8 +333,8 @@ def test_change_data_feed_setting_and_equal_tables(
             r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
         ]
         # again in two MERGEs, older changes first: the second one updates rows
-        frames, _ = store.unconsumed_frames(spark, BucketTables(bucket), {})
-        changes = store.walk_vbuckets(spark, frames, {}).where(F.col("kind") == "change")
+        frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+        changes = state.walk_vbuckets(spark, frames, {}).where(F.col("kind") == "change")
         changes = changes.localCheckpoint()
         middle = changes.approxQuantile("by_seqno", [0.5], 0)[0]
         _empty_tables(spark, registry)
@@ -342,7 +343,7 @@ def test_change_data_feed_setting_and_equal_tables(
         assert_equal_to_truth(spark, bucket, result)
         table = next(all_rows(r["table_name"]) for r in registry if r["collection_id"] == 0)
         properties = dict(spark.sql(f"SHOW TBLPROPERTIES {table}").collect())
-        assert properties.get(store.CHANGE_DATA_FEED) == str(change_data_feed).lower()
+        assert properties.get(CHANGE_DATA_FEED) == str(change_data_feed).lower()
         if change_data_feed:
             assert {"insert", "update_preimage", "update_postimage"} <= _change_feed_kinds(
                 spark, table

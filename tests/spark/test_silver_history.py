@@ -27,7 +27,7 @@ from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from pipelines import delta_io, tables
 from pipelines.bronze.job import ingest_bucket
-from pipelines.silver import store
+from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
 from tests.reference_consumer import capture_files
@@ -314,7 +314,7 @@ def test_a_run_killed_after_a_history_commit_then_run_again_equals_the_truth(
 
     with monkeypatch.context() as m:
         if killed_at == "save_states":
-            m.setattr(store, "save_states", kill)
+            m.setattr(state, "save_states", kill)
         else:
             m.setattr(delta_io.faults, "point", point)
         with pytest.raises(KeyboardInterrupt):

@@ -224,12 +224,15 @@ def test_table_names_come_from_one_module() -> None:
 
 
 def test_silver_modules_point_one_way() -> None:
-    """job -> store -> transforms: the pure transforms know no store, the store no job."""
+    """job -> store (registry, state, store) -> transforms (and walk): the pure transforms know
+    no store, the store no job; the MERGEs know the registry, never the other way."""
     edges = _edges(_modules())
-    assert not {"pipelines.silver.store", "pipelines.silver.job"} & set(
-        edges["pipelines.silver.transforms"]
-    )
-    assert "pipelines.silver.job" not in edges["pipelines.silver.store"]
+    stores = {"pipelines.silver.registry", "pipelines.silver.state", "pipelines.silver.store"}
+    for pure in ("pipelines.silver.transforms", "pipelines.silver.walk"):
+        assert not (stores | {"pipelines.silver.job"}) & set(edges[pure])
+    for store in stores:
+        assert "pipelines.silver.job" not in edges[store]
+    assert "pipelines.silver.store" not in edges["pipelines.silver.registry"]
 
 
 JOB_MODULES = [

@@ -1,0 +1,142 @@
+"""Silver's stream state per vbucket (``__stream_state``) and the bronze frames a run walks
+from it: which frames no run has consumed yet, and which vbuckets are walked again from their
+start because older frames arrived late.
+
+The walk itself is :func:`pipelines.silver.transforms.walk_frames`; the MERGEs of what it
+gives are :mod:`pipelines.silver.store`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines import schemas
+from pipelines.delta_io import replace_rows, with_retry
+from pipelines.silver import transforms
+from pipelines.tables import BucketTables
+
+
+def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
+    return {
+        r["vbucket"]: {"state": json.loads(r["state"]), "position_run_id": r["position_run_id"]}
+        for r in spark.table(table).select("vbucket", "state", "position_run_id").collect()
+    }
+
+
+def save_states(
+    spark: SparkSession,
+    table: str,
+    old: dict[int, dict[str, Any]],
+    new: dict[int, dict[str, Any]],
+) -> None:
+    merged = {vb: s["state"] | {"run_id": s["position_run_id"]} for vb, s in old.items()}
+    merged.update(new)
+    rows = []
+    for vb, s in sorted(merged.items()):
+        snap = s.get("open_snapshot")
+        rows.append(
+            {
+                "vbucket": vb,
+                "vb_uuid": s["vb_uuid"],
+                "failover_log": [{"vb_uuid": u, "seqno": q} for u, q in s["failover_log"]],
+                "last_applied_seqno": s["last_applied_seqno"],
+                "consistent_seqno": s["consistent_seqno"],
+                "manifest_uid": s["manifest_uid"],
+                "purge_seqno": s["purge_seqno"],
+                "open_snapshot_start": snap[0] if snap else None,
+                "open_snapshot_end": snap[1] if snap else None,
+                "position_run_id": s.get("run_id"),
+                "state": json.dumps(s),
+                "updated_at": None,
+            }
+        )
+    df = spark.createDataFrame(rows, schema=schemas.STATE).withColumn(
+        "updated_at", F.current_timestamp()
+    )
+    with_retry(table, lambda: replace_rows(df, table))
+
+
+def unconsumed_frames(
+    spark: SparkSession, names: BucketTables, states: dict[int, dict[str, Any]]
+) -> tuple[DataFrame, set[int]]:
+    """Bronze frames that may hold frames no silver run has consumed yet (with the
+    ``run_version`` of their ingest run), and the vbuckets to walk again from their start.
+
+    A vbucket is walked again when a new run brought frames that sort before the position
+    silver reached in it: files of an older session that arrived after a newer session was
+    applied. Walking its whole history again in session order gives what one run over all
+    of it would have given; the MERGE guard and the idempotent deletes make the replay safe.
+    """
+    log = spark.table(names.ingest_log)
+    events = spark.table(names.events)
+    run_ids = [s["position_run_id"] for s in states.values()]
+    if not states or any(r is None for r in run_ids):
+        return transforms.walk_input(events, transforms.finished_runs(log)), set()
+    # The runs from the oldest one a vbucket's position is in: the log's rows before it are
+    # skipped by their statistics, so the read follows the runs not consumed, not the log's
+    # age (until each vbucket was walked once since states kept their run's version, the
+    # whole log is read, as before).
+    floors = [s["state"].get("position_version") for s in states.values()]
+    if all(f is not None for f in floors):
+        log = log.where(F.col("run_version") >= min(floors))
+    versions_df = transforms.finished_runs(log)
+    versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
+    seen = min(s["state"].get("seen_version", 0) for s in states.values())
+    late: set[int] = set()
+    new_runs = [r for r, v in versions.items() if v > seen]
+    if new_runs:
+        positions = [
+            (vb, *s["state"]["position"]) for vb, s in states.items() if s["state"]["position"]
+        ]
+        saved = spark.createDataFrame(
+            positions, "p_vb INT, p_started STRING, p_session STRING, p_seq INT, p_offset LONG"
+        )
+        position = F.struct("session_started_at", "session_id", "file_sequence", "offset")
+        saved_position = F.struct("p_started", "p_session", "p_seq", "p_offset")
+        late = {
+            r["vb_key"]
+            for r in transforms.walk_input(events.where(of_runs(new_runs)), versions_df)
+            .join(F.broadcast(saved), F.col("vb_key") == F.col("p_vb"))
+            .where(position <= saved_position)
+            .select("vb_key")
+            .distinct()
+            .collect()
+        }
+    oldest = min(versions.get(r, 0) for r in run_ids)
+    recent = of_runs([r for r, v in versions.items() if v >= oldest])
+    if not late:
+        return transforms.walk_input(events, versions_df).where(recent), late
+    # a late vbucket is walked again from its first frame: every finished run
+    every_run = transforms.finished_runs(spark.table(names.ingest_log))
+    wanted = recent | F.col("vb_key").isin(sorted(late))
+    return transforms.walk_input(events, every_run).where(wanted), late
+
+
+def of_runs(run_ids: list[str]) -> Column:
+    """The bronze rows of these ingest runs, as a filter Delta skips files with: the run ids
+    themselves, and their range (ids start with their UTC time, so a run's files hold one id
+    and the range stays narrow) for a long list the exact test would not skip by."""
+    if not run_ids:
+        return F.lit(False)
+    ids = sorted(run_ids)
+    run = F.col("ingest_run_id")
+    return run.between(ids[0], ids[-1]) & run.isin(ids)
+
+
+def walk_vbuckets(
+    spark: SparkSession,
+    frames: DataFrame,
+    states: dict[int, dict[str, Any]],
+    again: set[int] | frozenset[int] = frozenset(),
+    *,
+    eager: bool = False,
+) -> DataFrame:
+    """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
+    the vbuckets in ``again`` start over from a fresh state."""
+    state_rows = [(vb, json.dumps(s["state"])) for vb, s in states.items() if vb not in again]
+    saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING")
+    return transforms.walk_frames(frames, saved, eager=eager)
