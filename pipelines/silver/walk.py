@@ -272,7 +272,7 @@ def _system_event(f: dict[str, Any], state: VbState, result: WalkResult, clock: 
     elif kind == "drop_collection" and cid is not None:
         state.dropped[cid] = seqno
     if kind in ("flush_collection", "drop_collection"):  # what came before it is gone
-        kept = []
+        kept: list[dict[str, Any]] = []
         for c in result.changes:
             gone = (c["collection_id"] or 0) == cid and c["by_seqno"] < seqno
             (result.ended if gone else kept).append(c)
