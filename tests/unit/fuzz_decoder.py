@@ -29,7 +29,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dcp_cdc.columnar import COLUMNS, NATIVE, decode_batch, event_to_row, frame_starts
+from dcp_cdc.columnar import NATIVE, decode_batch, frame_starts
+from dcp_cdc.columnar.schema import COLUMNS, event_to_row
 from dcp_cdc.decoder import decode_frame, iter_decode
 from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DcpError, MalformedFrameError

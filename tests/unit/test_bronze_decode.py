@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from dcp_cdc.capture import CaptureWriter, iter_capture, read_capture_header
-from dcp_cdc.columnar import to_signed64
+from dcp_cdc.columnar.schema import to_signed64
 from dcp_cdc.encoder import encode, make_header
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import Mutation, OsoSnapshot, SnapshotMarker, StreamRequestResponse

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcp_cdc import columnar, layouts
-from dcp_cdc.columnar import DecodedBatch, decode_batch
+from dcp_cdc import layouts
+from dcp_cdc.columnar import DecodedBatch, decode_batch, decode_frames
+from dcp_cdc.columnar import native as native_pass
 from dcp_cdc.encoder import doc_key, frame, make_header
 from dcp_cdc.errors import DecoderUsageError, FieldError
 from dcp_cdc.protocol import Datatype, Opcode
@@ -35,7 +36,7 @@ FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 
 
 def test_the_compiled_pass_is_built() -> None:
-    assert columnar.NATIVE, (
+    assert native_pass.NATIVE, (
         "dcp_cdc._native is not built: `make setup` builds it from dcp_cdc/_native.c "
         "(pip install -e . needs gcc and the Python headers)"
     )
@@ -290,32 +291,32 @@ def test_decode_refuses_starts_that_are_not_frames() -> None:
     data = mutation(b"{}", 1) * 2
     starts = np.array([0, 3], dtype=np.int64)  # the second lies inside the first frame
     with pytest.raises(ValueError, match=r"no whole frame at starts\[1\]"):
-        columnar.decode_frames(data, starts, collections=True, native=True)
+        decode_frames(data, starts, collections=True, native=True)
 
 
 def test_gather_refuses_ranges_outside_their_source() -> None:
-    native = columnar._native_module()
+    compiled = native_pass.native_module()
     offsets = np.empty(2, dtype=np.int32)
     one = np.ones(1, dtype=np.int64)
     with pytest.raises(ValueError, match="row 0's range lies outside its source"):
-        native.gather((b"abc",), one * 0, one * 2, one * 2, offsets, pa.allocate_buffer)
+        compiled.gather((b"abc",), one * 0, one * 2, one * 2, offsets, pa.allocate_buffer)
 
 
 def test_native_true_without_the_compiled_pass_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(columnar, "NATIVE", False)
+    monkeypatch.setattr(native_pass, "NATIVE", False)
     with pytest.raises(DecoderUsageError, match="not built"):
         decode_batch(mutation(b"{}", 1), collections=True, native=True)
 
 
 def test_keeping_freed_memory_changes_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(columnar, "_pool", columnar._pool)  # the pool goes back afterwards
+    monkeypatch.setattr(native_pass, "_pool", native_pass._pool)  # the pool goes back afterwards
     rng = random.Random(5)
     data = b"".join(
         mutation(cramjam.snappy.compress_raw(rng.randbytes(300)).read(), 0x02) for _ in range(50)
     )
     before = decode_batch(data, collections=True).table
-    assert columnar.keep_freed_memory()
+    assert native_pass.keep_freed_memory()
     after = both(data, collections=True).table
     assert after.equals(before)

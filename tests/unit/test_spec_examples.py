@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from dcp_cdc.columnar import COLUMNS, decode_batch, event_to_row
+from dcp_cdc.columnar import decode_batch
+from dcp_cdc.columnar.schema import COLUMNS, event_to_row
 from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame
 from dcp_cdc.encoder import encode
 from dcp_cdc.events import Event
