@@ -1,7 +1,7 @@
 """Freshness of follow mode: the time from a change sent by the cluster to its row in silver.
 
 ``make bench ARGS=freshness`` runs, for each rate (changes a second), in a process of its own:
-follow mode (:class:`pipelines.follow.Follower`: micro-batches of ingest and apply in one
+follow mode (:class:`pipelines.follow.loop.Follower`: micro-batches of ingest and apply in one
 Spark session, the capture agent in its child process) and a probe; the test DCP producer
 (``python -m dcp_cdc.simulator.server``, 2 data nodes on 127.0.0.1, 64 vbuckets) runs in a
 process of its own too, so that its work is not the measured process's. Its control port
@@ -271,7 +271,8 @@ def _measure(
     probe_s: float,
 ) -> dict[str, Any]:
     from pipelines.bronze.job import ingest_bucket
-    from pipelines.follow import Batch, BucketProgress, Follower
+    from pipelines.follow.loop import Follower
+    from pipelines.follow.progress import Batch, BucketProgress
     from pipelines.silver.job import apply_bucket
 
     stop = threading.Event()

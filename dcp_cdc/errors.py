@@ -157,7 +157,7 @@ class CaptureConnectionError(DcpError):
 
     def __reduce__(self) -> tuple[type[CaptureConnectionError], tuple[str, str]]:
         # a copy made from (node, cause), not from the message: the agent's child process
-        # sends its error back to follow mode pickled (pipelines.follow.AgentProcess)
+        # sends its error back to follow mode pickled (pipelines.follow.agent.AgentProcess)
         return type(self), (self.node, self.cause)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, Connection
 
 from dcp_cdc.config import CONFIG_ENV, LOCAL_CONFIG, AppConfig, find_config, load_config
 from dcp_cdc.errors import ConfigError
@@ -58,8 +58,6 @@ def connection_master(conn_id: str) -> str:
     """The master the Spark connection ``conn_id`` names, read as the Spark provider reads it:
     the host holds the master (``local[2]``, ``yarn``, ``spark://h:7077``), else the
     connection type is its scheme; a port is appended. No connection: ``yarn``, as there."""
-    from airflow.sdk import Connection
-
     try:
         conn = Connection.get(conn_id)
     except Exception:  # the provider falls back to yarn on a missing connection too
@@ -102,6 +100,8 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
     def prepare(self, context: Context) -> None:
         """Settle the command before the provider builds it: launch settings and code for the
         connection's master, flags from the params."""
+        # here, in the task, not at the top: the DAG file parses with Airflow, the standard
+        # library and dcp_cdc.config alone (Airflow's rule for what a DAG file imports)
         from pipelines.shipping import py_files_for
         from pipelines.spark_session import ingest_jvm_conf, launch_conf, merge_conf
 

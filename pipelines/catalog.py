@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pipelines.tables import LAYERS, WITH_TABLES, BucketTables, all_rows
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)
@@ -92,8 +91,6 @@ class BucketOverview:
 
 def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
     """Events by type, documents per collection and open snapshots of ``bucket``."""
-    from pyspark.sql import functions as F
-
     names = BucketTables(bucket)
     overview = BucketOverview(bucket, events_table=names.events)
     if spark.catalog.tableExists(names.events):

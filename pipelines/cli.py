@@ -1,9 +1,9 @@
 """The ``dcp-cdc`` command line, above both layers.
 
 Verbs stay thin: they parse arguments and call the library (``decode``, ``simulate``) or a
-job. A job module (:mod:`pipelines.bronze.job`, ...) declares its own flags
-(``add_arguments``) and runs from the parsed arguments (``command``); it is imported only
-when its verb runs or shows its help, since it imports pyspark, so that the Spark-free verbs
+job. A job's verb has a command module (:mod:`pipelines.commands`) that declares its own
+flags (``add_arguments``) and runs the job from the parsed arguments (``command``), importing
+the job module (which imports pyspark) only then, so that ``--help`` and the Spark-free verbs
 start fast and without Spark. Every ``--config`` and ``--bucket`` of the jobs is declared
 here, once. A job's ``python -m`` and ``spark-submit`` entry points come through here too
 (:func:`job_main`): the same flags, messages and exit statuses.
@@ -40,14 +40,15 @@ from dcp_cdc.render import error_to_json, event_to_json
 
 Command = Callable[[argparse.Namespace, TextIO], int]
 
-# Verbs run by a module with ``add_arguments(parser)`` (its own flags) and
-# ``command(args, out) -> exit status``; every job takes ``--config`` and ``--bucket`` too.
+# Verbs run by a command module (:mod:`pipelines.commands`): ``add_arguments(parser)`` (its
+# own flags), ``command(args, out) -> exit status`` and its docstring (the verb's --help);
+# every job takes ``--config`` and ``--bucket`` too.
 MODULES = {
-    "run": "pipelines.run",
-    "ingest": "pipelines.bronze.job",
-    "apply": "pipelines.silver.job",
-    "check": "pipelines.quality.job",
-    "maintain": "pipelines.maintenance",
+    "run": "pipelines.commands.run",
+    "ingest": "pipelines.commands.ingest",
+    "apply": "pipelines.commands.apply",
+    "check": "pipelines.commands.check",
+    "maintain": "pipelines.commands.maintain",
 }
 
 

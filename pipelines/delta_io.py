@@ -1,8 +1,5 @@
 """Delta Lake I/O habits every job shares: retry on typed commit conflicts, race-safe create
 of tables, views and catalog entries, replace all rows, idempotent appends, merge metrics.
-
-Imports without pyspark or delta (they are imported where used), so job modules can import
-it at top level and still print their help without a JVM.
 """
 
 from __future__ import annotations
@@ -13,16 +10,20 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlparse
+
+from delta import exceptions as dx
+from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from pipelines import faults
 from pipelines.errors import CommitConflictError, TableLocationError
 from pipelines.tables import database
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 MAX_COMMIT_ATTEMPTS = 5
 _T = TypeVar("_T")
@@ -58,8 +59,6 @@ def with_retry(what: str, action: Callable[[], _T]) -> _T:
 
 
 def _retry(what: str, action: Callable[[], _T]) -> _T:
-    from delta import exceptions as dx
-
     conflicts = (
         dx.DeltaConcurrentModificationException,
         dx.ConcurrentWriteException,
@@ -104,8 +103,6 @@ def create_table(
 ) -> None:
     """Create ``table`` with ``schema`` unless it exists (:func:`create_race_safe`);
     ``properties`` are its Delta table properties, ``cluster_by`` its liquid clustering keys."""
-    from delta.tables import DeltaTable
-
     if spark.catalog.tableExists(table):
         return
     builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
@@ -150,8 +147,6 @@ def create_race_safe(
     nothing but a log whose only commit is version 0 without data files (or no commit yet),
     it is cleared and the table created (:func:`clear_interrupted_creation`).
     """
-    from pyspark.errors import AnalysisException
-
     races = ("TABLE_OR_VIEW_ALREADY_EXISTS", _NON_EMPTY)
     cleared = False
     attempt = 0
@@ -193,7 +188,7 @@ def clear_interrupted_creation(spark: SparkSession, table: str, location: str) -
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(location)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     entries = sorted(s.getPath().getName() for s in fs.listStatus(path))
     logged = (
         sorted(
@@ -289,7 +284,7 @@ def view_metadata(spark: SparkSession, view: str) -> tuple[str, list[str]] | Non
     them (no analysis); None when there is no such view."""
     jvm: Any = spark._jvm
     db, _, name = view.partition(".")
-    catalog = spark._jsparkSession.sessionState().catalog()  # type: ignore[union-attr]
+    catalog = spark._jsparkSession.sessionState().catalog()
     ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
     if not catalog.tableExists(ident):
         return None
@@ -305,8 +300,6 @@ def catalog_step(name: str, step: Callable[[], object], race: str | tuple[str, .
     effect; one of several when a tuple) means done; a second such error in a row fails with
     a clear message. A fault point (:mod:`pipelines.faults`): ``catalog:NAME``,
     ``cataloged:NAME``."""
-    from pyspark.errors import AnalysisException
-
     races = (race,) if isinstance(race, str) else race
     faults.point("catalog", name)
     for attempt in (1, 2):
@@ -327,8 +320,6 @@ def replace_rows(df: DataFrame, table: str) -> None:
     """All of ``table``'s rows become ``df``'s, in one Delta commit. An overwrite by filter
     keeps the catalog entry as it is (``saveAsTable`` would alter it, which the Hive metastore
     refuses for Delta's placeholder schema and logs as an error)."""
-    from pyspark.sql import functions as F
-
     df.writeTo(table).overwrite(F.lit(True))
 
 
@@ -425,9 +416,6 @@ _CONFLICTS = {
 def _typed_conflicts(action: Callable[[], _T]) -> _T:
     """Run ``action``, which calls Delta through py4j: a commit conflict comes back as the
     ``delta.exceptions`` class :func:`with_retry` retries on, not as a bare Java error."""
-    from delta import exceptions as dx
-    from py4j.protocol import Py4JJavaError
-
     try:
         return action()
     except Py4JJavaError as exc:

@@ -21,22 +21,20 @@ are applied) and VACUUM can then remove what both left behind, on the same day.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from pyspark.sql import SparkSession
+
+from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import delta_io
 from pipelines.quality.job import prune_results
 from pipelines.silver.job import purge_tombstones
+from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables, all_rows, history
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger("dcp_cdc.maintenance")
 DELTA_MIN_SAFE_RETENTION_HOURS = 168
@@ -127,22 +125,9 @@ def maintain_bucket(
 def run(
     config: AppConfig, bucket: str | None = None, *, spark: SparkSession | None = None
 ) -> list[MaintenanceSummary]:
-    from pipelines.spark_session import session_for
-
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-maintenance")
     return [maintain_bucket(session, config, b) for b in buckets]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``dcp-cdc maintain`` has no flags besides ``--config`` and ``--bucket``."""
-
-
-def command(args: argparse.Namespace, out: TextIO) -> int:
-    """``dcp-cdc maintain``: one summary per bucket."""
-    for summary in run(load_config(args.config), args.bucket):
-        out.write(summary.render() + "\n")
-    return 0
 
 
 # ``python -m pipelines.maintenance`` and ``spark-submit pipelines/maintenance.py``: the ``maintain`` verb of the command line

@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 from dcp_cdc.config import is_uri
 from pipelines.errors import SparkSetupError
 from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
+from pipelines.shipping import py_files_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -211,6 +212,8 @@ def build_spark_session(
     Under ``spark-submit`` the submitter's master is kept (``master`` is ignored): the same
     job runs locally or on a cluster by changing only how it is submitted.
     """
+    # here, not at the top: launch_conf and properties_text serve launchers that need no
+    # pyspark (dcp-cdc spark-conf and thrift-server, the Airflow tasks' spark-submit)
     from pyspark.sql import SparkSession
 
     location = _warehouse_location(warehouse)
@@ -281,8 +284,6 @@ def ship_code(spark: SparkSession, py_files: str | None) -> str | None:
     """Give the executors of ``spark`` the code ``[spark] py_files`` names (see
     :mod:`pipelines.shipping`), unless a launcher shipped that zip already
     (``spark-submit --py-files``). Returns what the session ships, if anything."""
-    from pipelines.shipping import py_files_for
-
     context = spark.sparkContext
     location = py_files_for(py_files, context.master or "")
     if location is None:

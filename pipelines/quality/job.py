@@ -20,34 +20,49 @@ A failed expectation of severity ``error`` fails the run (``main`` exits 1 namin
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
 import shutil
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 
-from dcp_cdc.config import AppConfig, BucketConfig, is_uri, load_config
-from pipelines import delta_io, tables
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from pipelines import delta_io, schemas, tables
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
+from pipelines.quality.branches import (
+    bronze_live_documents,
+    cluster_branches,
+    collection_cuts,
+    committed_items,
+    dead_changes,
+    history_items,
+    latest_branches,
+    rollbacks,
+    split_history,
+)
+from pipelines.quality.frames import base_frames, stream_frames
+from pipelines.quality.metrics import coverage_metrics, file_metrics, reconciliation_metrics
 from pipelines.quality.report import OpenSnapshot, QualityReport
+from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.quality.suites import SUITES, checks
+
+# Great Expectations is imported by validate() (import_soon() starts it in a thread while
+# Spark computes the metric frames): its import takes seconds a check need not wait for.
+from pipelines.quality.validate import import_soon, validate
+from pipelines.schemas import REGISTRY, SILVER, STATE, projection
+from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
-
-# pyspark, Great Expectations and the modules that import them (pipelines.schemas, the
-# quality transforms and validate) are imported where used: the command line imports this
-# module to print its help without them.
 
 log = logging.getLogger("dcp_cdc.quality")
 SUMMARY_NAME = "summary.html"
@@ -68,8 +83,6 @@ class Metrics:
         (ints stay ints, nulls stay None), so GE's pandas engine reads the values Spark's
         would. Validating a frame of a few hundred rows so takes milliseconds; GE's Spark
         engine ran several Spark jobs per expectation."""
-        import pandas as pd
-
         names = self.df.columns
         return pd.DataFrame(
             {n: pd.Series([r[n] for r in self.rows], dtype=object) for n in names},
@@ -103,10 +116,6 @@ def silver_frames(
 ) -> SilverFrames:
     """Silver's side. Tables come from the registry (not retired); a table it names that is
     missing is left out, so reconciliation reports its collection as empty in silver."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    from pipelines.schemas import REGISTRY, SILVER, STATE, projection
 
     def empty(*fields: T.StructField) -> DataFrame:
         return spark.createDataFrame([], T.StructType(list(fields)))
@@ -177,21 +186,6 @@ def metric_frames(
     Intermediate frames are local checkpoints: materialized once and cut from their lineage,
     so the later plans stay small to analyse (planning, not data, dominates small buckets).
     """
-    from pipelines.quality.branches import (
-        bronze_live_documents,
-        cluster_branches,
-        collection_cuts,
-        committed_items,
-        dead_changes,
-        history_items,
-        latest_branches,
-        rollbacks,
-        split_history,
-    )
-    from pipelines.quality.frames import base_frames, stream_frames
-    from pipelines.quality.metrics import coverage_metrics, file_metrics, reconciliation_metrics
-    from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
-
     names = BucketTables(bucket)
     kept: list[DataFrame] = []
 
@@ -304,8 +298,6 @@ def check_bucket(
 ) -> QualityReport:
     """Run the four suites on one bucket: results table, Data Docs and summary page. ``at``
     (:func:`pinned_versions`): read the tables at those versions, not as they are now."""
-    from pipelines.quality.validate import import_soon, validate
-
     started = time.perf_counter()
     import_soon()
     all_checks = checks(config.quality)
@@ -368,8 +360,6 @@ def check_bucket(
 def _append_results(
     spark: SparkSession, config: AppConfig, report: QualityReport, checked_at: dt.datetime
 ) -> None:
-    from pipelines import schemas
-
     table = BucketTables(report.bucket).results
     delta_io.ensure_database(spark, table)
     delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, config.tables.properties)
@@ -411,8 +401,6 @@ def run(
     screenshot: bool = False,
 ) -> list[QualityReport]:
     """Check every configured bucket (or one); builds the Spark session if none is given."""
-    from pipelines.spark_session import session_for
-
     checks(config.quality)  # unknown severity overrides fail before Spark starts
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-quality")
@@ -421,29 +409,6 @@ def run(
 
 def failed_errors(reports: Sequence[QualityReport]) -> list[str]:
     return [f"{r.bucket}: {key}" for r in reports for key in r.failed_errors]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``dcp-cdc check`` besides ``--config`` and ``--bucket`` (``dcp-cdc run``
-    takes them too, for its check step)."""
-    parser.add_argument(
-        "--screenshot",
-        action="store_true",
-        help=f"also save {SCREENSHOT_NAME} of the summary (headless Chromium)",
-    )
-
-
-def command(args: argparse.Namespace, out: TextIO) -> int:
-    """``dcp-cdc check``: one report per bucket; exit 1 naming every failed expectation of
-    severity ``error``."""
-    reports = run(load_config(args.config), args.bucket, screenshot=args.screenshot)
-    for report in reports:
-        out.write(report.render() + "\n")
-    failed = failed_errors(reports)
-    if failed:
-        print(f"dcp-cdc check: failed error expectations: {'; '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
 
 
 # ``python -m pipelines.quality.job`` and ``spark-submit pipelines/quality/job.py``: the ``check`` verb of the command line

@@ -24,23 +24,29 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO
 
-from dcp_cdc.config import AppConfig, BucketConfig, load_config
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from pipelines import tables
+from pipelines.silver import state, store, transforms
+from pipelines.silver.registry import (
+    collection_properties,
+    ensure_projections,
+    ensure_support_tables,
+    history_properties,
+    read_registry,
+    retire_dropped,
+    update_registry,
+)
+from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-# pyspark, and pipelines.silver.store which imports it, are imported where used: the command
-# line imports this module to print its help without starting (or importing) Spark.
 
 log = logging.getLogger("dcp_cdc.silver")
 
@@ -103,19 +109,6 @@ def apply_bucket(
 ) -> ApplySummary:
     """One run for one bucket. ``collection`` (``SCOPE.NAME``) alone merges only that
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
-    from pyspark.sql import functions as F
-
-    from pipelines.silver import state, store, transforms
-    from pipelines.silver.registry import (
-        collection_properties,
-        ensure_projections,
-        ensure_support_tables,
-        history_properties,
-        read_registry,
-        retire_dropped,
-        update_registry,
-    )
-
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
     name = bucket.name
@@ -230,12 +223,18 @@ def apply_bucket(
     return summary
 
 
+def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:
+    """vbucket -> the consistent seqno silver reached in it (what a run's
+    :attr:`ApplySummary.positions` adds to); ``{}`` before the first apply."""
+    table = BucketTables(bucket).stream_state
+    if not spark.catalog.tableExists(table):
+        return {}
+    return {vb: s["state"]["consistent_seqno"] for vb, s in state.read_states(spark, table).items()}
+
+
 def empty_tables(spark: SparkSession, bucket: str, collection: str | None) -> list[str]:
     """Delete every row of the bucket's collection tables (or of ``SCOPE.NAME``'s alone) and
     their tombstone-purge marks, the first step of a rebuild; returns the tables emptied."""
-    from pipelines.silver import store
-    from pipelines.silver.registry import read_registry
-
     live = [r for r in read_registry(spark, bucket) if r["status"] in tables.WITH_TABLES]
     if collection is not None:
         chosen = [r for r in live if f"{r['scope']}.{r['name']}" == collection]
@@ -256,9 +255,6 @@ def purge_tombstones(
 ) -> dict[str, int]:
     """Maintenance: tombstones older than ``silver.tombstone_retention_hours`` leave every
     collection table of ``bucket``; returns rows removed per table (the user-facing name)."""
-    from pipelines.silver import store
-    from pipelines.silver.registry import ensure_support_tables, read_registry
-
     if not spark.catalog.tableExists(BucketTables(bucket.name).registry):
         return {}
     ensure_support_tables(spark, bucket.name, config.tables.properties)
@@ -278,31 +274,11 @@ def run(
     rebuild: bool = False,
     spark: SparkSession | None = None,
 ) -> list[ApplySummary]:
-    from pipelines.spark_session import session_for
-
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-silver")
     return [
         apply_bucket(session, config, b, collection=collection, rebuild=rebuild) for b in buckets
     ]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``dcp-cdc apply`` besides ``--config`` and ``--bucket``."""
-    parser.add_argument("--collection", metavar="SCOPE.NAME", help="only this collection's table")
-    parser.add_argument(
-        "--rebuild",
-        action="store_true",
-        help="a backfill: empty the tables (or --collection's) and apply all of bronze again",
-    )
-
-
-def command(args: argparse.Namespace, out: TextIO) -> int:
-    """``dcp-cdc apply``: one summary per bucket."""
-    config = load_config(args.config)
-    for summary in run(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
-        out.write(summary.render() + "\n")
-    return 0
 
 
 # ``python -m pipelines.silver.job`` and ``spark-submit pipelines/silver/job.py``: the ``apply`` verb of the command line

@@ -25,14 +25,10 @@ from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.job import read_log
-from pipelines.follow import (
-    Batch,
-    BucketProgress,
-    Follower,
-    LoopThread,
-    captured_seqnos,
-    follow_settings,
-)
+from pipelines.demo import LoopThread
+from pipelines.follow.agent import captured_seqnos, follow_settings
+from pipelines.follow.loop import Follower
+from pipelines.follow.progress import Batch, BucketProgress
 from pipelines.tables import BucketTables
 from tests.capture_harness import PASSWORD, USER
 from tests.spark.test_silver import _drop_all, assert_equal_to_truth

@@ -20,17 +20,10 @@ from dcp_cdc.config import AppConfig, BucketConfig, CaptureConfig, FollowConfig
 from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from pipelines.follow import (
-    AgentProcess,
-    Batch,
-    BucketProgress,
-    LoopThread,
-    captured_seqnos,
-    checkpoint_of,
-    follow_settings,
-    status_line,
-)
-from pipelines.run import _stop_signals
+from pipelines.demo import LoopThread
+from pipelines.follow.agent import AgentProcess, captured_seqnos, checkpoint_of, follow_settings
+from pipelines.follow.entry import stop_signals
+from pipelines.follow.progress import Batch, BucketProgress, status_line
 
 
 def _settings(tmp_path: Path, rotate: float = 300.0) -> CaptureSettings:
@@ -54,7 +47,7 @@ def _wait(event: threading.Event) -> bool:
 def test_sigterm_asks_a_stop_sigusr1_a_check_and_a_second_ctrl_c_interrupts() -> None:
     before = signal.getsignal(signal.SIGTERM)
     stop, check = threading.Event(), threading.Event()
-    with _stop_signals(stop, check):
+    with stop_signals(stop, check):
         os.kill(os.getpid(), signal.SIGUSR1)
         assert _wait(check) and not stop.is_set()
         os.kill(os.getpid(), signal.SIGTERM)
@@ -67,7 +60,7 @@ def test_sigterm_asks_a_stop_sigusr1_a_check_and_a_second_ctrl_c_interrupts() ->
 
 def test_the_first_ctrl_c_only_asks_a_stop() -> None:
     stop, check = threading.Event(), threading.Event()
-    with _stop_signals(stop, check):
+    with stop_signals(stop, check):
         os.kill(os.getpid(), signal.SIGINT)
         assert _wait(stop)
 

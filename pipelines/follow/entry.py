@@ -1,0 +1,110 @@
+"""Follow mode's entry (``dcp-cdc run --follow``): its Spark session, its signals, and the
+buckets it follows, those of a configuration or the embedded demo's, handed to the loop
+(:class:`pipelines.follow.loop.Follower`)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
+from typing import TextIO
+
+from dcp_cdc.config import AppConfig, load_config
+from pipelines import spark_session
+from pipelines.demo import (
+    DEMO_NODES,
+    demo_settings,
+    demo_simulation,
+    fresh_workdir,
+    served_steadily,
+)
+from pipelines.follow.agent import captures_of
+from pipelines.follow.loop import Follower
+from pipelines.run import Step
+
+
+@contextlib.contextmanager
+def stop_signals(stop: threading.Event, check_now: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` (a second Ctrl-C interrupts at once); SIGUSR1 asks
+    for a quality check."""
+
+    def on_stop(signum: int, frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    wanted = {signal.SIGTERM: on_stop, signal.SIGINT: on_stop}
+    wanted[signal.SIGUSR1] = lambda signum, frame: check_now.set()
+    previous = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def fair(config: AppConfig) -> AppConfig:
+    """``config`` with Spark's fair scheduler: a quality check's jobs share the cores with
+    the micro-batches' instead of queueing them."""
+    conf = {"spark.scheduler.mode": "FAIR", **config.spark.conf}
+    return config.model_copy(update={"spark": config.spark.model_copy(update={"conf": conf})})
+
+
+def follow(
+    out: TextIO,
+    *,
+    config_file: str | None,
+    workdir: str,
+    bucket: str | None = None,
+    rate: float = 200.0,
+    no_capture: bool = False,
+) -> int:
+    """Micro-batches until a stop signal. With ``config_file``, its buckets (or ``bucket``),
+    each with its capture agent alongside when it has a capture section (none with
+    ``no_capture``); without, the embedded demo: a bucket served by the test producer with a
+    steady live workload of ``rate`` changes a second.
+
+    The signal handlers are set once Spark runs (its context sets a SIGINT handler that
+    cancels every job, which would cut the batch in progress)."""
+    stop, check_now = threading.Event(), threading.Event()
+    if config_file:
+        config = fair(load_config(config_file))
+        buckets = config.bucket(bucket)
+        captures = {} if no_capture else captures_of(config, buckets)  # lag: checkpoints
+        spark = spark_session.session_for(config, "dcp-cdc-follow")
+        with stop_signals(stop, check_now):
+            follower = Follower(
+                spark, config, buckets, out, stop, captures=captures, check_now=check_now
+            )
+            return follower.run()
+    target, config = fresh_workdir(workdir)
+    config = fair(config)
+    sim = dataclasses.replace(demo_simulation(config.buckets[0].name), ops=0)
+    with served_steadily(sim, rate) as (connection_string, user, password):
+        out.write(
+            f"serving bucket {sim.bucket!r} from {DEMO_NODES} simulated data nodes on 127.0.0.1, "
+            f"{rate:g} live changes a second\n"
+        )
+        settings = demo_settings(
+            connection_string,
+            sim.bucket,
+            user,
+            password,
+            target / "landing",
+            config.follow.rotate_seconds,
+        )
+        with Step(out, 1, 1, f"starting Spark ({config.spark.master}) on {config.warehouse}"):
+            spark = spark_session.session_for(config, "dcp-cdc-follow")
+        with stop_signals(stop, check_now):
+            follower = Follower(
+                spark,
+                config,
+                config.buckets,
+                out,
+                stop,
+                captures={sim.bucket: settings},
+                check_now=check_now,
+            )
+            return follower.run()

@@ -1,0 +1,76 @@
+"""What follow mode knows of each bucket between micro-batches, and the status line a person
+watching reads after each: the lag (the seqnos captured, from the agent's checkpoint, that
+silver has not reached yet, summed over vbuckets), the events per second, and the age of what
+silver holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dcp_cdc.config import BucketConfig
+from pipelines.follow.agent import captured_seqnos
+
+RATE_WINDOW_S = 10.0
+"""Events per second are counted over this many seconds of micro-batches."""
+
+
+@dataclass
+class BucketProgress:
+    """What follow mode knows of one bucket between micro-batches."""
+
+    bucket: BucketConfig
+    checkpoint: Path | None
+    """The capture agent's checkpoint, when the bucket has one (the lag is read from it)."""
+    applied: dict[int, int] = field(default_factory=dict)
+    """vbucket -> the consistent seqno silver reached."""
+    batches: int = 0
+    frames: int = 0
+    unapplied: bool = True
+    """Bronze may hold frames silver has not consumed (at the start: a run before ours)."""
+    as_of: float | None = None
+    """Wall time: silver holds every file that had landed by then."""
+    window: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def lag(self) -> tuple[int, int] | None:
+        """(seqnos captured but not applied, summed; vbuckets behind), if the capture is known."""
+        if self.checkpoint is None or not self.checkpoint.exists():
+            return None
+        captured = captured_seqnos(self.checkpoint, self.bucket.name)
+        behind = [max(0, s - self.applied.get(vb, 0)) for vb, s in captured.items()]
+        return sum(behind), sum(1 for b in behind if b)
+
+    def rate(self, now: float) -> float:
+        while self.window and self.window[0][0] < now - RATE_WINDOW_S:
+            self.window.popleft()
+        return sum(n for _, n in self.window) / RATE_WINDOW_S
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch of one bucket."""
+
+    bucket: str
+    number: int
+    frames: int
+    ingest_s: float
+    apply_s: float
+    files: int = 0
+
+
+def status_line(progress: BucketProgress, batch: Batch, now: float) -> str:
+    """One line a person watching reads: the batch, the lag, the rate, the age of silver."""
+    lag = progress.lag()
+    lag_text = "lag unknown (no capture checkpoint)"
+    if lag is not None:
+        lag_text = f"lag {lag[0]:,} seqnos in {lag[1]} vbuckets"
+    age = now - progress.as_of if progress.as_of is not None else float("nan")
+    return (
+        f"{time.strftime('%H:%M:%S', time.localtime(now))} {batch.bucket}: batch {batch.number}, "
+        f"{batch.frames:,} frames in {batch.files} files (ingest {batch.ingest_s:.1f} s, "
+        f"apply {batch.apply_s:.1f} s) | {lag_text} | {progress.rate(now):,.0f} events/s | "
+        f"silver {age:.1f} s behind landing"
+    )
