@@ -4,6 +4,10 @@ A file in ``conf/`` is TOML. Relative local paths in it (``landing``, ``warehous
 bucket's ``landing``) are relative to the file's own folder, so a job finds the same data
 whatever directory it starts in (an Airflow worker's is anyone's guess). A wrong or missing setting fails with
 :class:`ConfigError` naming the file and the field, before any Spark session starts.
+
+The capture section (``[buckets.capture]``) is :mod:`dcp_cdc.capture_config`; the reference
+generated from these models' docstrings is :mod:`dcp_cdc.config_reference`;
+``python -m dcp_cdc.config --check FILE`` validates a file and prints it with every default.
 """
 
 from __future__ import annotations
@@ -15,20 +19,17 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Literal, Union, get_args, get_origin
+from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 
+from dcp_cdc.capture_config import CAPTURE_DIR, COLLECTION_PATTERN, CaptureConfig, CaptureDirs
+from dcp_cdc.config_base import ConfigModel
 from dcp_cdc.errors import ConfigError
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -39,246 +40,13 @@ def is_uri(location: str) -> bool:
     return bool(_URI.match(location))
 
 
-class _Model(BaseModel):
-    # Attribute docstrings become field descriptions: the README's configuration reference is
-    # generated from them (``python -m dcp_cdc.config --markdown``).
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-CAPTURE_DIR = ".dcp-cdc-capture"
-"""The capture agent's folder inside a landing folder: its staging files (``*.partial``, never
-listed by bronze; the same file system, so the rename into landing is atomic) and, by default,
-its checkpoints."""
-MAX_VBUCKET = 1023
-DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207}
-_CONNECTION = re.compile(r"^(couchbases?)://([^/?#]+)/?$")
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::([0-9]{1,5}))?$")
-_VBUCKETS = re.compile(r"^\s*([0-9]{1,4})\s*-\s*([0-9]{1,4})\s*$")
-_COLLECTION_NAME = r"[A-Za-z0-9_%-]{1,251}"
-_COLLECTION = re.compile(rf"^{_COLLECTION_NAME}\.{_COLLECTION_NAME}$")
-_MANAGER_PORTS = {8091, 18091}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_connection_string(text: str) -> tuple[bool, tuple[tuple[str, int], ...]]:
-    """``(tls, ((host, port), ...))`` of ``couchbase://h1,h2:11210`` or ``couchbases://...``;
-    a host without a port gets the data service's (11210, 11207 with TLS). IPv6 hosts are
-    written in brackets. :class:`ValueError` says what is wrong."""
-    if "@" in text:
-        raise ValueError(
-            "credentials do not belong in the connection string: set username, and "
-            "password_env or password_file"
-        )
-    match = _CONNECTION.match(text.strip())
-    if not match:
-        raise ValueError(
-            f"expected couchbase://host[:port][,host[:port]...] or couchbases://..., got {text!r}"
-        )
-    scheme, hosts = match.groups()
-    seeds = []
-    for item in hosts.split(","):
-        host = _HOST.match(item.strip())
-        if not host:
-            raise ValueError(f"{item.strip()!r} is not a host or host:port")
-        port = int(host.group(2)) if host.group(2) else DEFAULT_PORTS[scheme]
-        if not 1 <= port <= 65535:
-            raise ValueError(f"port {port} of {item.strip()!r} is not 1..65535")
-        if port in _MANAGER_PORTS:
-            raise ValueError(
-                f"port {port} is the cluster manager's HTTP port; the agent talks to the data "
-                f"service (11210, or 11207 with couchbases://)"
-            )
-        seeds.append((host.group(1).strip("[]"), port))
-    return scheme == "couchbases", tuple(seeds)
-
-
-def parse_vbucket_range(text: str) -> tuple[int, int]:
-    """``(first, last)`` of ``"A-B"``, both within 0..1023 and ``A <= B``."""
-    match = _VBUCKETS.match(text)
-    if not match:
-        raise ValueError(f"expected a range of vbuckets like '0-511', got {text!r}")
-    first, last = int(match.group(1)), int(match.group(2))
-    if last > MAX_VBUCKET or first > last:
-        raise ValueError(f"expected 0 <= A <= B <= {MAX_VBUCKET} in 'A-B', got {text!r}")
-    return first, last
-
-
-class CaptureConfig(_Model):
-    """The capture agent of this bucket (``dcp-cdc capture``): a DCP consumer that records the
-    bucket's changes into capture files in its landing folder. The password is never written
-    here: ``password_env`` or ``password_file`` says where it is read from, when it is used."""
-
-    connection_string: str
-    """``couchbase://host1,host2`` or ``couchbases://...`` (TLS): the cluster's data nodes to
-    start from, each ``host`` or ``host:port`` (default 11210, 11207 with TLS; IPv6 in
-    brackets). The agent learns the other nodes from the cluster map."""
-    username: Annotated[str, Field(min_length=1)]
-    """The user the agent authenticates as; it needs the Data DCP Reader role on the bucket."""
-    password_env: str | None = None
-    """The environment variable holding the password (exactly one of ``password_env`` and
-    ``password_file``)."""
-    password_file: str | None = None
-    """A file holding the password (one trailing newline is ignored); relative to the
-    configuration file's folder."""
-    tls_ca_file: str | None = None
-    """With ``couchbases://``: the PEM file of the CA that signed the cluster's certificates
-    (default: the system's trust store); relative to the configuration file's folder."""
-    buffer_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 16 << 20
-    """DCP flow control: the bytes a node may send before the agent acknowledges them
-    (``connection_buffer_size``). The agent's memory is about this × the number of nodes."""
-    noop_interval_s: Annotated[int, Field(ge=1, le=3600)] = 120
-    """Seconds between the nodes' DCP_NOOPs (``set_noop_interval``): a node that hears no
-    reply in time drops the connection, and the agent reconnects."""
-    rotate_bytes: Annotated[int, Field(ge=1 << 12)] = 64 << 20
-    """A capture file is closed (made durable and renamed into landing) once it holds this
-    many bytes."""
-    rotate_seconds: Annotated[float, Field(ge=0.01)] = 300.0
-    """A capture file is also closed this many seconds after its first frame: the longest a
-    change waits in staging before an ingest can see it."""
-    vbuckets: str | None = None
-    """``"A-B"`` (within 0–1023): capture only these vbuckets, so that several agents (each
-    its own ``agent_id``) share a bucket. Default: every vbucket."""
-    collections: list[str] | None = None
-    """Capture only these collections, ``["scope.collection", ...]``. Default: all."""
-    state_dir: str | None = None
-    """Where the checkpoint ``<bucket>.<agent_id>.checkpoint.json`` is kept. Default:
-    ``<landing>/.dcp-cdc-capture``; relative to the configuration file's folder."""
-    agent_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")] = "agent"
-    """Names this agent's checkpoint and capture sessions; agents splitting a bucket need
-    different ids."""
-    connect_timeout_s: Annotated[float, Field(ge=0.1, le=600)] = 10.0
-    """Seconds to connect, handshake and authenticate with a node before giving up on it."""
-    reconnect_timeout_s: Annotated[float, Field(ge=0, le=86400)] = 60.0
-    """Seconds a node that went away (a restart, an upgrade, a failover) is tried again,
-    with a growing pause and jitter between attempts, before the capture gives up on it and
-    exits with an error. The node's vbuckets wait meanwhile; the others go on."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_literal_password(cls, data: object) -> object:
-        if isinstance(data, dict) and "password" in data:
-            raise ValueError(
-                "password: a password is never written in the configuration; put it in an "
-                "environment variable (password_env) or a file (password_file)"
-            )
-        return data
-
-    @field_validator("connection_string")
-    @classmethod
-    def _connection_string(cls, value: str) -> str:
-        parse_connection_string(value)
-        return value
-
-    @field_validator("password_env")
-    @classmethod
-    def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.match(value):
-            # not echoed: a password pasted here by mistake must not reach the message
-            raise ValueError("expected an environment variable's name (letters, digits, _)")
-        return value
-
-    @field_validator("password_file")
-    @classmethod
-    def _file_name(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
-            raise ValueError("must not be empty")
-        return value
-
-    @field_validator("tls_ca_file")
-    @classmethod
-    def _ca_file(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return None
-        connection = info.data.get("connection_string")
-        if connection is not None and not parse_connection_string(connection)[0]:
-            raise ValueError("set, but the connection string is not couchbases://")
-        if not Path(value).expanduser().is_file():
-            raise ValueError(f"{value} is not a file")
-        return value
-
-    @field_validator("vbuckets")
-    @classmethod
-    def _vbuckets(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_vbucket_range(value)
-        return value
-
-    @field_validator("collections")
-    @classmethod
-    def _collections(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("list at least one collection, or leave collections out for all")
-        bad = [name for name in value if not _COLLECTION.match(name)]
-        if bad:
-            raise ValueError(f"expected 'scope.collection' names, got {bad}")
-        return value
-
-    @model_validator(mode="after")
-    def _one_secret_source(self) -> CaptureConfig:
-        if (self.password_env is None) == (self.password_file is None):
-            raise ValueError(
-                "password_env, password_file: set exactly one (the environment variable or "
-                "the file the password is read from)"
-            )
-        return self
-
-    @property
-    def tls(self) -> bool:
-        """True for ``couchbases://``."""
-        return parse_connection_string(self.connection_string)[0]
-
-    @property
-    def seed_nodes(self) -> tuple[tuple[str, int], ...]:
-        """The connection string's ``(host, port)`` pairs, default ports filled in."""
-        return parse_connection_string(self.connection_string)[1]
-
-    def vbucket_range(self) -> tuple[int, int] | None:
-        """``(first, last)`` of ``vbuckets``; None: every vbucket."""
-        return None if self.vbuckets is None else parse_vbucket_range(self.vbuckets)
-
-    def password(self) -> str:
-        """The password, read now from ``password_env`` or ``password_file``. A
-        :class:`ConfigError` names the variable or the file, never the secret."""
-        if self.password_env is not None:
-            value = os.environ.get(self.password_env)
-            if value is None:
-                raise ConfigError(
-                    f"capture password: the environment variable {self.password_env} "
-                    "(password_env) is not set"
-                )
-            where = f"the environment variable {self.password_env}"
-        else:
-            assert self.password_file is not None
-            where = f"password_file {self.password_file}"
-            try:
-                raw = Path(self.password_file).expanduser().read_bytes()
-            except FileNotFoundError:
-                raise ConfigError(f"capture password: {where} not found") from None
-            except OSError as exc:
-                raise ConfigError(
-                    f"capture password: {where} cannot be read ({exc.strerror})"
-                ) from None
-            try:
-                value = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ConfigError(f"capture password: {where} is not UTF-8 text") from None
-            value = (
-                value.removesuffix("\r\n") if value.endswith("\r\n") else value.removesuffix("\n")
-            )
-        if not value:
-            raise ConfigError(f"capture password: {where} is empty")
-        return value
-
-
 PROJECTION_TYPES = re.compile(
     r"string|boolean|int|bigint|float|double|date|timestamp|decimal\((\d{1,2}),\s*(\d{1,2})\)"
 )
 """The Spark SQL types a projected column may have."""
 
 
-class ProjectionColumn(_Model):
+class ProjectionColumn(ConfigModel):
     """One typed column of a projection: a document path and the type to read it as."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -313,14 +81,14 @@ PROJECTION_RESERVED = frozenset({"key", "_modified_at", "_seqno", "_vbucket"})
 """Columns every projection view has besides the declared ones."""
 
 
-class ProjectionConfig(_Model):
+class ProjectionConfig(ConfigModel):
     """A typed view of one collection's live documents (``[[buckets.projections]]``):
     ``silver.<bucket>__<scope>__<collection>__typed`` with ``key``, one column per entry of
     ``columns`` and ``_modified_at``, ``_seqno``, ``_vbucket``, for tools that want ordinary
     columns. Each document is parsed once per row (as a VARIANT) whatever the number of
     columns."""
 
-    collection: Annotated[str, Field(pattern=_COLLECTION.pattern)]
+    collection: Annotated[str, Field(pattern=COLLECTION_PATTERN)]
     """``scope.collection`` as Couchbase names them (``inventory.airline``)."""
     columns: Annotated[list[ProjectionColumn], Field(min_length=1)]
     """The typed columns, in view order: ``{ name = "city", path = "$.address.city" }``."""
@@ -346,7 +114,7 @@ class ProjectionConfig(_Model):
         return scope, name
 
 
-class BucketConfig(_Model):
+class BucketConfig(ConfigModel):
     """One Couchbase bucket whose captures land in the landing location."""
 
     name: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.%-]+$")]
@@ -356,9 +124,9 @@ class BucketConfig(_Model):
     capture: CaptureConfig | None = None
     """The capture agent that records this bucket from a Couchbase cluster: the
     ``[buckets.capture]`` table below. Default: none (captures arrive some other way)."""
-    projections: list[ProjectionConfig] = []
+    projections: list[ProjectionConfig] = Field(default_factory=list)
     """Typed views of collections (``[[buckets.projections]]`` below); default none."""
-    history: bool | list[Annotated[str, Field(pattern=_COLLECTION.pattern)]] = False
+    history: bool | list[Annotated[str, Field(pattern=COLLECTION_PATTERN)]] = False
     """History tables (SCD type 2: every version of every document,
     ``silver.<bucket>__<scope>__<collection>__history``): ``true`` for every collection, or
     the ``scope.collection`` names that keep one (``["inventory.airline"]``). Each costs its
@@ -379,7 +147,7 @@ class BucketConfig(_Model):
         return self
 
 
-class IngestConfig(_Model):
+class IngestConfig(ConfigModel):
     """Bronze ingest of capture files."""
 
     chunk_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 64 << 20
@@ -408,7 +176,7 @@ class IngestConfig(_Model):
     it whatever this says."""
 
 
-class TableConfig(_Model):
+class TableConfig(ConfigModel):
     """Delta tables."""
 
     properties: dict[str, str] = Field(
@@ -424,7 +192,7 @@ class TableConfig(_Model):
     partitions turn it on, as ``conf/cluster.example.toml`` does."""
 
 
-class SilverConfig(_Model):
+class SilverConfig(ConfigModel):
     """Silver apply."""
 
     retire: Literal["archive", "drop"] = "archive"
@@ -470,7 +238,7 @@ class SilverConfig(_Model):
     its vbucket at or below the purged seqno is still refused (``__tombstone_purges``)."""
 
 
-class FollowConfig(_Model):
+class FollowConfig(ConfigModel):
     """Follow mode (``dcp-cdc run --follow``): one long-running Spark session that ingests
     what lands and applies it to silver in micro-batches."""
 
@@ -490,7 +258,7 @@ Severity = Literal["error", "warn"]
 _EXPECTATION_KEY = re.compile(r"[a-z][a-z_]*(\.[a-z][a-z_]*)?")
 
 
-class QualityConfig(_Model):
+class QualityConfig(ConfigModel):
     """The data-quality suites (``dcp-cdc check``, ``pipelines/quality``)."""
 
     quarantine_threshold: Annotated[int, Field(ge=0)] = 0
@@ -513,7 +281,7 @@ class QualityConfig(_Model):
         return value
 
 
-class SparkConfig(_Model):
+class SparkConfig(ConfigModel):
     """Spark sessions of the jobs."""
 
     master: str = "local[2]"
@@ -537,7 +305,7 @@ class SparkConfig(_Model):
     ``.cache/jars`` (``make setup``) when running from one."""
 
 
-class AirflowConfig(_Model):
+class AirflowConfig(ConfigModel):
     """How the DAGs in ``dags/`` schedule the jobs (read when Airflow parses the DAG file)."""
 
     schedule: str | None = "@hourly"
@@ -585,7 +353,7 @@ class AirflowConfig(_Model):
         return data
 
 
-class MaintenanceConfig(_Model):
+class MaintenanceConfig(ConfigModel):
     """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``);
     it also purges tombstones (``silver.tombstone_retention_hours``) and old quality results
     (``quality.results_retention_days``)."""
@@ -614,7 +382,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ThriftConfig(_Model):
+class ThriftConfig(ConfigModel):
     """The JDBC/ODBC server of the catalog (``dcp-cdc thrift-server``, Spark's Thrift server,
     HiveServer2 protocol). Its ``--host``, ``--port`` and ``--insecure-open`` override these."""
 
@@ -698,7 +466,7 @@ _AUTH_FIELDS = {
 }
 
 
-class AppConfig(_Model):
+class AppConfig(ConfigModel):
     """The whole configuration of a dcp-cdc deployment."""
 
     landing: str
@@ -765,14 +533,14 @@ class AppConfig(_Model):
     def landing_for(self, bucket: BucketConfig) -> str:
         return bucket.landing or self.landing
 
-    def capture_dirs(self, bucket: BucketConfig) -> tuple[Path, Path, Path]:
-        """``(landing, staging, state_dir)`` of ``bucket``'s capture agent: staging is
-        ``<landing>/.dcp-cdc-capture``, the state folder ``capture.state_dir`` or the same."""
+    def capture_dirs(self, bucket: BucketConfig) -> CaptureDirs:
+        """The folders of ``bucket``'s capture agent: staging is ``<landing>/.dcp-cdc-capture``,
+        the state folder ``capture.state_dir`` or the same."""
         landing = self.landing_for(bucket)
         folder = Path(landing.removeprefix("file://").removeprefix("file:"))
         staging = folder / CAPTURE_DIR
         state = bucket.capture.state_dir if bucket.capture is not None else None
-        return folder, staging, Path(state).expanduser() if state else staging
+        return CaptureDirs(folder, staging, Path(state).expanduser() if state else staging)
 
 
 def _anchored(location: object, folder: Path) -> object:
@@ -899,167 +667,19 @@ def thrift_settings(config: AppConfig, **overrides: object) -> ThriftConfig:
         raise ConfigError(f"invalid Thrift server settings: {_problems(exc, 'thrift')}") from None
 
 
-# --- the configuration reference ---------------------------------------------------------
-
-
-def _type_name(annotation: object) -> str:
-    """A reader's name for a field's type: ``int``, ``archive | drop``, ``table``, ..."""
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return " \\| ".join(str(arg) for arg in get_args(annotation))
-    if origin is dict:
-        return "table"
-    if origin is list:
-        return "array"
-    if origin in (UnionType, Union):
-        names = [_type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
-        return " \\| ".join(names)
-    plain: dict[object, str] = {
-        str: "string",
-        int: "integer",
-        float: "number",
-        bool: "boolean",
-        dt.date: "date",
-    }
-    return plain.get(annotation, getattr(annotation, "__name__", str(annotation)))
-
-
-def _toml_value(value: object) -> str:
-    if value is None:
-        return "(none)"
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if isinstance(value, str):
-        return f'`"{value}"`'
-    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
-        unit, size = ("GiB", value >> 30) if value % (1 << 30) == 0 else ("MiB", value >> 20)
-        return f"`{value}` ({size} {unit})"
-    if isinstance(value, dict):
-        return "<br>".join(f'`"{k}" = "{v}"`' for k, v in value.items()) or "`{}`"
-    return f"`{value}`"
-
-
-def _prose(text: str | None) -> str:
-    """A docstring as one Markdown line: reST ``literals`` become `code`, pipes are escaped."""
-    return " ".join((text or "").split()).replace("``", "`").replace("|", "\\|")
-
-
-def _bounds(info: FieldInfo) -> str:
-    """`` (≥ 0)``, `` (65536 – 1073741824)``: the limits a field's value must keep."""
-    low = next((m.ge for m in info.metadata if hasattr(m, "ge")), None)
-    high = next((m.le for m in info.metadata if hasattr(m, "le")), None)
-    if low is not None and high is not None:
-        return f" ({low} – {high})"
-    return f" (≥ {low})" if low is not None else ""
-
-
-def _table_model(annotation: object) -> type[_Model] | None:
-    """The model of an optional table (``CaptureConfig | None``); None for anything else."""
-    if get_origin(annotation) in (UnionType, Union):
-        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, _Model)]
-        return models[0] if len(models) == 1 else None
-    return None
-
-
-def _list_model(annotation: object) -> type[_Model] | None:
-    """The model of an array of tables (``list[ProjectionConfig]``); None for anything else."""
-    item = get_args(annotation)[0] if get_origin(annotation) is list else None
-    return item if isinstance(item, type) and issubclass(item, _Model) else None
-
-
-def _rows(model: type[_Model], prefix: str) -> list[str]:
-    rows = []
-    for name, info in model.model_fields.items():
-        if isinstance(info.annotation, type) and issubclass(info.annotation, _Model):
-            continue  # a section of its own
-        default = (
-            "required"
-            if info.is_required()
-            else _toml_value(info.get_default(call_default_factory=True))
-        )
-        annotation = info.annotation
-        item = get_args(annotation)[0] if get_origin(annotation) is list else None
-        if isinstance(item, type) and issubclass(item, _Model):
-            for sub, sub_info in item.model_fields.items():
-                sub_default = (
-                    "required"
-                    if sub_info.is_required()
-                    else _toml_value(sub_info.get_default(call_default_factory=True))
-                )
-                kind = (
-                    "table"
-                    if _table_model(sub_info.annotation)
-                    else _type_name(sub_info.annotation)
-                )
-                rows.append(
-                    f"| `[[{name}]] {sub}` | {kind}{_bounds(sub_info)} "
-                    f"| {sub_default} "
-                    f"| {_prose(sub_info.description)} |"
-                )
-            continue
-        rows.append(
-            f"| `{prefix}{name}` | {_type_name(annotation)}{_bounds(info)} | {default} "
-            f"| {_prose(info.description)} |"
-        )
-    return rows
-
-
-def reference_markdown() -> str:
-    """The configuration reference, generated from the models (the README holds a copy)."""
-    head = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    lines = [*head, *_rows(AppConfig, "")]
-    for name, info in AppConfig.model_fields.items():
-        item = get_args(info.annotation)[0] if get_origin(info.annotation) is list else None
-        if isinstance(item, type) and issubclass(item, _Model):
-            for sub, sub_info in item.model_fields.items():
-                table = _table_model(sub_info.annotation)
-                if table is not None:
-                    lines += ["", f"`[{name}.{sub}]` — {_prose(table.__doc__)}", "", *head]
-                    lines += _rows(table, "")
-                listed = _list_model(sub_info.annotation)
-                if listed is not None:
-                    lines += ["", f"`[[{name}.{sub}]]` — {_prose(listed.__doc__)}", "", *head]
-                    lines += _rows(listed, "")
-    for name, info in AppConfig.model_fields.items():
-        section = info.annotation
-        if isinstance(section, type) and issubclass(section, _Model):
-            lines += ["", f"`[{name}]` — {_prose(section.__doc__)}", "", *head]
-            lines += _rows(section, "")
-    return "\n".join(lines) + "\n"
-
-
-README_MARKERS = ("<!-- config-reference:start -->\n", "<!-- config-reference:end -->")
-
-
-def with_reference(text: str) -> str:
-    """``text`` (a README) with the lines between its reference markers regenerated."""
-    start, end = README_MARKERS
-    if start not in text or end not in text:
-        raise ConfigError(f"expected the markers {start.strip()} and {end} in the file")
-    head, rest = text.split(start, 1)
-    return head + start + reference_markdown() + end + rest.split(end, 1)[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m dcp_cdc.config",
-        description="Check a configuration file, or print the configuration reference.",
+        description="Check a configuration file (its reference: python -m dcp_cdc.config_reference).",
     )
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--markdown", action="store_true", help="print the reference")
-    group.add_argument("--update", metavar="README", help="regenerate the reference in README")
-    group.add_argument("--check", metavar="FILE", help="validate FILE and print it with defaults")
+    parser.add_argument(
+        "--check", metavar="FILE", required=True, help="validate FILE and print it with defaults"
+    )
     args = parser.parse_args(argv)
     try:
-        if args.markdown:
-            print(reference_markdown(), end="")
-        elif args.update:
-            readme = Path(args.update)
-            readme.write_text(with_reference(readme.read_text(encoding="utf-8")), encoding="utf-8")
-        else:
-            print(load_config(args.check).model_dump_json(indent=2))
+        print(load_config(args.check).model_dump_json(indent=2))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

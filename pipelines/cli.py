@@ -122,7 +122,7 @@ def cmd_capture(args: argparse.Namespace, out: TextIO) -> int:
     ``[buckets.capture]`` section); until now (the high seqnos at the start), or following
     until SIGTERM/SIGINT. Either way the stop is clean: files closed, checkpoint committed."""
     from dcp_cdc.agent.driver import run, settings_from_config
-    from dcp_cdc.config import parse_vbucket_range
+    from dcp_cdc.capture_config import parse_vbucket_range
     from dcp_cdc.errors import ConfigError
 
     config = load_config(args.config)

@@ -1,6 +1,7 @@
-"""Connection strings and the cluster map (CCCP) a data node returns.
+"""The cluster map (CCCP) a data node returns.
 
-``couchbase://h1,h2:11210`` names seed nodes; ``couchbases://`` means TLS. The cluster map
+The seed nodes to ask for it come from the connection string, parsed by the configuration
+(:func:`dcp_cdc.capture_config.parse_connection_string`). The cluster map
 (GET_CLUSTER_CONFIG, a NOT_MY_VBUCKET body, a cluster-map change notification) says which
 data node owns each vbucket: ``vBucketServerMap.vBucketMap[vb][0]`` indexes
 ``vBucketServerMap.serverList`` (plain KV endpoints); ``nodesExt`` gives each node's TLS port.
@@ -13,25 +14,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dcp_cdc.errors import ConfigError, ProtocolError
+from dcp_cdc.capture_config import HostPort
+from dcp_cdc.errors import ProtocolError
 
 KV_PORT = 11210
-KV_TLS_PORT = 11207
-_SCHEMES = {"couchbase": False, "couchbases": True}
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class HostPort:
-    host: str
-    port: int
-
-    @property
-    def label(self) -> str:
-        """``host:port``, IPv6 hosts in brackets: how errors name a node."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    def __str__(self) -> str:
-        return self.label
+"""The data service's port, where a cluster map's server list names none."""
 
 
 def _host_port(text: str, default_port: int) -> HostPort:
@@ -57,46 +44,6 @@ def _host_port(text: str, default_port: int) -> HostPort:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"bad port {port_text!r}")
     return HostPort(host, int(port_text))
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionString:
-    tls: bool
-    seeds: tuple[HostPort, ...]
-
-    @property
-    def scheme(self) -> str:
-        return "couchbases" if self.tls else "couchbase"
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://" + ",".join(s.label for s in self.seeds)
-
-
-def parse_connection_string(text: str) -> ConnectionString:
-    """Seeds of ``couchbase://h1,h2:port`` (default port 11210) or ``couchbases://...``
-    (TLS, default 11207). Anything else is a :class:`ConfigError` naming the string."""
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme not in _SCHEMES:
-        raise ConfigError(
-            f"connection string {text!r}: expected couchbase://host[:port][,host...] "
-            "or couchbases://... (TLS)"
-        )
-    tls = _SCHEMES[scheme]
-    if rest.endswith("/"):
-        rest = rest[:-1]
-    if any(c in rest for c in "/?#@"):
-        raise ConfigError(
-            f"connection string {text!r}: only hosts and ports are supported "
-            "(no bucket path, options or credentials; the bucket and user are separate settings)"
-        )
-    parts = [p.strip() for p in rest.replace(";", ",").split(",")]
-    if not rest or any(not p for p in parts):
-        raise ConfigError(f"connection string {text!r}: no host, or an empty host in the list")
-    try:
-        seeds = tuple(_host_port(p, KV_TLS_PORT if tls else KV_PORT) for p in parts)
-    except ValueError as exc:
-        raise ConfigError(f"connection string {text!r}: {exc}") from None
-    return ConnectionString(tls, tuple(dict.fromkeys(seeds)))
 
 
 @dataclass(frozen=True, slots=True)

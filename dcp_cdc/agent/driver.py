@@ -52,12 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dcp_cdc.agent.cluster import (
-    ClusterMap,
-    HostPort,
-    parse_cluster_map,
-    parse_connection_string,
-)
+from dcp_cdc.agent.cluster import ClusterMap, parse_cluster_map
 from dcp_cdc.agent.consumer import (
     NEED_DATA,
     AgentEvent,
@@ -76,7 +71,8 @@ from dcp_cdc.agent.consumer import (
 )
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import CheckpointStore, SessionWriter, checkpoint_name, clear_staging
-from dcp_cdc.config import CAPTURE_DIR, AppConfig, BucketConfig
+from dcp_cdc.capture_config import CAPTURE_DIR, HostPort, parse_connection_string
+from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import (
     AuthenticationError,
     CaptureConnectionError,
@@ -177,15 +173,15 @@ def settings_from_config(
     cap = bucket.capture
     if cap is None:
         raise ConfigError(f"bucket {bucket.name!r} has no [buckets.capture] section")
-    landing, staging, state_dir = app.capture_dirs(bucket)
+    dirs = app.capture_dirs(bucket)
     return CaptureSettings(
         connection_string=cap.connection_string,
         bucket=bucket.name,
         username=cap.username,
         password=cap.password(),
-        landing=landing,
-        staging=staging,
-        state_dir=state_dir,
+        landing=dirs.landing,
+        staging=dirs.staging,
+        state_dir=dirs.state,
         agent_id=cap.agent_id,
         vbuckets=vbuckets if vbuckets is not None else cap.vbucket_range(),
         collections=tuple(cap.collections) if cap.collections else None,

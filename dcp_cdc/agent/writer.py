@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.capture import EXTENSION, CaptureHeader, capture_file_name, encode_header
-from dcp_cdc.config import CAPTURE_DIR
+from dcp_cdc.capture_config import CAPTURE_DIR
 from dcp_cdc.errors import CheckpointError
 
 PARTIAL_SUFFIX = ".partial"

@@ -136,7 +136,7 @@ def checkpoint_of(
         return settings.checkpoint_path
     if bucket.capture is None:
         return None
-    return config.capture_dirs(bucket)[2] / checkpoint_name(bucket.name, bucket.capture.agent_id)
+    return config.capture_dirs(bucket).state / checkpoint_name(bucket.name, bucket.capture.agent_id)
 
 
 def follow_settings(settings: CaptureSettings, config: AppConfig) -> CaptureSettings:

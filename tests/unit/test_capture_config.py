@@ -36,9 +36,9 @@ def test_a_capture_section_loads_with_its_defaults(tmp_path: Path) -> None:
         10.0,
         None,
     )
-    landing, staging, state = config.capture_dirs(bucket)
-    assert landing == tmp_path / "landing"
-    assert staging == state == tmp_path / "landing" / ".dcp-cdc-capture"
+    dirs = config.capture_dirs(bucket)
+    assert dirs.landing == tmp_path / "landing"
+    assert dirs.staging == dirs.state == tmp_path / "landing" / ".dcp-cdc-capture"
 
 
 def test_tls_ranges_collections_and_relative_paths(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_tls_ranges_collections_and_relative_paths(tmp_path: Path) -> None:
     assert capture.vbucket_range() == (512, 1023)
     assert capture.password_file == str(tmp_path / "secrets" / "pw")
     assert capture.tls_ca_file == str(tmp_path / "ca.pem")
-    assert config.capture_dirs(config.buckets[0])[2] == tmp_path / "state"
+    assert config.capture_dirs(config.buckets[0]).state == tmp_path / "state"
 
 
 @pytest.mark.parametrize(

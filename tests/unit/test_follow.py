@@ -16,7 +16,8 @@ import pytest
 from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import CheckpointStore
-from dcp_cdc.config import AppConfig, BucketConfig, CaptureConfig, FollowConfig
+from dcp_cdc.capture_config import CaptureConfig
+from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig

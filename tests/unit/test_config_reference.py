@@ -1,4 +1,5 @@
-"""The README's configuration reference is the one generated from the pydantic models."""
+"""docs/configuration.md's reference is the one generated from the pydantic models; the README
+shows a real ``make run``."""
 
 from __future__ import annotations
 
@@ -7,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.config import README_MARKERS, reference_markdown, with_reference
+from dcp_cdc.config_reference import REFERENCE_MARKERS, reference_markdown, with_reference
 from dcp_cdc.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_readme_configuration_reference_is_up_to_date() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    start, end = README_MARKERS
-    assert start in readme and end in readme, "README.md lost its configuration reference"
-    copy = readme.split(start, 1)[1].split(end, 1)[0]
+def test_configuration_reference_is_up_to_date() -> None:
+    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    start, end = REFERENCE_MARKERS
+    assert start in page and end in page, "docs/configuration.md lost its reference's markers"
+    copy = page.split(start, 1)[1].split(end, 1)[0]
     assert copy == reference_markdown(), (
-        "README.md's configuration reference is stale: run "
-        "`.venv/bin/python -m dcp_cdc.config --update README.md`"
+        "docs/configuration.md's reference is stale: run "
+        "`.venv/bin/python -m dcp_cdc.config_reference --update docs/configuration.md`"
     )
 
 
@@ -38,7 +39,7 @@ def test_reference_names_every_section_and_setting() -> None:
 
 
 def test_update_rewrites_only_between_the_markers() -> None:
-    start, end = README_MARKERS
+    start, end = REFERENCE_MARKERS
     text = f"# T\n{start}old\n{end}\nafter\n"
     assert with_reference(text) == f"# T\n{start}{reference_markdown()}{end}\nafter\n"
     with pytest.raises(ConfigError, match="markers"):
