@@ -47,8 +47,9 @@ from dcp_cdc.columnar.native import (
 )
 from dcp_cdc.columnar.schema import NP_TYPES, NUMERIC, OP_INDEX, DecodedBatch, raw_row
 from dcp_cdc.columnar.values import decode_values
-from dcp_cdc.decoder import _read, parse_header
+from dcp_cdc.decoder import _read
 from dcp_cdc.errors import DecoderUsageError, MalformedFrameError
+from dcp_cdc.header import parse_header
 from dcp_cdc.layouts import Layout
 from dcp_cdc.protocol import (
     HEADER_LEN,

@@ -15,8 +15,8 @@ import numpy.typing as npt
 
 from dcp_cdc import layouts
 from dcp_cdc.columnar.native import native_module, use_native
-from dcp_cdc.decoder import parse_header
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
+from dcp_cdc.header import parse_header
 from dcp_cdc.protocol import (
     HEADER_LEN,
     KNOWN_MAGICS,
