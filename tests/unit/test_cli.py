@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import CONFIG_ENV, AppConfig, load_config
-from tests.unit.sample_session import write_sample_capture
+from tests.support.sample_session import write_sample_capture
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("pyspark", "py4j", "delta", "great_expectations", "airflow", "pandas")
@@ -53,8 +53,10 @@ def _probe(args: list[str], cwd: Path) -> tuple[dict[str, object], str]:
         ["--help"],
         ["decode", "CAPTURES"],
         ["simulate", "--out", "SIM", "--docs", "20", "--ops", "40", "--vbuckets", "2"],
+        ["run", "--help"],  # a job's verb: its help comes from its command module
+        ["check", "--help"],
     ],
-    ids=["help", "decode", "simulate"],
+    ids=["help", "decode", "simulate", "run-help", "check-help"],
 )
 def test_spark_free_verbs_import_no_spark(args: list[str], tmp_path: Path) -> None:
     write_sample_capture(tmp_path / "captures")
@@ -66,8 +68,8 @@ def test_spark_free_verbs_import_no_spark(args: list[str], tmp_path: Path) -> No
 
 
 def test_a_job_verb_imports_its_module_only_when_it_runs() -> None:
-    """The job's flags come from its module (which imports pyspark): present when the verb
-    is the one parsed, absent (and the module not needed) otherwise."""
+    """The job's flags come from its command module (:mod:`pipelines.commands`): present
+    when the verb is the one parsed, absent (and the module not needed) otherwise."""
     from pipelines.cli import build_parser
 
     args = build_parser("apply").parse_args(
