@@ -4,7 +4,7 @@ and check that the re-run succeeds and the data are exact (issue 14).
     python -m benchmarks.kill_trials --ingest 30 --apply 30 [--seed 1] [--workdir DIR]
 
 One simulated capture (the ``mixed`` scenario: collections created, flushed and dropped,
-rollbacks, two sessions; :data:`tests.kill_harness.SIMULATION`). A base run measures each
+rollbacks, two sessions; :data:`tests.support.kill_harness.SIMULATION`). A base run measures each
 job uninterrupted: its duration, the instants of its steps, bronze as it should be. Each trial
 then starts from a clean warehouse (ingest) or from bronze alone (apply, a copy of the base
 warehouse at the same path), kills the job's process group at a seeded random instant (two in
@@ -13,7 +13,7 @@ first table creations and commits), runs the job again to its end and checks:
 
 - ingest: bronze holds every frame exactly once, as the uninterrupted run wrote it;
 - apply: silver equals the simulator's truth, and no published version of any collection
-  table moved a key back (:func:`tests.kill_harness.regressions`).
+  table moved a key back (:func:`tests.support.kill_harness.regressions`).
 
 The step a kill hit is the last fault point the killed run passed (:mod:`pipelines.faults`'s
 trace). Prints a table and writes ``benchmarks/results/kill_trials.json``. Not part of
@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests import kill_harness as kh
+from tests.support import kill_harness as kh
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

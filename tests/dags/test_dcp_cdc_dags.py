@@ -184,8 +184,8 @@ def test_pipeline_dag_captures_then_runs_end_to_end(
     """``dag.test()``: the capture task streams the test producer (a child process, 2 data
     nodes) up to now, then three spark-submit jobs on a local master; silver equals the truth."""
     from pipelines.spark_session import C1_ONLY
-    from tests import delta_rs
-    from tests.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
+    from tests.support import delta_rs
+    from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)  # the capture task's child process reads it
     stack = contextlib.ExitStack()

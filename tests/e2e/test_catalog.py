@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import kill_harness as kh
+from tests.support import kill_harness as kh
 
 pytestmark = pytest.mark.e2e
 

@@ -169,7 +169,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, executor_python: Path) -> 
 
 
 def _silver(warehouse: Path) -> dict[tuple[int, str], tuple[Any, ...]]:
-    from tests import delta_rs
+    from tests.support import delta_rs
 
     rows = {}
     for table in sorted((warehouse / "silver.db").glob("*_all")):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.capture_harness import agent_env, producer, write_config
+from tests.support.capture_harness import agent_env, producer, write_config
 
 pytestmark = [
     pytest.mark.slow,

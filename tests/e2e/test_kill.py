@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import kill_harness as kh
+from tests.support import kill_harness as kh
 
 EVERY_STEP = os.environ.get("DCP_CDC_KILL_ALL") == "1"
 pytestmark = [

@@ -256,7 +256,7 @@ def test_beeline_queries_silver_over_jdbc(
     the server checks users) returns what delta-rs reads from the same table: the catalog the
     run wrote outlives its process, and another Spark process (the Thrift server) finds its
     tables."""
-    from tests import delta_rs
+    from tests.support import delta_rs
 
     tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
     table = next(t for t in tables if delta_rs.read_delta(t).num_rows)

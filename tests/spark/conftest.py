@@ -2,7 +2,8 @@
 
 Starting a JVM costs seconds, so the session is shared; isolation comes from the per-test
 ``warehouse``: its own folder for path-based Delta tables and its own catalog database (the
-current database for the test), dropped afterwards.
+current database for the test), dropped afterwards, and the per-test ``bucket``: a fresh name
+whose bronze and silver tables are dropped afterwards.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def spark(spark_warehouse: Path) -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def bucket(spark: SparkSession) -> Iterator[str]:
+    """A fresh bucket name (plain: its identifier is itself); its tables are dropped after."""
+    from tests.support.silver_runs import drop_all
+
+    name = f"s{uuid.uuid4().hex[:8]}"
+    yield name
+    drop_all(spark, name)
 
 
 @dataclass(frozen=True, slots=True)

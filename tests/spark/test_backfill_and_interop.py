@@ -23,8 +23,9 @@ from dcp_cdc.errors import ConfigError
 from dcp_cdc.simulator import SimulationResult
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.tables import BucketTables, all_rows
-from tests import delta_rs
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth, pipeline
+from tests.support import delta_rs
+from tests.support.silver_runs import drop_all, pipeline
+from tests.support.truth import assert_equal_to_truth
 
 # Scalar columns compared row by row between the two readers (doc_binary and xattrs too).
 SILVER_COLUMNS = (
@@ -70,7 +71,7 @@ def applied(
         ops=160,
     )
     yield Applied(name, result, config)
-    _drop_all(spark, name)
+    drop_all(spark, name)
 
 
 def _spark_rows(spark: SparkSession, table: str) -> set[tuple[Any, ...]]:

@@ -42,7 +42,7 @@ from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.job import ingest_bucket
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
-from tests.capture_harness import (
+from tests.support.capture_harness import (
     PASSWORD,
     USER,
     Producer,
@@ -53,7 +53,8 @@ from tests.capture_harness import (
     producer,
     write_config,
 )
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+from tests.support.silver_runs import drop_all
+from tests.support.truth import assert_equal_to_truth
 
 FAULTS = ("cut_node", "failover", "rebalance", "too_slow", "drop_collection")
 ALL = os.environ.get("DCP_CDC_CAPTURE_ALL") == "1"
@@ -103,7 +104,7 @@ def _silver_equals_truth(
             report = check_bucket(spark, app, app.buckets[0])
             assert report.passed and report.failed_errors == [], report.render()
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 def _inject(server: ProducerServer, fault: str, rng: random.Random) -> None:
@@ -190,7 +191,7 @@ def test_a_fault_while_capturing_still_gives_silver_equal_to_the_truth(
         apply_bucket(spark, config, config.buckets[0])
         assert_equal_to_truth(spark, bucket, SimpleNamespace(out=out))  # type: ignore[arg-type]
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 @pytest.mark.slow
@@ -444,4 +445,4 @@ def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees
                 assert_equal_to_truth(spark, bucket, truth)  # type: ignore[arg-type]
                 assert not failed, report.render()
         finally:
-            _drop_all(spark, bucket)
+            drop_all(spark, bucket)

@@ -30,8 +30,9 @@ from pipelines.follow.agent import captured_seqnos, follow_settings
 from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress
 from pipelines.tables import BucketTables
-from tests.capture_harness import PASSWORD, USER
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+from tests.support.capture_harness import PASSWORD, USER
+from tests.support.silver_runs import drop_all
+from tests.support.truth import assert_equal_to_truth
 
 
 @pytest.mark.slow
@@ -123,4 +124,4 @@ def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
         assert_equal_to_truth(spark, bucket, SimpleNamespace(out=tmp_path))  # type: ignore[arg-type]
     finally:
         producer.stop()
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)

@@ -20,9 +20,10 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.errors import TableLocationError
 from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
-from tests import kill_harness as kh
 from tests.spark.conftest import Warehouse
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+from tests.support import kill_harness as kh
+from tests.support.silver_runs import drop_all
+from tests.support.truth import assert_equal_to_truth
 
 SCHEMA = T.StructType([T.StructField("id", T.LongType()), T.StructField("name", T.StringType())])
 
@@ -107,7 +108,7 @@ def test_a_rerun_after_a_killed_apply_publishes_no_older_state(
     try:
         _apply_killed_then_again(spark, config, result, tmp_path, monkeypatch)
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 def _apply_killed_then_again(
@@ -194,4 +195,4 @@ def test_a_retire_killed_before_the_registry_is_saved_is_finished_by_the_next_ru
         assert "retiring" not in statuses and "retired" in statuses
     finally:
         for name in names.values():
-            _drop_all(spark, name)
+            drop_all(spark, name)

@@ -28,14 +28,9 @@ from pipelines.silver import state, store
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.silver.registry import CHANGE_DATA_FEED
 from pipelines.tables import BucketTables, all_rows
-from tests import delta_rs
-from tests.spark.test_silver import (
-    _drop_all,
-    assert_equal_to_truth,
-    pipeline,
-    silver_live,
-    truth_live,
-)
+from tests.support import delta_rs
+from tests.support.silver_runs import drop_all, pipeline
+from tests.support.truth import assert_equal_to_truth, silver_live, truth_live
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
 _COMPARED = [
@@ -98,7 +93,7 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
     expected = _tables(spark, bucket)
     assert states and changes.count() > 300
     yield changes, registry, expected, bucket
-    _drop_all(spark, bucket)
+    drop_all(spark, bucket)
 
 
 def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
@@ -179,7 +174,7 @@ def test_purged_tombstones_still_refuse_older_changes(
         back = {k for (_, k) in silver_live(spark, bucket)}
         assert set(deleted) <= back
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 def test_purge_keeps_tombstones_younger_than_the_retention(
@@ -202,7 +197,7 @@ def test_purge_keeps_tombstones_younger_than_the_retention(
         assert purge_tombstones(spark, config, config.buckets[0]) == {}  # 168 h by default
         assert {t: len(rows) for t, rows in _tables(spark, bucket).items()} == before
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- eager apply -----------------------------------------------------------------------------
@@ -245,7 +240,7 @@ def test_eager_apply_shows_the_open_snapshot_and_then_converges(
         with pytest.raises(AssertionError):
             assert_equal_to_truth(spark, bucket, result)
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- two runs at once --------------------------------------------------------------------------
@@ -296,7 +291,7 @@ def test_two_apply_runs_at_once_leave_correct_tables(
         apply_bucket(spark, config, config.buckets[0])
         assert_equal_to_truth(spark, bucket, result)
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- change data feed ----------------------------------------------------------------------
@@ -352,7 +347,7 @@ def test_change_data_feed_setting_and_equal_tables(
             with pytest.raises(AnalysisException, match="DELTA_MISSING_CHANGE_DATA"):
                 _change_feed_kinds(spark, table)
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- a table of an earlier version ---------------------------------------------------------
@@ -380,7 +375,7 @@ def test_a_table_made_before_modified_at_gains_it_and_its_view_shows_it(
         assert spark.table(view).columns == schemas.SILVER.fieldNames()
         assert_equal_to_truth(spark, bucket, result)  # _modified_at included
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- typed projections ---------------------------------------------------------------------
@@ -482,7 +477,7 @@ def test_a_projection_gives_typed_columns_equal_to_the_truth(
             "_vbucket",
         ]
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)
 
 
 # --- documents as VARIANT ------------------------------------------------------------------
@@ -597,4 +592,4 @@ def test_document_variant_equals_the_truth_when_turned_on_and_off(
         read = {r["key"]: r["doc"] for r in delta_rs.rows(location, ["key", "doc"])}
         assert read == {r["key"]: r["doc"] for r in _variant_rows(spark, all_rows(view))}
     finally:
-        _drop_all(spark, bucket)
+        drop_all(spark, bucket)

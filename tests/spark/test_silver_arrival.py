@@ -23,7 +23,8 @@ from pipelines import faults
 from pipelines.bronze.job import ingest_bucket
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
-from tests.spark.test_silver import _drop_all, assert_equal_to_truth
+from tests.support.silver_runs import drop_all
+from tests.support.truth import assert_equal_to_truth
 
 VOLATILE = {"_applied_at", "_ingest_run_id", "updated_at"}
 SUPPORT = ("__collections", "__stream_state", "__purges")
@@ -151,4 +152,4 @@ def test_a_collection_named_late_takes_its_name_like_one_run_over_everything(
         assert_equal_to_truth(spark, names["late"], results["late"])
     finally:
         for bucket in names.values():
-            _drop_all(spark, bucket)
+            drop_all(spark, bucket)

@@ -30,17 +30,9 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
-from tests.reference_consumer import capture_files
-from tests.spark import test_silver
-from tests.spark.test_silver import (
-    _utc,
-    arrive_in_batches,
-    assert_equal_to_truth,
-    pipeline,
-    side_by_side,
-)
-
-bucket = test_silver.bucket  # the fixture: a fresh bucket name, its tables dropped after
+from tests.support.reference_consumer import capture_files
+from tests.support.silver_runs import arrive_in_batches, pipeline, side_by_side
+from tests.support.truth import assert_equal_to_truth, utc
 
 Version = tuple[int, str, int]  # collection id, key, seqno
 
@@ -161,14 +153,14 @@ def assert_history_equal_to_truth(
             assert row["_deleted"] == d["deleted"], where
             assert (row["_rev_seqno"], row["_vbucket"]) == (d["rev_seqno"], d["vbucket"]), where
             assert row["_cas"] == (d["cas"] - (1 << 64) if d["cas"] >= 1 << 63 else d["cas"])
-            assert _utc(row["_modified_at"]) == cas_time(d["cas"]), where
+            assert utc(row["_modified_at"]) == cas_time(d["cas"]), where
             got = (row["_change"], row["_valid_to_seqno"], row["_ended_by"])
             assert got == (e.change, e.valid_to_seqno, e.ended_by), where
             if e.valid_to is None:
                 assert row["_valid_to"] is None, where
             else:
                 low, high = e.valid_to
-                at = _utc(row["_valid_to"])
+                at = utc(row["_valid_to"])
                 assert at is not None and (low is None or at >= low), (where, at, low)
                 assert high is None or at <= high, (where, at, high)
             compared += 1

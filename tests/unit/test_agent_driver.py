@@ -19,10 +19,10 @@ from dcp_cdc.agent.driver import capture
 from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ConfigError, TlsError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from tests.capture_harness import assert_captures_equal_truth
-from tests.capture_harness import captured_seqnos as captured
-from tests.capture_harness import in_process_settings as settings
-from tests.capture_harness import truth_seqnos as truth
+from tests.support.capture_harness import assert_captures_equal_truth
+from tests.support.capture_harness import captured_seqnos as captured
+from tests.support.capture_harness import in_process_settings as settings
+from tests.support.capture_harness import truth_seqnos as truth
 
 
 def test_capture_until_now_follow_with_faults_and_resume(tmp_path: Path) -> None:
@@ -123,7 +123,7 @@ def test_collection_filter_and_filter_empty(tmp_path: Path) -> None:
 def test_tls_and_an_untrusted_certificate(tmp_path: Path) -> None:
     import ssl
 
-    from tests import tls_certs
+    from tests.support import tls_certs
 
     async def scenario() -> None:
         certs = tls_certs.make_certificates(tmp_path / "certs")

@@ -23,9 +23,9 @@ from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError
 from dcp_cdc.events import FailoverLogResponse, StreamRequest
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from tests.capture_harness import captured_seqnos as captured
-from tests.capture_harness import in_process_settings as settings
-from tests.capture_harness import truth_seqnos as truth
+from tests.support.capture_harness import captured_seqnos as captured
+from tests.support.capture_harness import in_process_settings as settings
+from tests.support.capture_harness import truth_seqnos as truth
 
 
 def stream_requests(landing: Path) -> Counter[tuple[str, int, int, int]]:

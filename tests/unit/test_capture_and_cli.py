@@ -22,7 +22,7 @@ from dcp_cdc.errors import CaptureFormatError, MalformedFrameError, TruncatedFra
 from dcp_cdc.events import Mutation
 from dcp_cdc.protocol import Opcode
 from pipelines.cli import main
-from tests.unit.sample_session import sample_events, write_sample_capture
+from tests.support.sample_session import sample_events, write_sample_capture
 
 MUTATION_8_2 = bytes.fromhex(
     "805700061f0102100000002c0000121017a8b0d8e6f40000000000000000000400000000000000010200000600"

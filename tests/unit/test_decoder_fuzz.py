@@ -1,7 +1,7 @@
 """A bounded fuzz campaign of both decoder faces (issue 14): only ``DcpError`` subclasses
-escape, and the faces agree (tests/unit/fuzz_decoder.py says how inputs are made and what is
+escape, and the faces agree (tests/support/fuzz_decoder.py says how inputs are made and what is
 compared). ``make test`` runs a few thousand inputs; ``DCP_CDC_FUZZ_INPUTS`` sets how many
-(``make test-long`` runs 200,000; a 1,000,000 campaign: ``python -m tests.unit.fuzz_decoder``).
+(``make test-long`` runs 200,000; a 1,000,000 campaign: ``python -m tests.support.fuzz_decoder``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.unit.fuzz_decoder import REPRODUCERS, campaign, check
+from tests.support.fuzz_decoder import REPRODUCERS, campaign, check
 
 INPUTS = int(os.environ.get("DCP_CDC_FUZZ_INPUTS", "2000"))
 

@@ -20,9 +20,8 @@ from dcp_cdc.decoder import END_OF_STREAM, NEED_DATA, DcpDecoder, decode_frame, 
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.events import Event, SystemEvent
-
-from .fuzz_decoder import reference_rows
-from .strategies import any_event, frames
+from tests.support.fuzz_decoder import reference_rows
+from tests.support.strategies import any_event, frames
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

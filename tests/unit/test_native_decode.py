@@ -2,7 +2,7 @@
 
 The numpy face is the oracle of the whole table (every column, byte for byte, nulls and
 types included); the pure-Python Snappy reader of google/snappy's format description
-(:mod:`tests.unit.snappy_oracle`) is the oracle of its Snappy reader, and
+(:mod:`tests.support.snappy_oracle`) is the oracle of its Snappy reader, and
 :func:`dcp_cdc.xattrs.split_xattrs` of its XATTR reader. A frame the compiled pass is not sure
 of goes through the per-frame path, so for bad values both faces must report the same error.
 """
@@ -27,10 +27,9 @@ from dcp_cdc.errors import DecoderUsageError, FieldError
 from dcp_cdc.protocol import Datatype, Opcode
 from dcp_cdc.varint import encode_uleb128
 from dcp_cdc.xattrs import split_xattrs
-
-from .fuzz_decoder import corpus, inputs
-from .snappy_oracle import compress_literal, decompress_pure
-from .strategies import frames
+from tests.support.fuzz_decoder import corpus, inputs
+from tests.support.snappy_oracle import compress_literal, decompress_pure
+from tests.support.strategies import frames
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -21,7 +21,7 @@ from dcp_cdc.protocol import (
 from dcp_cdc.scram import ScramClient
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from tests.tls_certs import make_certificates
+from tests.support.tls_certs import make_certificates
 
 HDR = struct.Struct(">BBHBBHIIQ")
 USER, PASSWORD = "reader", "pa55word"

@@ -1,6 +1,6 @@
 """The bucket simulator: its captures decode, its invariants hold, and its truth is right.
 
-The truth is checked against :mod:`tests.reference_consumer`, a naive consumer of the decoded
+The truth is checked against :mod:`tests.support.reference_consumer`, a naive consumer of the decoded
 captures; negative controls show that a consumer breaking a rule would not match it.
 """
 
@@ -23,7 +23,7 @@ from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from dcp_cdc.simulator.model import vbucket_of
 from dcp_cdc.simulator.scenarios import SCENARIO_FUNCS
 from pipelines.cli import main
-from tests.reference_consumer import ReferenceConsumer, capture_files
+from tests.support.reference_consumer import ReferenceConsumer, capture_files
 
 SMALL = {"vbuckets": 16, "docs": 300, "ops": 1200, "collections": 3}
 

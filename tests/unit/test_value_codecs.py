@@ -13,7 +13,7 @@ from dcp_cdc import flatbuf, snappy
 from dcp_cdc.errors import FieldError
 from dcp_cdc.varint import encode_uleb128, read_uleb128, read_uleb128_many
 from dcp_cdc.xattrs import join_xattrs, split_xattrs
-from tests.unit.snappy_oracle import compress_literal, decompress_pure
+from tests.support.snappy_oracle import compress_literal, decompress_pure
 
 # spec §3 test vectors, as written there
 LEB128_VECTORS = [

@@ -26,7 +26,7 @@ from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.capture import iter_capture
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.simulator.server import ProducerServer
-from tests.reference_consumer import ReferenceConsumer
+from tests.support.reference_consumer import ReferenceConsumer
 
 PASSWORD_ENV = "DCP_CDC_TEST_CAPTURE_PASSWORD"
 IN_PROCESS_BUCKET = "travel-sample"

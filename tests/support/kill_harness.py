@@ -24,7 +24,7 @@ from typing import Any
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines import faults
 from pipelines.tables import BucketTables, all_rows
-from tests import delta_rs
+from tests.support import delta_rs
 
 CLI = [sys.executable, "-m", "pipelines.cli"]
 BUCKET = "kill-test"

@@ -31,9 +31,13 @@ from dcp_cdc.xattrs import split_xattrs
 ROOT = Path(__file__).resolve().parents[2]
 GO_DIR = ROOT / "tests" / "gocbcore"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("go") is None, reason="the gocbcore check needs the Go toolchain (go not on PATH)"
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("go") is None,
+        reason="the gocbcore check needs the Go toolchain (go not on PATH)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

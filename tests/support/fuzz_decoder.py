@@ -1,4 +1,4 @@
-"""A seeded mutation fuzzer of both decoder faces (issue 14).
+"""A seeded mutation fuzzer of both decoder faces.
 
 Inputs are built from valid frames of every message (the spec examples, the seed's add-stream
 frames, frames with Snappy and XATTR values, stream-id frames) and from the inputs that once
@@ -16,7 +16,7 @@ set to edge values, header lengths rewritten, cut, spliced, bytes inserted). For
   for that, and the columnar framing (``frame_starts``) must stop there with the same error.
   Every 16th of those goes through the whole columnar path alone as well.
 
-Run ``python -m tests.unit.fuzz_decoder --inputs 1000000`` for a long campaign (it prints the
+Run ``python -m tests.support.fuzz_decoder --inputs 1000000`` for a long campaign (it prints the
 counts, the time and every finding); ``tests/unit/test_decoder_fuzz.py`` runs a bounded one.
 """
 
