@@ -227,11 +227,11 @@ def thrift_server(demo: Demo, directory: Directory | None) -> Iterator[int]:
 
 
 def _beeline(port: int, user: str, password: str, query: str) -> subprocess.CompletedProcess[str]:
-    from pipelines.cli import _spark_script
+    from pipelines.commands.thrift_server import spark_script
 
     return subprocess.run(
         [
-            _spark_script("beeline"),
+            spark_script("beeline"),
             "-u",
             f"jdbc:hive2://127.0.0.1:{port}/",
             "-n",

@@ -132,6 +132,7 @@ def _config_each_verb_uses(monkeypatch: pytest.MonkeyPatch) -> dict[str, AppConf
     import importlib
 
     from pipelines import cli
+    from pipelines.commands.shared import catalog_config
 
     seen: dict[str, AppConfig] = {}
     for verb, module in JOB_VERBS.items():
@@ -148,7 +149,7 @@ def _config_each_verb_uses(monkeypatch: pytest.MonkeyPatch) -> dict[str, AppConf
         extra = ["SELECT 1"] if verb == "sql" else []
         args = cli.build_parser(verb).parse_args([verb, *extra])
         assert args.config is None
-        seen[verb] = cli._load(args)
+        seen[verb] = catalog_config(args)
     return seen
 
 
