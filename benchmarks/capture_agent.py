@@ -95,7 +95,8 @@ def serve(port_q: multiprocessing.Queue[int], vbuckets: int, per_vb: int) -> Non
 
 
 def main() -> None:
-    from dcp_cdc.agent.driver import CaptureSettings, capture
+    from dcp_cdc.agent.driver import capture
+    from dcp_cdc.agent.settings import CaptureSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=1_000_000)

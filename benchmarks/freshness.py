@@ -224,7 +224,7 @@ def _pid_of(match: str) -> int | None:
 
 
 def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[str, Any]:
-    from dcp_cdc.agent.driver import CaptureSettings
+    from dcp_cdc.agent.settings import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig
     from pipelines.spark_session import session_for
 

@@ -158,7 +158,7 @@ class Bucket:
         return future.result(timeout=600)
 
     def start(self) -> None:
-        from dcp_cdc.agent.driver import CaptureSettings
+        from dcp_cdc.agent.settings import CaptureSettings
         from dcp_cdc.capture_config import CAPTURE_DIR
         from dcp_cdc.simulator.server import ProducerServer
 

@@ -19,7 +19,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from dcp_cdc.agent.driver import CaptureSettings, CaptureSummary, capture
+from dcp_cdc.agent.driver import capture
+from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary
 from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from dcp_cdc.agent.driver import CaptureSettings, capture, settings_from_config
+from dcp_cdc.agent.driver import capture
+from dcp_cdc.agent.settings import CaptureSettings, settings_from_config
 from dcp_cdc.agent.writer import CheckpointStore, checkpoint_name
 from dcp_cdc.config import AppConfig, BucketConfig
 

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from pyspark.sql import SparkSession
 
-from dcp_cdc.agent.driver import CaptureSettings
+from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.agent import AgentProcess, checkpoint_of

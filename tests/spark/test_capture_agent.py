@@ -33,7 +33,8 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.agent.driver import CaptureSettings, capture
+from dcp_cdc.agent.driver import capture
+from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.capture import iter_capture
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.events import StreamRequest
@@ -394,9 +395,9 @@ def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees
             return
         await open_on(self, node, vb)
 
-    from dcp_cdc.agent import driver
+    from dcp_cdc.agent.placement import Placement
 
-    open_on = driver._Agent.open_on
+    open_on = Placement.open_on
 
     async def captures() -> None:
         first = await capture(settings("before"))
@@ -407,11 +408,11 @@ def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees
             assert gain >= 3
             server.failover(vb, lost=0, back=gain, grow=2)
         shutil.copytree(landing["before"], landing["after"])  # the checkpoint too
-        driver._Agent.open_on = as_the_agent_was  # type: ignore[method-assign]
+        Placement.open_on = as_the_agent_was  # type: ignore[method-assign]
         try:
             missed = await capture(settings("before"))
         finally:
-            driver._Agent.open_on = open_on  # type: ignore[method-assign]
+            Placement.open_on = open_on  # type: ignore[method-assign]
         assert missed.rollbacks == 0
         fixed = await capture(settings("after"))
         assert fixed.rollbacks >= 2

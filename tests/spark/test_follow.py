@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.agent.driver import CaptureSettings
+from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer

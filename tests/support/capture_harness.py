@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcp_cdc.agent.driver import CaptureSettings
+from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.capture import iter_capture
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.simulator.server import ProducerServer

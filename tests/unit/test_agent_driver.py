@@ -160,13 +160,13 @@ def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
     last changes of a vbucket after that (here: as its stream is about to open) leaves an end
     the new branch never reaches; the agent asks the high seqnos again, lowers the end and
     finishes, with the captures equal to the bucket after the failover."""
-    from dcp_cdc.agent import driver
+    from dcp_cdc.agent.placement import Placement
 
     async def scenario() -> None:
         config = SimConfig(docs=400, ops=0, vbuckets=4)
         async with ProducerServer(config, nodes=2) as server:
             lowered: list[int] = []
-            open_on = driver._Agent.open_on
+            open_on = Placement.open_on
 
             async def failing_over(self: Any, node: Any, vb: int) -> None:
                 if vb == 1 and not lowered and vb in self.end_seqnos:
@@ -177,7 +177,7 @@ def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
                     self.end_seqnos[vb] = lowered[0] + 5
                 await open_on(self, node, vb)
 
-            monkeypatch.setattr(driver._Agent, "open_on", failing_over)
+            monkeypatch.setattr(Placement, "open_on", failing_over)
             s = settings(tmp_path, server.connection_string)
             done = await asyncio.wait_for(capture(s), 20)
             assert lowered and sorted(done.done) == list(range(4))
@@ -190,10 +190,10 @@ def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
 def test_until_now_names_what_each_vbucket_not_done_waits_for(tmp_path: Path) -> None:
     """A run that waits long for its last vbuckets says, per vbucket, its seqno, its end and
     whether a stream, a placement or nothing has it (what a stalled run is debugged from)."""
-    from dcp_cdc.agent.driver import _Agent
+    from dcp_cdc.agent.placement import Placement
     from dcp_cdc.agent.positions import VbPosition
 
-    agent = _Agent(settings(tmp_path, "couchbase://127.0.0.1"), "until-now", asyncio.Event())
+    agent = Placement(settings(tmp_path, "couchbase://127.0.0.1"), "until-now", asyncio.Event())
     agent.pending = {3, 5, 9}
     agent.end_seqnos = {3: 23, 5: 22}
     agent.durable = {3: VbPosition(3, 21, 77)}

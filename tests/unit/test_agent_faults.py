@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from dcp_cdc.agent import driver
 from dcp_cdc.agent.driver import capture
+from dcp_cdc.agent.node import Node
+from dcp_cdc.agent.placement import Placement
 from dcp_cdc.capture import iter_capture
 from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError
 from dcp_cdc.events import FailoverLogResponse, StreamRequest
@@ -84,7 +85,7 @@ def test_an_opener_that_wakes_after_its_stream_ended_ok_stands_down(
     """A placement or a high-seqnos reply may spawn a stream opener that runs only after the
     vbucket's stream ended OK, before its frames are durable. It must not ask for the stream
     again (from the old durable position: the same seqnos a second time in one session)."""
-    vb_done = driver._Agent.vb_done
+    vb_done = Placement.vb_done
     late: set[int] = set()
 
     def done_then_a_late_opener(self: Any, vb: int) -> None:
@@ -95,7 +96,7 @@ def test_an_opener_that_wakes_after_its_stream_ended_ok_stands_down(
                 if vb in node.owned:
                     self.spawn(self.open_on(node, vb))
 
-    monkeypatch.setattr(driver._Agent, "vb_done", done_then_a_late_opener)
+    monkeypatch.setattr(Placement, "vb_done", done_then_a_late_opener)
 
     async def scenario() -> None:
         config = SimConfig(scenario="mixed", docs=400, ops=0, vbuckets=8)
@@ -119,7 +120,7 @@ def test_a_connection_lost_while_streams_are_opened_is_the_nodes_loss(
     """A stream opener's send meets a reset connection: its node's session closes durably and
     its vbuckets resume on a new connection; the run finishes (it used to fail with the
     reset)."""
-    send = driver._Node._send
+    send = Node._send
     failed: list[str] = []
 
     async def reset_once(self: Any) -> None:
@@ -130,7 +131,7 @@ def test_a_connection_lost_while_streams_are_opened_is_the_nodes_loss(
             raise ConnectionLostError(self.label, "[Errno 104] Connection reset by peer")
         await send(self)
 
-    monkeypatch.setattr(driver._Node, "_send", reset_once)
+    monkeypatch.setattr(Node, "_send", reset_once)
 
     async def scenario() -> None:
         config = SimConfig(scenario="mixed", docs=400, ops=0, vbuckets=16)

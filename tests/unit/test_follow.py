@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.agent.driver import CaptureSettings
 from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.agent.writer import CheckpointStore
 from dcp_cdc.capture_config import CaptureConfig
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig

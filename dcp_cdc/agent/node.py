@@ -1,0 +1,374 @@
+"""One data node's connection in the capture agent: its socket, its sans-I/O
+:class:`~dcp_cdc.agent.consumer.ConsumerConnection`, its session of capture files, and the
+two tasks between them (:class:`Node`); and the backoff shared by every placement waiting
+for a node that cannot be reached (:class:`Backoff`).
+
+The socket reader hands each run of captured frames to a bounded queue and only then tells
+the core ``consumed()``, so a lagging writer stops the acknowledgements and flow control stops
+the node (spec §7.6); a full queue also stops the reads. Every wait has a timeout. The file
+writer closes a file (fsync'd and renamed) before it commits the checkpoint that covers its
+frames.
+
+What a node does with the events it reads, and which vbuckets it streams, is the
+placement's (:mod:`dcp_cdc.agent.placement`), seen here only through :class:`NodeOwner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dcp_cdc.agent.consumer import (
+    NEED_DATA,
+    AgentEvent,
+    ConsumerConnection,
+    ConsumerSettings,
+    NeedData,
+    Ready,
+)
+from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.settings import MAX_BACKOFF_S, CaptureSettings, CaptureSummary
+from dcp_cdc.agent.writer import SessionWriter, rfc3339
+from dcp_cdc.capture_config import HostPort
+from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError, ProtocolError, TlsError
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 1 << 16
+QUEUE_ITEMS = 64
+"""Runs of frames (≤ 64 KiB each) between a socket reader and its file writer."""
+
+
+class NodeOwner(Protocol):
+    """What a :class:`Node` needs from the run it belongs to (the placement)."""
+
+    settings: CaptureSettings
+    ssl_context: ssl.SSLContext | None
+    tls: bool
+    scheme: str
+    summary: CaptureSummary
+    stopping: bool
+
+    def session_start(self) -> float: ...
+
+    def next_session_id(self, index: int, started: float | None = None) -> str: ...
+
+    def commit(self, positions: dict[int, VbPosition]) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+    async def node_lost(self, node: Node, why: str) -> None: ...
+
+    async def on_event(self, node: Node, event: AgentEvent) -> None: ...
+
+
+@dataclass
+class _Frames:
+    data: bytes
+    positions: dict[int, VbPosition]
+
+
+@dataclass
+class _Flush:
+    """Close the open file and commit; ``new_session`` then starts another session."""
+
+    done: asyncio.Future[None]
+    new_session: bool = False
+    last: bool = False
+
+
+class Node:
+    """One connection: its core, socket, session of files and the two tasks around them."""
+
+    def __init__(self, agent: NodeOwner, endpoint: HostPort, index: int) -> None:
+        self.agent = agent
+        self.endpoint = endpoint
+        self.index = index
+        self.conn: ConsumerConnection | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.queue: asyncio.Queue[_Frames | _Flush] = asyncio.Queue(QUEUE_ITEMS)
+        self.owned: set[int] = set()
+        self.session: SessionWriter | None = None
+        self.session_started = 0.0
+        self.last_positions: dict[int, VbPosition] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.dead = False
+        self.recorded = asyncio.Event()
+        """Set when :meth:`~ConsumerConnection.record_cluster_state` finished on this node."""
+
+    @property
+    def label(self) -> str:
+        return self.endpoint.label
+
+    async def connect(self) -> Ready:
+        """TCP (+ TLS) and the handshake; typed errors name this node."""
+        s = self.agent.settings
+        node = self.label
+        try:
+            self.reader, self.writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.endpoint.host,
+                    self.endpoint.port,
+                    ssl=self.agent.ssl_context,
+                    server_hostname=self.endpoint.host if self.agent.ssl_context else None,
+                    limit=READ_BYTES * 4,
+                ),
+                s.connect_timeout_s,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise TlsError(node, f"certificate verification failed: {exc.verify_message}") from None
+        except ssl.SSLError as exc:
+            raise TlsError(node, f"TLS handshake failed: {exc.reason or exc}") from None
+        except TimeoutError:
+            raise CaptureConnectionError(
+                node, f"no connection within {s.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise CaptureConnectionError(node, f"cannot connect: {exc.strerror or exc}") from None
+        self.conn = ConsumerConnection(
+            ConsumerSettings(
+                node=node,
+                bucket=s.bucket,
+                username=s.username,
+                password=s.password,
+                tls=self.agent.tls,
+                connection_name=f"dcp-cdc:{s.agent_id}:{self.agent.next_session_id(self.index)}",
+                buffer_bytes=s.buffer_bytes,
+                noop_interval_s=s.noop_interval_s,
+            )
+        )
+        deadline = time.monotonic() + s.connect_timeout_s
+        reader = self.reader
+        assert reader is not None
+        while True:
+            try:
+                await self._send()
+            except ConnectionLostError as exc:
+                raise CaptureConnectionError(node, f"handshake: {exc.cause}") from None
+            event = self.conn.next_event()
+            if isinstance(event, Ready):
+                return event
+            if event is not NEED_DATA:
+                continue  # ControlRefused: recorded in the features already
+            left = deadline - time.monotonic()
+            try:
+                data = await asyncio.wait_for(reader.read(READ_BYTES), max(left, 0.001))
+            except TimeoutError:
+                raise CaptureConnectionError(
+                    node, f"handshake not finished within {s.connect_timeout_s:g} s"
+                ) from None
+            except OSError as exc:
+                raise CaptureConnectionError(node, f"handshake: {exc.strerror or exc}") from None
+            if not data:
+                raise CaptureConnectionError(
+                    node, "the node closed the connection in the handshake"
+                )
+            try:
+                self.conn.receive_data(data)
+            except ProtocolError as exc:
+                raise CaptureConnectionError(node, str(exc)) from None
+
+    async def _send(self) -> None:
+        assert self.conn is not None and self.writer is not None
+        out = self.conn.data_to_send()
+        if out:
+            self.writer.write(out)
+            try:
+                await asyncio.wait_for(self.writer.drain(), self.agent.settings.connect_timeout_s)
+            except TimeoutError:
+                raise ConnectionLostError(
+                    self.label, "the node does not read what we send"
+                ) from None
+            except OSError as exc:
+                raise ConnectionLostError(self.label, str(exc)) from None
+
+    def new_session(self) -> None:
+        """A fresh session of files (the writer task switches to it in queue order)."""
+        assert self.conn is not None
+        self.session_started = self.agent.session_start()
+        s = self.agent.settings
+        session_id = self.agent.next_session_id(self.index, self.session_started)
+        self.session = SessionWriter(
+            s.landing,
+            s.staging,
+            bucket=s.bucket,
+            session_id=session_id,
+            collections=self.conn.collections,
+            features=self.conn.features,
+            source=f"{self.agent.scheme}://{self.label}",
+            started_at=rfc3339(self.session_started),
+            rotate_bytes=s.rotate_bytes,
+            rotate_seconds=s.rotate_seconds,
+        )
+        self.agent.summary.sessions += 1
+
+    def start(self) -> None:
+        self.tasks = [
+            asyncio.create_task(self._read_loop(), name=f"read {self.label}"),
+            asyncio.create_task(self._write_loop(), name=f"write {self.label}"),
+        ]
+
+    async def _read_loop(self) -> None:
+        assert self.conn is not None and self.reader is not None
+        conn = self.conn
+        silence = 2 * self.agent.settings.noop_interval_s
+        try:
+            while True:
+                try:
+                    timeout = silence if conn.streaming() else None
+                    data = await asyncio.wait_for(self.reader.read(READ_BYTES), timeout)
+                except TimeoutError:
+                    raise ConnectionLostError(
+                        self.label, f"silent for {silence} s (2 × the noop interval)"
+                    ) from None
+                except OSError as exc:
+                    raise ConnectionLostError(self.label, exc.strerror or str(exc)) from None
+                if not data:
+                    raise ConnectionLostError(self.label, "the node closed the connection")
+                try:
+                    conn.receive_data(data)
+                except ProtocolError as exc:
+                    raise CaptureConnectionError(self.label, str(exc)) from None
+                capture = conn.take_capture()
+                if capture:
+                    await self.queue.put(_Frames(capture, conn.positions()))
+                    conn.consumed(len(capture))
+                    self.agent.summary.bytes_captured += len(capture)
+                await self._send()
+                while not isinstance(event := conn.next_event(), NeedData):
+                    await self.agent.on_event(self, event)
+                await self._send()
+        except ConnectionLostError as exc:
+            if not self.agent.stopping:
+                self.agent.spawn(self.agent.node_lost(self, exc.cause))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.agent.fail(exc)
+
+    async def _write_loop(self) -> None:
+        poll = min(1.0, self.agent.settings.rotate_seconds / 4)
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), poll)
+                except TimeoutError:
+                    if self.session is not None and self.session.due(time.time()):
+                        self._close_and_commit()
+                    continue
+                if isinstance(item, _Frames):
+                    assert self.session is not None
+                    now = time.time()
+                    self.session.write(item.data, now)
+                    self.last_positions = item.positions
+                    if self.session.due(now):
+                        self._close_and_commit()
+                    continue
+                self._close_and_commit()
+                if item.new_session:
+                    self.new_session()
+                item.done.set_result(None)
+                if item.last:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.agent.fail(exc)
+
+    def _close_and_commit(self) -> None:
+        if self.session is None:
+            return
+        path = self.session.close_file()
+        if path is not None:
+            self.agent.summary.files.append(path)
+        self.agent.commit({vb: p for vb, p in self.last_positions.items() if vb in self.owned})
+
+    async def flush(self, *, new_session: bool = False, last: bool = False) -> None:
+        """Wait until every frame queued so far is in a closed file and committed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Flush(done, new_session=new_session, last=last))
+        writer = self.tasks[1] if len(self.tasks) > 1 else None
+        waits: set[asyncio.Future[Any]] = {done}
+        if writer is not None:
+            waits.add(writer)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            raise CaptureConnectionError(self.label, "the capture writer stopped")
+
+    async def close(self) -> None:
+        for task in self.tasks[:1]:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+
+
+@dataclass
+class _Down:
+    """A node the agent cannot reach: since when, and when every placement tries it next."""
+
+    since: float
+    attempts: int = 0
+    next_try: float = 0.0
+    cause: str = ""
+
+
+class Backoff:
+    """The nodes that cannot be reached, each on one jittered, exponential backoff shared by
+    every placement that waits for it."""
+
+    def __init__(self, settings: CaptureSettings) -> None:
+        self.settings = settings
+        self.down: dict[HostPort, _Down] = {}
+        self.rng = random.Random()
+
+    def reached(self, endpoint: HostPort) -> None:
+        """``endpoint`` answered: its next failure starts a new backoff."""
+        self.down.pop(endpoint, None)
+
+    def failed(self, endpoint: HostPort, cause: str) -> None:
+        """A connection attempt to ``endpoint`` failed: the next one waits, for every
+        placement at once (exponential, with jitter, at most :data:`MAX_BACKOFF_S`)."""
+        now = time.monotonic()
+        down = self.down.setdefault(endpoint, _Down(since=now))
+        down.attempts += 1
+        down.cause = cause
+        delay = min(MAX_BACKOFF_S, self.settings.backoff_s * 2 ** (down.attempts - 1))
+        down.next_try = now + delay * self.rng.uniform(0.5, 1.0)
+        left = self.settings.reconnect_timeout_s - (now - down.since)
+        log.warning(
+            "capture: %s: %s; trying again in %.1f s (giving up in %.0f s)",
+            endpoint.label,
+            cause,
+            down.next_try - now,
+            max(left, 0.0),
+        )
+
+    async def wait(self, endpoint: HostPort) -> None:
+        """Until ``endpoint`` may be tried again; :class:`CaptureConnectionError` once it has
+        been down for longer than ``reconnect_timeout_s``."""
+        down = self.down.get(endpoint)
+        if down is None:  # failed after its handshake (a send): try again after a backoff
+            await asyncio.sleep(self.settings.backoff_s)
+            return
+        now = time.monotonic()
+        if now - down.since >= self.settings.reconnect_timeout_s:
+            raise CaptureConnectionError(
+                endpoint.label,
+                f"unreachable for {now - down.since:.0f} s after {down.attempts} attempts "
+                f"(reconnect_timeout_s = {self.settings.reconnect_timeout_s:g}): {down.cause}",
+            ) from None
+        await asyncio.sleep(max(0.0, down.next_try - now))

@@ -1,0 +1,119 @@
+"""What a capture run is given and what it reports: :class:`CaptureSettings` (built from a
+bucket's ``[buckets.capture]`` section by :func:`settings_from_config`) and
+:class:`CaptureSummary`.
+
+Apart from the agent's code so that a job or a test can build settings without importing
+the sockets and the placement logic (:mod:`dcp_cdc.agent.driver` runs them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.writer import checkpoint_name
+from dcp_cdc.capture_config import CAPTURE_DIR
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.errors import ConfigError
+
+Mode = Literal["until-now", "follow"]
+MAX_BACKOFF_S = 10.0
+"""The longest wait between two connection attempts to a node that is down."""
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """Everything a capture run needs; :func:`settings_from_config` builds it from TOML."""
+
+    connection_string: str
+    bucket: str
+    username: str
+    password: str = field(repr=False)
+    landing: Path
+    staging: Path
+    state_dir: Path
+    agent_id: str = "agent"
+    vbuckets: tuple[int, int] | None = None
+    collections: tuple[str, ...] | None = None
+    """``scope.collection`` names; None = every collection."""
+    tls_ca_file: Path | None = None
+    buffer_bytes: int = 16 << 20
+    noop_interval_s: int = 120
+    rotate_bytes: int = 64 << 20
+    rotate_seconds: float = 300.0
+    connect_timeout_s: float = 10.0
+    backoff_s: float = 0.5
+    """First reconnection delay; doubled per failed attempt (with jitter), at most
+    :data:`MAX_BACKOFF_S`."""
+    reconnect_timeout_s: float = 60.0
+    """How long a node that went away is tried again before the capture gives up: a node
+    that restarts or fails over within this time costs a pause, not the run."""
+
+    @classmethod
+    def into(cls, landing: Path, **settings: Any) -> CaptureSettings:
+        """Settings whose staging folder and checkpoint are in ``landing``'s capture folder,
+        where a bucket's capture section puts them by default."""
+        folder = landing / CAPTURE_DIR
+        return cls(landing=landing, staging=folder, state_dir=folder, **settings)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.state_dir / checkpoint_name(self.bucket, self.agent_id)
+
+
+@dataclass
+class CaptureSummary:
+    mode: str
+    vbuckets: int = 0
+    files: list[Path] = field(default_factory=list)
+    bytes_captured: int = 0
+    sessions: int = 0
+    reconnects: int = 0
+    rollbacks: int = 0
+    moves: int = 0
+    done: list[int] = field(default_factory=list)
+    """vbuckets that reached their end seqno (``until-now``), or were there already."""
+    filter_empty: list[int] = field(default_factory=list)
+    positions: dict[int, VbPosition] = field(default_factory=dict)
+    """The committed positions at the end."""
+
+    def lines(self) -> list[str]:
+        return [
+            f"capture ({self.mode}): {self.vbuckets} vbuckets, {len(self.files)} files, "
+            f"{self.bytes_captured} bytes in {self.sessions} sessions",
+            f"vbuckets done: {len(self.done)}; filter empty: {self.filter_empty or 'none'}; "
+            f"rollbacks: {self.rollbacks}; moves: {self.moves}; reconnects: {self.reconnects}",
+        ]
+
+
+def settings_from_config(
+    app: AppConfig, bucket: BucketConfig, *, vbuckets: tuple[int, int] | None = None
+) -> CaptureSettings:
+    """:class:`CaptureSettings` of ``bucket`` (a :class:`~dcp_cdc.config.BucketConfig` with a
+    ``capture`` section) in ``app`` (its :class:`~dcp_cdc.config.AppConfig`); the password
+    is read now."""
+    cap = bucket.capture
+    if cap is None:
+        raise ConfigError(f"bucket {bucket.name!r} has no [buckets.capture] section")
+    dirs = app.capture_dirs(bucket)
+    return CaptureSettings(
+        connection_string=cap.connection_string,
+        bucket=bucket.name,
+        username=cap.username,
+        password=cap.password(),
+        landing=dirs.landing,
+        staging=dirs.staging,
+        state_dir=dirs.state,
+        agent_id=cap.agent_id,
+        vbuckets=vbuckets if vbuckets is not None else cap.vbucket_range(),
+        collections=tuple(cap.collections) if cap.collections else None,
+        tls_ca_file=Path(cap.tls_ca_file) if cap.tls_ca_file else None,
+        buffer_bytes=cap.buffer_bytes,
+        noop_interval_s=cap.noop_interval_s,
+        rotate_bytes=cap.rotate_bytes,
+        rotate_seconds=cap.rotate_seconds,
+        connect_timeout_s=cap.connect_timeout_s,
+        reconnect_timeout_s=cap.reconnect_timeout_s,
+    )
