@@ -15,12 +15,9 @@ import argparse
 import struct
 import time
 
-from dcp_cdc.agent.consumer import (
-    NEED_DATA,
-    ConsumerConnection,
-    ConsumerSettings,
-    Ready,
-)
+from dcp_cdc.agent.consumer import ConsumerConnection
+from dcp_cdc.agent.consumer_events import NEED_DATA, Ready
+from dcp_cdc.agent.handshake import ConsumerSettings
 
 HEAD = struct.Struct(">BBHBBHIIQ")
 

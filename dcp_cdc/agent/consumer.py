@@ -2,7 +2,8 @@
 
 One :class:`ConsumerConnection` is one DCP connection to one data node. It holds every
 protocol rule: the handshake (HELLO, SASL SCRAM, SELECT_BUCKET, GET_CLUSTER_CONFIG,
-DCP_OPEN, DCP_CONTROL; research §1.3), stream requests with opaque = vbucket
+DCP_OPEN, DCP_CONTROL; research §1.3), which it inherits from
+:class:`~dcp_cdc.agent.handshake.Handshake`, and, here, stream requests with opaque = vbucket
 (capture-format.md), rollback (spec §7.5: prune the failover log, re-request from the rollback
 seqno), NOOP replies (§6.11), flow control (§7.6) and per-vbucket positions at snapshot
 boundaries (§6.3, §6.9, §7.2). No sockets, files or clocks: the driver feeds
@@ -26,24 +27,59 @@ from __future__ import annotations
 import json
 import struct
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from dcp_cdc import flatbuf, layouts
-from dcp_cdc.agent.positions import FailoverEntries, VbPosition, prune_log, uuid_at
-from dcp_cdc.errors import (
-    AgentUsageError,
-    AuthenticationError,
-    FieldError,
-    ProtocolError,
-    ScramError,
+from dcp_cdc import flatbuf
+from dcp_cdc.agent.consumer_events import (
+    NEED_DATA,
+    AgentEvent,
+    ClusterConfig,
+    ClusterStateRecorded,
+    CollectionsManifest,
+    HighSeqnos,
+    NeedData,
+    NotMyVbucket,
+    StreamEnded,
+    StreamOpened,
+    StreamRefused,
+    StreamRolledBack,
 )
+from dcp_cdc.agent.consumer_wire import (
+    COMMAND_OPAQUE_BASE,
+    HEAD,
+    HEAD_SEQNO,
+    HEAD_SHORT,
+    IN_OSO,
+    KIND_END,
+    KIND_ITEM,
+    KIND_MARKER,
+    KIND_NOOP,
+    KIND_OSO,
+    KIND_OTHER,
+    KIND_SYSEV,
+    KINDS,
+    MAGIC_ALT_REQ,
+    MAGIC_ALT_RES,
+    MAGIC_REQ,
+    MAGIC_RES,
+    MAGIC_SERVER_REQ,
+    NO_SNAPSHOT,
+    STREAM_REQ_EXTRAS,
+    U32,
+    U64,
+    U64_PAIR,
+    UID_ONLY,
+    VB_SEQNO,
+    config_rev,
+    make_frame,
+    parse_config,
+    parse_failover_log,
+)
+from dcp_cdc.agent.handshake import ConsumerSettings, Handshake
+from dcp_cdc.agent.positions import FailoverEntries, VbPosition, prune_log, uuid_at
+from dcp_cdc.errors import AgentUsageError, FieldError, ProtocolError
 from dcp_cdc.protocol import (
     NO_END_SEQNO,
     ClientOpcode,
-    DcpOpenFlag,
-    HelloFeature,
     Opcode,
     ServerOpcode,
     Status,
@@ -53,251 +89,6 @@ from dcp_cdc.protocol import (
     status_name,
     stream_end_reason_name,
 )
-from dcp_cdc.scram import MECHANISMS, ScramClient, new_nonce
-
-# --- events ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """The handshake is done: streams may be opened."""
-
-    features: tuple[str, ...]
-    cluster_config: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterConfig:
-    """A cluster map: a GET_CLUSTER_CONFIG reply, a change notification (0x82/0x01; an empty
-    ``config`` when the server sent only the revision) or a NOT_MY_VBUCKET body."""
-
-    config: dict[str, Any]
-    rev: int
-
-
-@dataclass(frozen=True, slots=True)
-class HighSeqnos:
-    """GET_ALL_VB_SEQNOS: the high seqno of every vbucket active on this node."""
-
-    seqnos: dict[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterStateRecorded:
-    """:meth:`ConsumerConnection.record_cluster_state` is done: the node's high seqnos and the
-    failover logs of the vbuckets asked for are in the capture (as their reply frames)."""
-
-    high_seqnos: dict[int, int]
-    failover_logs: dict[int, FailoverEntries]
-
-
-@dataclass(frozen=True, slots=True)
-class CollectionsManifest:
-    """GET_COLLECTIONS_MANIFEST: the bucket's scopes and collections (uids as hex strings)."""
-
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamOpened:
-    vbucket: int
-    failover_log: FailoverEntries
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRolledBack:
-    """The server asked for a rollback to ``seqno``; the core has re-requested from there."""
-
-    vbucket: int
-    seqno: int
-
-
-@dataclass(frozen=True, slots=True)
-class NotMyVbucket:
-    """This node does not hold the vbucket active: refresh the map, open it on its owner."""
-
-    vbucket: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamRefused:
-    """A STREAM_REQ refused with another status (ETMPFAIL, ENOMEM, EACCESS, ...)."""
-
-    vbucket: int
-    status: int
-    status_name: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEnded:
-    vbucket: int
-    reason: int
-    reason_name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ControlRefused:
-    """An optional DCP_CONTROL the server refused (EINVAL / NOT_SUPPORTED): recorded only."""
-
-    key: str
-    status: int
-
-
-AgentEvent = (
-    Ready
-    | ClusterConfig
-    | HighSeqnos
-    | ClusterStateRecorded
-    | CollectionsManifest
-    | StreamOpened
-    | StreamRolledBack
-    | NotMyVbucket
-    | StreamRefused
-    | StreamEnded
-    | ControlRefused
-)
-
-
-class NeedData:
-    """:meth:`ConsumerConnection.next_event`'s answer when no event is queued."""
-
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-
-NEED_DATA = NeedData()
-
-# --- settings -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConsumerSettings:
-    node: str
-    """``host:port``: only a label for errors."""
-    bucket: str
-    username: str
-    password: str = field(repr=False)
-    tls: bool
-    """PLAIN is used only over TLS; otherwise SCRAM-SHA512 > SHA256 > SHA1."""
-    connection_name: str
-    buffer_bytes: int = 16 << 20
-    """connection_buffer_size. BUFFER_ACK once 20 % of it is consumed (kv_engine's
-    recommended-apis.md suggests 20 %; gocbcore acks at 50 %, java-dcp-client at 80 %)."""
-    noop_interval_s: int = 120
-    collections: bool = True
-    nonce: str | None = field(default=None, repr=False)
-    """The SCRAM client nonce; tests fix it, None = random."""
-
-
-# --- wire helpers ---------------------------------------------------------------------------
-
-_HEAD = layouts.joined(layouts.HEADER)  # the 24-byte header (spec §1.1), from the one table
-_HEAD_SEQNO = struct.Struct(">BBHBBHI12xQ")  # header up to body_len, then extras' first u64
-_HEAD_SHORT = struct.Struct(">BBHBBHI")  # the same for a frame too short for the seqno
-_U64 = struct.Struct(">Q")
-_U64_PAIR = struct.Struct(">QQ")
-_U32 = struct.Struct(">I")
-_VB_SEQNO = struct.Struct(">HQ")
-_FAILOVER_ENTRY = struct.Struct(">QQ")
-_STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")
-_UID_ONLY: flatbuf.Schema = (("uid", "u64"),)
-
-_REQ = 0x80
-_RES = 0x81
-_SERVER_REQ = 0x82
-_ALT_REQ = 0x08
-_ALT_RES = 0x18
-
-_COMMAND_OPAQUE_BASE = 0x0001_0000
-"""Opaques of our non-stream commands start above every u16 vbucket (STREAM_REQ opaque)."""
-
-NO_SNAPSHOT = -2
-"""``pending_end`` of a vbucket with no open snapshot: its items take the checked path."""
-IN_OSO = -1
-"""``pending_end`` of a vbucket inside an OSO snapshot (spec §6.9)."""
-
-_ITEM, _SYSEV, _MARKER, _END, _OSO, _NOOP, _OTHER = range(1, 8)
-_KINDS = bytearray(256)
-for _op in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION):
-    _KINDS[_op] = _ITEM
-_KINDS[Opcode.DCP_SEQNO_ADVANCED] = _ITEM
-_KINDS[Opcode.DCP_SYSTEM_EVENT] = _SYSEV
-_KINDS[Opcode.DCP_SNAPSHOT_MARKER] = _MARKER
-_KINDS[Opcode.DCP_STREAM_END] = _END
-_KINDS[Opcode.DCP_OSO_SNAPSHOT] = _OSO
-_KINDS[Opcode.DCP_NOOP] = _NOOP
-for _op in (
-    Opcode.DCP_SET_VBUCKET_STATE,
-    Opcode.DCP_PREPARE,
-    Opcode.DCP_COMMIT,
-    Opcode.DCP_ABORT,
-    Opcode.DCP_CACHE_TRANSFER,
-    Opcode.DCP_CACHE_TRANSFER_END,
-):
-    _KINDS[_op] = _OTHER
-"""Server requests (magic 0x80) the fast path knows; 0 = the checked slow path."""
-
-_HELLO_FEATURES = {
-    HelloFeature.XATTR: "xattr",
-    HelloFeature.XERROR: None,
-    HelloFeature.SELECT_BUCKET: None,
-    HelloFeature.SNAPPY: "snappy",
-    HelloFeature.JSON: "json",
-    HelloFeature.DUPLEX: None,
-    HelloFeature.CLUSTERMAP_CHANGE_NOTIFICATION: None,
-    HelloFeature.COLLECTIONS: None,
-}
-"""HELLO features we ask for → their capture-header feature name (None: not a feature of the
-frames; collections has its own header field)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Control:
-    key: str
-    value: str
-    required: bool
-    feature: str | None = None
-
-
-_REFUSALS = frozenset({Status.EINVAL, Status.NOT_SUPPORTED})
-
-
-def _frame(
-    magic: int,
-    opcode: int,
-    *,
-    word: int = 0,
-    opaque: int = 0,
-    extras: bytes = b"",
-    key: bytes = b"",
-    value: bytes = b"",
-) -> bytes:
-    body = len(extras) + len(key) + len(value)
-    head = _HEAD.pack(magic, opcode, len(key), len(extras), 0, word, body, opaque, 0)
-    return head + extras + key + value
-
-
-def _parse_failover_log(value: bytes, vbucket: int) -> FailoverEntries:
-    if len(value) % 16:
-        raise ProtocolError(
-            f"vbucket {vbucket}: failover log of {len(value)} bytes is not a multiple of 16"
-        )
-    return tuple((uuid, seqno) for uuid, seqno in _FAILOVER_ENTRY.iter_unpack(value))
-
-
-def _parse_config(value: bytes, what: str) -> dict[str, Any]:
-    try:
-        config = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"{what}: the cluster config is not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ProtocolError(f"{what}: the cluster config is not a JSON object")
-    return config
-
-
-def _config_rev(config: dict[str, Any]) -> int:
-    rev = config.get("rev", 0)
-    return rev if isinstance(rev, int) else 0
 
 
 class _Vb:
@@ -332,34 +123,19 @@ class _Vb:
 _MAX_ROLLBACKS = 16
 """Rollback answers to one open_stream before we call the server broken."""
 
-_Handler = Callable[[int, bytes, bytes], None]  # (status, extras, value)
 
-
-class ConsumerConnection:
-    """One DCP connection's protocol state; see the module docstring."""
+class ConsumerConnection(Handshake):
+    """One DCP connection's protocol state; see the module docstring. The handshake and the
+    command plumbing are :class:`~dcp_cdc.agent.handshake.Handshake`'s."""
 
     def __init__(self, settings: ConsumerSettings) -> None:
         if settings.buffer_bytes < 1:
             raise AgentUsageError("buffer_bytes must be positive")
-        self.settings = settings
-        self.features: tuple[str, ...] = ()
-        self.collections = False
-        self.ready = False
-        self._features: list[str] = []
-        self._hello_accepted: set[int] = set()
-        self._out: list[bytes] = []
-        self._events: deque[AgentEvent] = deque()
-        self._capture: list[bytes] = []
+        super().__init__(settings)
         self._rest = b""
-        self._pending: dict[int, tuple[str, _Handler, bool]] = {}
         self._recording: frozenset[int] = frozenset()
         self._recorded: ClusterStateRecorded | None = None
         self._logs_due: set[int] = set()
-        self._opaque = _COMMAND_OPAQUE_BASE
-        self._scram: ScramClient | None = None
-        self._mechanism = ""
-        self._controls: list[_Control] = []
-        self._cluster_config: dict[str, Any] = {}
         # per-vbucket hot state, indexed by vbucket (a u16)
         self._pending_end = [NO_SNAPSHOT] * 0x10000
         self._consistent = [0] * 0x10000
@@ -409,10 +185,10 @@ class ConsumerConnection:
             self._ack_pending += take[1]
             takes.popleft()
         if self._ack_pending >= self.ack_threshold:
-            ack = _frame(
-                _REQ,
+            ack = make_frame(
+                MAGIC_REQ,
                 Opcode.DCP_BUFFER_ACKNOWLEDGEMENT,
-                extras=_U32.pack(self._ack_pending),
+                extras=U32.pack(self._ack_pending),
             )
             self._ack_pending = 0
             self._out.append(ack)
@@ -501,7 +277,7 @@ class ConsumerConnection:
             "get_all_vb_seqnos",
             self._recorded_high_seqnos,
             ClientOpcode.GET_ALL_VB_SEQNOS,
-            extras=_U32.pack(VbucketState.ACTIVE),
+            extras=U32.pack(VbucketState.ACTIVE),
             recorded=True,
         )
 
@@ -510,7 +286,7 @@ class ConsumerConnection:
         self._recorded = ClusterStateRecorded(highs, {})
         self._logs_due = set(highs) & self._recording
         for vb in sorted(self._logs_due):
-            req = _frame(_REQ, Opcode.DCP_GET_FAILOVER_LOG, word=vb, opaque=vb)
+            req = make_frame(MAGIC_REQ, Opcode.DCP_GET_FAILOVER_LOG, word=vb, opaque=vb)
             self._out.append(req)
             self._capture.append(req)
         if not self._logs_due:
@@ -521,7 +297,7 @@ class ConsumerConnection:
             raise ProtocolError(f"a failover log for vbucket {vb}, which we did not ask for")
         self._logs_due.discard(vb)
         if status == Status.SUCCESS:
-            self._recorded.failover_logs[vb] = _parse_failover_log(value, vb)
+            self._recorded.failover_logs[vb] = parse_failover_log(value, vb)
         if not self._logs_due:  # a vbucket that moved away meanwhile is recorded as refused
             self._events.append(self._recorded)
 
@@ -544,7 +320,7 @@ class ConsumerConnection:
             "get_all_vb_seqnos",
             self._high_seqnos,
             ClientOpcode.GET_ALL_VB_SEQNOS,
-            extras=_U32.pack(VbucketState.ACTIVE),
+            extras=U32.pack(VbucketState.ACTIVE),
         )
 
     def request_collections_manifest(self) -> None:
@@ -562,8 +338,8 @@ class ConsumerConnection:
             data = self._rest + data
         n = len(data)
         pos = run = fc = 0
-        unpack = _HEAD_SEQNO.unpack_from
-        kinds = _KINDS
+        unpack = HEAD_SEQNO.unpack_from
+        kinds = KINDS
         pend = self._pending_end
         cons = self._consistent
         dirty = self._dirty
@@ -573,15 +349,15 @@ class ConsumerConnection:
                 if pos + 32 <= n:
                     magic, op, _k, ext_len, _d, vb, blen, seqno = unpack(data, pos)
                 elif pos + 24 <= n:
-                    magic, op, _k, ext_len, _d, vb, blen = _HEAD_SHORT.unpack_from(data, pos)
+                    magic, op, _k, ext_len, _d, vb, blen = HEAD_SHORT.unpack_from(data, pos)
                     seqno = 0
                 else:
                     break
                 end = pos + 24 + blen
                 if end > n:
                     break
-                kind = kinds[op] if magic == _REQ else 0
-                if kind == _ITEM:
+                kind = kinds[op] if magic == MAGIC_REQ else 0
+                if kind == KIND_ITEM:
                     fc += end - pos
                     p = pend[vb]
                     if seqno >= p:  # checked only here: a low seqno changes nothing
@@ -591,29 +367,29 @@ class ConsumerConnection:
                             dirty.add(vb)
                         else:
                             self._odd_item(vb, seqno, op, ext_len, blen)
-                elif kind == _MARKER:
+                elif kind == KIND_MARKER:
                     fc += end - pos
                     self._marker(data, pos, vb, ext_len, end)
-                elif kind == _NOOP:
+                elif kind == KIND_NOOP:
                     capture.append(data[run:end])
                     run = end
-                    reply = _frame(
-                        _RES, Opcode.DCP_NOOP, opaque=_U32.unpack_from(data, pos + 12)[0]
+                    reply = make_frame(
+                        MAGIC_RES, Opcode.DCP_NOOP, opaque=U32.unpack_from(data, pos + 12)[0]
                     )
                     capture.append(reply)
                     self._out.append(reply)
-                elif kind == _SYSEV:
+                elif kind == KIND_SYSEV:
                     fc += end - pos
                     self._system_event(data, pos, vb, seqno, end)
-                elif kind == _END:
+                elif kind == KIND_END:
                     fc += end - pos
                     self._sized(vb, op, ext_len, blen, 4)
                     self._stream_end(data, pos, vb)
-                elif kind == _OSO:
+                elif kind == KIND_OSO:
                     fc += end - pos
                     self._sized(vb, op, ext_len, blen, 4)
                     self._oso(data, pos, vb)
-                elif kind == _OTHER:
+                elif kind == KIND_OTHER:
                     fc += end - pos
                 else:
                     if run < pos:
@@ -666,11 +442,11 @@ class ConsumerConnection:
     def _marker(self, data: bytes, pos: int, vb: int, ext_len: int, end: int) -> None:
         meta = self._stream_meta(vb, "snapshot marker")
         if ext_len == 20 and end - pos >= 24 + 20:
-            _start, snap_end = _U64_PAIR.unpack_from(data, pos + 24)
+            _start, snap_end = U64_PAIR.unpack_from(data, pos + 24)
         elif ext_len == 1 and end - pos >= 25 + 20:
-            _start, snap_end = _U64_PAIR.unpack_from(data, pos + 25)
+            _start, snap_end = U64_PAIR.unpack_from(data, pos + 25)
             if data[pos + 24] == 2 and end - pos >= 25 + 44:
-                meta.purge_seqno = _U64.unpack_from(data, pos + 25 + 36)[0]
+                meta.purge_seqno = U64.unpack_from(data, pos + 25 + 36)[0]
         else:
             raise ProtocolError(f"vbucket {vb}: snapshot marker with {ext_len} bytes of extras")
         pend = self._pending_end
@@ -683,14 +459,14 @@ class ConsumerConnection:
         self._dirty.add(vb)
 
     def _system_event(self, data: bytes, pos: int, vb: int, seqno: int, end: int) -> None:
-        key_len = _U32.unpack_from(data, pos)[0] & 0xFFFF
+        key_len = U32.unpack_from(data, pos)[0] & 0xFFFF
         self._sized(vb, Opcode.DCP_SYSTEM_EVENT, data[pos + 4], end - pos - 24 - key_len, 13)
         value = data[pos + 24 + 13 + key_len : end]
         try:
             if data[pos + 24 + 12] == 2:
-                uid = int(flatbuf.read_table(value, _UID_ONLY)["uid"] or 0)
+                uid = int(flatbuf.read_table(value, UID_ONLY)["uid"] or 0)
             else:
-                uid = _U64.unpack_from(value)[0] if len(value) >= 8 else 0
+                uid = U64.unpack_from(value)[0] if len(value) >= 8 else 0
         except (FieldError, struct.error):
             raise ProtocolError(
                 f"vbucket {vb}: system event at seqno {seqno} is malformed"
@@ -710,7 +486,7 @@ class ConsumerConnection:
 
     def _oso(self, data: bytes, pos: int, vb: int) -> None:
         self._stream_meta(vb, "OSO snapshot")
-        flags = _U32.unpack_from(data, pos + 24)[0]
+        flags = U32.unpack_from(data, pos + 24)[0]
         pend = self._pending_end
         if flags & 0x01:  # start: the marker of an unordered backfill (spec §6.9)
             if pend[vb] >= 0:
@@ -726,7 +502,7 @@ class ConsumerConnection:
 
     def _stream_end(self, data: bytes, pos: int, vb: int) -> None:
         meta = self._stream_meta(vb, "stream end")
-        reason = _U32.unpack_from(data, pos + 24)[0]
+        reason = U32.unpack_from(data, pos + 24)[0]
         pend = self._pending_end
         if reason == StreamEndReason.OK and pend[vb] >= 0:
             self._consistent[vb] = pend[vb]
@@ -739,18 +515,18 @@ class ConsumerConnection:
     # --- the slow path: responses and everything unusual ------------------------------------
 
     def _slow(self, frame: bytes, magic: int, opcode: int) -> None:
-        _m, _o, key_len, ext_len, _dt, word, _bl, opaque, _cas = _HEAD.unpack_from(frame)
+        _m, _o, key_len, ext_len, _dt, word, _bl, opaque, _cas = HEAD.unpack_from(frame)
         fe_len = 0
-        if magic in (_ALT_REQ, _ALT_RES):
+        if magic in (MAGIC_ALT_REQ, MAGIC_ALT_RES):
             fe_len, key_len = key_len >> 8, key_len & 0xFF
         extras = frame[24 + fe_len : 24 + fe_len + ext_len]
         value = frame[24 + fe_len + ext_len + key_len :]
-        if magic == _RES:
-            if opcode == Opcode.DCP_STREAM_REQ and opaque < _COMMAND_OPAQUE_BASE:
+        if magic == MAGIC_RES:
+            if opcode == Opcode.DCP_STREAM_REQ and opaque < COMMAND_OPAQUE_BASE:
                 self._capture.append(frame)
                 self._stream_reply(opaque, word, value)
                 return
-            if opcode == Opcode.DCP_GET_FAILOVER_LOG and opaque < _COMMAND_OPAQUE_BASE:
+            if opcode == Opcode.DCP_GET_FAILOVER_LOG and opaque < COMMAND_OPAQUE_BASE:
                 self._capture.append(frame)
                 self._failover_log_reply(opaque, word, value)
                 return
@@ -763,19 +539,19 @@ class ConsumerConnection:
                 self._capture.append(frame)
             entry[1](word, extras, value)
             return
-        if magic == _SERVER_REQ:
+        if magic == MAGIC_SERVER_REQ:
             if opcode == ServerOpcode.CLUSTERMAP_CHANGE_NOTIFICATION:
                 self._notification(extras, value)
             return  # other duplex requests are not for a DCP connection: ignored
         raise ProtocolError(
             f"unexpected frame: magic 0x{magic:02x}, opcode 0x{opcode:02x}"
-            + (" (stream ids were not negotiated)" if magic == _ALT_REQ else "")
+            + (" (stream ids were not negotiated)" if magic == MAGIC_ALT_REQ else "")
         )
 
     def _notification(self, extras: bytes, value: bytes) -> None:
         if value:
-            config = _parse_config(value, "cluster map notification")
-            self._events.append(ClusterConfig(config, _config_rev(config)))
+            config = parse_config(value, "cluster map notification")
+            self._events.append(ClusterConfig(config, config_rev(config)))
         else:  # brief form: only (epoch, rev) or rev in the extras
             rev = int.from_bytes(extras[-8:] if len(extras) >= 16 else extras, "big")
             self._events.append(ClusterConfig({}, rev))
@@ -786,11 +562,13 @@ class ConsumerConnection:
             value["collections"] = [format(cid, "x") for cid in meta.collections]
         if meta.purge_seqno and "max_marker_version_2.2" in self.features:
             value["purge_seqno"] = str(meta.purge_seqno)
-        extras = _STREAM_REQ_EXTRAS.pack(
+        extras = STREAM_REQ_EXTRAS.pack(
             StreamRequestFlag.ACTIVE_VB_ONLY, 0, seqno, meta.end_seqno, vb_uuid, seqno, seqno
         )
         body = json.dumps(value, separators=(",", ":")).encode() if value else b""
-        req = _frame(_REQ, Opcode.DCP_STREAM_REQ, word=vb, opaque=vb, extras=extras, value=body)
+        req = make_frame(
+            MAGIC_REQ, Opcode.DCP_STREAM_REQ, word=vb, opaque=vb, extras=extras, value=body
+        )
         meta.state = "requested"
         self._out.append(req)
         self._capture.append(req)
@@ -800,7 +578,7 @@ class ConsumerConnection:
         if meta is None or meta.state not in ("requested", "closing"):
             raise ProtocolError(f"a STREAM_REQ reply for vbucket {vb}, which we did not request")
         if status == Status.SUCCESS:
-            meta.failover_log = _parse_failover_log(value, vb)
+            meta.failover_log = parse_failover_log(value, vb)
             if meta.state == "requested":
                 meta.state = "open"
             else:  # closed before it opened: the close is in flight
@@ -811,7 +589,7 @@ class ConsumerConnection:
         if status == Status.ROLLBACK:
             if len(value) != 8:
                 raise ProtocolError(f"vbucket {vb}: rollback reply of {len(value)} bytes, not 8")
-            seqno = _U64.unpack(value)[0]
+            seqno = U64.unpack(value)[0]
             meta.rollbacks += 1
             if meta.rollbacks > _MAX_ROLLBACKS or seqno > self._consistent[vb]:
                 raise ProtocolError(
@@ -834,8 +612,8 @@ class ConsumerConnection:
         if status == Status.NOT_MY_VBUCKET:
             if value:
                 try:
-                    config = _parse_config(value, f"NOT_MY_VBUCKET for vbucket {vb}")
-                    self._events.append(ClusterConfig(config, _config_rev(config)))
+                    config = parse_config(value, f"NOT_MY_VBUCKET for vbucket {vb}")
+                    self._events.append(ClusterConfig(config, config_rev(config)))
                 except ProtocolError:
                     pass  # the body is only a hint; the driver refreshes the map anyway
             self._events.append(NotMyVbucket(vb))
@@ -849,8 +627,8 @@ class ConsumerConnection:
 
     def _config_reply(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "GET_CLUSTER_CONFIG")
-        config = _parse_config(value, "GET_CLUSTER_CONFIG")
-        self._events.append(ClusterConfig(config, _config_rev(config)))
+        config = parse_config(value, "GET_CLUSTER_CONFIG")
+        self._events.append(ClusterConfig(config, config_rev(config)))
 
     def _manifest(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "GET_COLLECTIONS_MANIFEST")
@@ -871,211 +649,4 @@ class ConsumerConnection:
             raise ProtocolError(
                 f"GET_ALL_VB_SEQNOS reply of {len(value)} bytes: not 10-byte entries"
             )
-        return dict(_VB_SEQNO.iter_unpack(value))
-
-    # --- the handshake ----------------------------------------------------------------------
-
-    def _command(
-        self,
-        name: str,
-        handler: _Handler,
-        opcode: int,
-        *,
-        word: int = 0,
-        extras: bytes = b"",
-        key: bytes = b"",
-        value: bytes = b"",
-        recorded: bool = False,
-    ) -> None:
-        """Send a request whose reply goes to ``handler``; ``recorded`` keeps both in the
-        capture."""
-        self._opaque += 1
-        self._pending[self._opaque] = (name, handler, recorded)
-        req = _frame(
-            _REQ, opcode, word=word, opaque=self._opaque, extras=extras, key=key, value=value
-        )
-        self._out.append(req)
-        if recorded:
-            self._capture.append(req)
-
-    def _check(self, status: int, what: str) -> None:
-        if status != Status.SUCCESS:
-            raise ProtocolError(f"{what} failed on {self.settings.node}: {status_name(status)}")
-
-    def _require_ready(self, what: str) -> None:
-        if not self.ready:
-            raise AgentUsageError(f"{what} before the handshake finished")
-
-    def _hello(self) -> None:
-        wanted: list[HelloFeature] = [f for f in _HELLO_FEATURES if f != HelloFeature.COLLECTIONS]
-        if self.settings.collections:
-            wanted.append(HelloFeature.COLLECTIONS)
-        self._command(
-            "hello",
-            self._hello_reply,
-            ClientOpcode.HELLO,
-            key=self.settings.connection_name.encode(),
-            value=b"".join(int(f).to_bytes(2, "big") for f in wanted),
-        )
-        self._command("sasl_list_mechs", self._mechs_reply, ClientOpcode.SASL_LIST_MECHS)
-
-    def _hello_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        self._check(status, "HELLO")
-        if len(value) % 2:
-            raise ProtocolError(f"HELLO reply of {len(value)} bytes: not u16 features")
-        accepted = {int.from_bytes(value[i : i + 2], "big") for i in range(0, len(value), 2)}
-        self._hello_accepted = accepted
-        self.collections = HelloFeature.COLLECTIONS in accepted
-        for feature, name in _HELLO_FEATURES.items():
-            if name and feature in accepted:
-                self._features.append(name)
-
-    def _mechs_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        self._check(status, "SASL_LIST_MECHS")
-        offered = value.decode("ascii", "replace").split()
-        s = self.settings
-        choices = [m for m in MECHANISMS if m in offered]
-        if s.tls and "PLAIN" in offered:
-            choices.insert(0, "PLAIN")  # over TLS, as java-dcp-client (works with LDAP users)
-        if not choices:
-            raise AuthenticationError(
-                s.node, f"no common SASL mechanism (the server offers {offered})"
-            )
-        self._mechanism = choices[0]
-        if self._mechanism == "PLAIN":
-            first = b"\x00" + s.username.encode() + b"\x00" + s.password.encode()
-        else:
-            self._scram = ScramClient(
-                self._mechanism, s.username, s.password, s.nonce or new_nonce()
-            )
-            first = self._scram.first()
-        self._command(
-            "sasl_auth",
-            self._auth_reply,
-            ClientOpcode.SASL_AUTH,
-            key=self._mechanism.encode(),
-            value=first,
-        )
-
-    def _auth_failed(self, status: int) -> None:
-        if status in (Status.AUTH_ERROR, Status.EACCESS):
-            raise AuthenticationError(
-                self.settings.node,
-                f"authentication of user {self.settings.username!r} failed "
-                f"({self._mechanism}, {status_name(status)})",
-            )
-        self._check(status, f"SASL ({self._mechanism})")
-
-    def _auth_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        if status == Status.AUTH_CONTINUE and self._scram is not None:
-            try:
-                final = self._scram.final(value)
-            except ScramError as exc:
-                raise AuthenticationError(self.settings.node, str(exc)) from None
-            self._command(
-                "sasl_step",
-                self._step_reply,
-                ClientOpcode.SASL_STEP,
-                key=self._mechanism.encode(),
-                value=final,
-            )
-            return
-        if status == Status.SUCCESS and self._scram is None:
-            self._select_bucket()
-            return
-        self._auth_failed(status)
-        raise ProtocolError(f"SASL_AUTH: unexpected {status_name(status)} on {self.settings.node}")
-
-    def _step_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        if status != Status.SUCCESS:
-            self._auth_failed(status)
-        assert self._scram is not None
-        try:
-            self._scram.verify(value)
-        except ScramError as exc:
-            raise AuthenticationError(self.settings.node, str(exc)) from None
-        self._scram = None
-        self._select_bucket()
-
-    def _select_bucket(self) -> None:
-        bucket = self.settings.bucket.encode()
-        self._command("select_bucket", self._bucket_reply, ClientOpcode.SELECT_BUCKET, key=bucket)
-        self._command("get_cluster_config", self._first_config, ClientOpcode.GET_CLUSTER_CONFIG)
-        flags = DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES
-        if HelloFeature.XATTR in self._hello_accepted:
-            flags |= DcpOpenFlag.INCLUDE_XATTRS
-        self._command(
-            "dcp_open",
-            self._open_reply,
-            Opcode.DCP_OPEN,
-            extras=_U32.pack(0) + _U32.pack(flags),
-            key=self.settings.connection_name.encode(),
-        )
-
-    def _bucket_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        if status == Status.EACCESS:
-            raise AuthenticationError(
-                self.settings.node,
-                f"user {self.settings.username!r} may not access bucket {self.settings.bucket!r}",
-            )
-        if status != Status.SUCCESS:
-            raise ProtocolError(
-                f"SELECT_BUCKET {self.settings.bucket!r} failed on {self.settings.node}: "
-                f"{status_name(status)}"
-            )
-
-    def _first_config(self, status: int, extras: bytes, value: bytes) -> None:
-        self._check(status, "GET_CLUSTER_CONFIG")
-        self._cluster_config = _parse_config(value, "GET_CLUSTER_CONFIG")
-
-    def _open_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        self._check(status, "DCP_OPEN")
-        self._features.append("include_delete_times")
-        s = self.settings
-        controls = [
-            _Control("enable_noop", "true", True),
-            _Control("set_noop_interval", str(s.noop_interval_s), True),
-            _Control("connection_buffer_size", str(s.buffer_bytes), True),
-            _Control("enable_expiry_opcode", "true", True, "expiry_opcode"),
-            _Control("send_stream_end_on_client_close_stream", "true", True),
-            _Control("v7_dcp_status_codes", "true", False),
-            _Control("supports_cursor_dropping", "true", False),
-        ]
-        if self.collections:
-            controls += [
-                _Control("max_marker_version", "2.2", False, "max_marker_version_2.2"),
-                _Control("enable_out_of_order_snapshots", "true_with_seqno_advanced", False, "oso"),
-                _Control("change_streams", "true", False, "change_streams"),
-                _Control("flatbuffers_system_events", "true", False, "flatbuffers_system_events"),
-            ]
-        self._controls = controls
-        self._next_control()
-
-    def _next_control(self) -> None:
-        if not self._controls:
-            self.ready = True
-            self.features = tuple(self._features)
-            self._events.append(Ready(self.features, self._cluster_config))
-            return
-        control = self._controls[0]
-        self._command(
-            "dcp_control",
-            self._control_reply,
-            Opcode.DCP_CONTROL,
-            key=control.key.encode(),
-            value=control.value.encode(),
-        )
-
-    def _control_reply(self, status: int, extras: bytes, value: bytes) -> None:
-        control = self._controls.pop(0)
-        if status == Status.SUCCESS:
-            if control.feature:
-                self._features.append(control.feature)
-        elif not control.required and status in _REFUSALS:
-            self._events.append(ControlRefused(control.key, status))
-        else:
-            raise ProtocolError(
-                f"DCP_CONTROL {control.key}={control.value} refused by {self.settings.node}: "
-                f"{status_name(status)}" + (" (a required control)" if control.required else "")
-            )
-        self._next_control()
+        return dict(VB_SEQNO.iter_unpack(value))

@@ -25,14 +25,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dcp_cdc.agent.consumer import (
-    NEED_DATA,
-    AgentEvent,
-    ConsumerConnection,
-    ConsumerSettings,
-    NeedData,
-    Ready,
-)
+from dcp_cdc.agent.consumer import ConsumerConnection
+from dcp_cdc.agent.consumer_events import NEED_DATA, AgentEvent, NeedData, Ready
+from dcp_cdc.agent.handshake import ConsumerSettings
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import MAX_BACKOFF_S, CaptureSettings, CaptureSummary
 from dcp_cdc.agent.writer import SessionWriter, rfc3339

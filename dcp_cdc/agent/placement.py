@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from dcp_cdc.agent.cluster import ClusterMap, parse_cluster_map
-from dcp_cdc.agent.consumer import (
+from dcp_cdc.agent.consumer_events import (
     AgentEvent,
     ClusterConfig,
     ClusterStateRecorded,

@@ -16,12 +16,11 @@ from hypothesis import given
 from hypothesis import settings as settings_
 from hypothesis import strategies as st
 
-from dcp_cdc.agent.consumer import (
+from dcp_cdc.agent.consumer import ConsumerConnection
+from dcp_cdc.agent.consumer_events import (
     NEED_DATA,
     ClusterConfig,
     ClusterStateRecorded,
-    ConsumerConnection,
-    ConsumerSettings,
     ControlRefused,
     HighSeqnos,
     NotMyVbucket,
@@ -31,6 +30,7 @@ from dcp_cdc.agent.consumer import (
     StreamRefused,
     StreamRolledBack,
 )
+from dcp_cdc.agent.handshake import ConsumerSettings
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.errors import AgentUsageError, AuthenticationError, ProtocolError
 
