@@ -56,6 +56,35 @@ def spark(spark_warehouse: Path) -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
+    _shut_down_gateway()
+
+
+def _shut_down_gateway() -> None:
+    """Closes py4j's connections and ends the JVM now, inside the fixture's teardown.
+
+    Left to the interpreter's exit, each connection's ``__del__`` logs "Closing down
+    clientserver connection" at INFO after pytest has closed its capture; a root handler that
+    was given the captured stream (Airflow's, when tests/dags import it in this process,
+    sets INFO on the root) then fails with "I/O operation on closed file" after the summary.
+    Here the lines go to the last test's capture instead, and the JVM's memory is freed.
+    """
+    import gc
+
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    gateway.close()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.stdin is not None:
+        proc.stdin.close()  # the JVM's launcher exits at the end of its stdin
+        proc.wait(timeout=60)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    del gateway
+    gc.collect()  # connections still referenced only by cycles log their close now
 
 
 @pytest.fixture
