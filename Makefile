@@ -1,6 +1,8 @@
 # dcp-cdc developer and CI entry points. Nothing here needs an activated venv.
 #
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
+#   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
+#                   sockets) on two workers, about a minute: the inner loop while editing
 #   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
 #   make check      the same as make test
 #   make test-long  silver against the truth over 200 simulator seeds (24 more with one file a
@@ -29,7 +31,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
+.PHONY: help setup test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
@@ -54,6 +56,11 @@ $(STAMPS)/editable: pyproject.toml dcp_cdc/_native.c $(STAMPS)/deps
 $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STAMPS)/deps
 	$(PY) build-support/jars/fetch_jars.py --dest $(JARS_DIR)
 	@mkdir -p $(@D) && touch $@
+
+# The inner loop: no lint, no types, no JVM. Two workers: the tests are independent, and the
+# slowest few (the agent's faults, the fuzzer) overlap instead of queueing.
+test-unit: setup
+	$(PY) -m pytest tests/unit -n 2 $(PYTEST_ARGS)
 
 # CI runs this: lint and types first (seconds), then every test.
 test: setup lint typecheck
