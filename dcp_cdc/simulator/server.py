@@ -40,8 +40,9 @@ from types import TracebackType
 from typing import cast
 
 from dcp_cdc.errors import ConfigError, ProtocolError
+from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.model import Collection, Scope
-from dcp_cdc.simulator.producer import ProducerCluster, ProducerConnection
+from dcp_cdc.simulator.producer import ProducerConnection
 from dcp_cdc.simulator.state import SimConfig, Simulation
 from dcp_cdc.simulator.truth import write_truth
 

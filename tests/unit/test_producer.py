@@ -11,7 +11,8 @@ import pytest
 from dcp_cdc.encoder import frame, make_header
 from dcp_cdc.protocol import ClientOpcode, HelloFeature, Magic, Opcode, Status
 from dcp_cdc.scram import ScramClient
-from dcp_cdc.simulator.producer import ProducerCluster, ProducerConnection
+from dcp_cdc.simulator.cluster import ProducerCluster
+from dcp_cdc.simulator.producer import ProducerConnection
 from dcp_cdc.simulator.state import SimConfig, Simulation
 
 HDR = struct.Struct(">BBHBBHIIQ")
