@@ -28,26 +28,21 @@ def rows(frame: DataFrame, *columns: str) -> list[tuple[Any, ...]]:
 
 
 def change(
-    op: str, key: str, seqno: int, value: bytes | None = None, *, collection: int = 0, **more: Any
+    op: str,
+    key: str,
+    seqno: int,
+    value: bytes | None = None,
+    *,
+    collection: int = 0,
+    is_json: bool = True,
+    xattrs: dict[str, str] | None = None,
 ) -> tuple[Any, ...]:
-    """A walked change of ``key`` at ``seqno`` (vbucket 0, JSON, no xattrs unless given)."""
-    fields = {"is_json": True, "xattrs": None, "vbucket": 0, "in_vb_uuid": 100, "rev": seqno}
-    fields |= more
+    """A walked change of ``key`` at ``seqno`` in vbucket 0 (vb uuid 100), its rev seqno
+    ``seqno`` and its CAS ``1000 + seqno``, flags and expiry 0, of run ``run-1``."""
+    vbucket, vb_uuid, rev_seqno, cas, flags, expiry = 0, 100, seqno, 1000 + seqno, 0, 0
     return (
-        op,
-        key.encode(),
-        value,
-        fields["is_json"],
-        fields["xattrs"],
-        collection,
-        fields["vbucket"],
-        fields["in_vb_uuid"],
-        seqno,
-        fields["rev"],
-        1000 + seqno,
-        0,
-        0,
-        "run-1",
+        *(op, key.encode(), value, is_json, xattrs, collection, vbucket, vb_uuid, seqno),
+        *(rev_seqno, cas, flags, expiry, "run-1"),
     )
 
 
