@@ -38,7 +38,8 @@ import psutil
 from benchmarks.common import Case, report
 from benchmarks.corpus import DATA, captures
 from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig
-from pipelines.bronze.job import ensure_tables, ingest_bucket
+from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.store import ensure_tables
 from pipelines.tables import BucketTables
 
 BUCKET = "bench"

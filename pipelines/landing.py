@@ -10,6 +10,10 @@ Locations are local paths, ``file:`` URIs, ``s3a://`` or ``s3://`` (read with py
 filesystem), or any other URI pyarrow knows (``gs://``, ``hdfs://``, ...). File locations keep
 the scheme they were listed with (``s3a://bucket/key`` stays so in the ingest log).
 
+The capture files of a landing location are listed here too (:func:`list_captures`, a
+:class:`CaptureFile` each, its header read by :func:`read_header`), and a location that cannot
+be listed is a configuration error (:func:`check_landing`), found before any Spark starts.
+
 No Spark import here: the module is pyarrow only and is used inside the executors' tasks.
 """
 
@@ -19,12 +23,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from dcp_cdc.config import is_uri
+from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
+from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.errors import CaptureFormatError, ConfigError
 
 S3_SCHEMES = ("s3a", "s3")
 _S3A = "spark.hadoop.fs.s3a."
@@ -245,3 +251,112 @@ def open_input(location: str, settings: Mapping[str, str] | None = None) -> Bina
     gives them)."""
     fs, path = filesystem(location, settings)
     return fs.open_input_stream(path)  # type: ignore[no-any-return]
+
+
+# --- capture files -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class CaptureFile:
+    path: str
+    size: int
+    modified_ms: int
+    bucket: str = ""
+    session_id: str = ""
+    file_sequence: int = -1
+    collections: bool = True
+    header_length: int = 0
+    started_at: str = ""
+
+    def log_row(self, run_id: str, **more: Any) -> dict[str, Any]:
+        """The file's row of the ingest log in run ``run_id``."""
+        return {
+            "file": self.path,
+            "size": self.size,
+            "modified_ms": self.modified_ms,
+            "session_id": self.session_id,
+            "file_sequence": self.file_sequence,
+            "ingest_run_id": run_id,
+            **more,
+        }
+
+
+def check_landing(
+    config: AppConfig, buckets: list[BucketConfig], config_file: object = None
+) -> None:
+    """Each of ``buckets``' landing locations can be listed (:func:`location_problem`),
+    else a :class:`ConfigError` naming the field (and ``config_file``, when known). Costs no
+    Spark: jobs call it before they start a session.
+
+    A landing folder that does not exist is an error, not an empty landing: a mistyped path
+    would otherwise ingest nothing, run after run, with success. A capture agent creates its
+    folder when it starts; a pipeline scheduled before that fails until it has (or until the
+    folder is created empty). On object stores only the store's bucket must exist.
+    """
+    for index, bucket in enumerate(config.buckets):
+        if bucket not in buckets:
+            continue
+        location = config.landing_for(bucket)
+        problem = location_problem(location, config.spark.conf)
+        if problem is not None:
+            name = f"buckets[{index}].landing" if bucket.landing else "landing"
+            where = f"{config_file}: " if config_file else ""
+            raise ConfigError(
+                f"{where}{name}: the landing location {location!r} of bucket {bucket.name!r} "
+                f"{problem}"
+            )
+
+
+def list_captures(
+    location: str, storage: Mapping[str, str] | None = None
+) -> tuple[list[CaptureFile], list[Skipped]]:
+    """Every ``*.dcpcap`` file below ``location`` (a local path or a filesystem URI), through
+    the landing filesystem (:func:`filesystem`) that the decode tasks read them with;
+    and the entries so named that are not files to read (folders, dangling links, empty)."""
+    found = list_files(location, EXTENSION, storage)
+    return [CaptureFile(f.path, f.size, f.modified_ms) for f in found.files], found.skipped
+
+
+def read_header(file: CaptureFile, storage: Mapping[str, str] | None = None) -> CaptureFile:
+    with open_input(file.path, storage) as fh:
+        head = fh.read(PREAMBLE_LEN)
+        if len(head) == PREAMBLE_LEN:
+            head += fh.read(int.from_bytes(head[8:12], "big"))
+    header, length = parse_header(head, file=file.path)
+    return CaptureFile(
+        file.path,
+        file.size,
+        file.modified_ms,
+        header.bucket,
+        header.session_id,
+        header.sequence,
+        header.collections,
+        length,
+        header.started_at or "",
+    )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a file is not read as planned: ``status`` ``missing`` (vanished, or no longer a
+    file) or ``changed`` (other bytes than those planned), and what was found."""
+
+    status: str
+    message: str
+
+
+def header_or_problem(
+    file: CaptureFile, storage: Mapping[str, str] | None = None
+) -> CaptureFile | Problem:
+    """:func:`read_header`, or why the file cannot be read: it vanished or became a folder
+    (``missing``), or is not a capture file (``changed``, with the header's fault). Other I/O
+    errors are raised."""
+    try:
+        return read_header(file, storage)
+    except CaptureFormatError as exc:
+        return Problem("changed", exc.reason)
+    except OSError:
+        reason = gone(file.path, storage)
+        if reason is None:  # still a file there: an I/O error, not a change
+            raise
+        return Problem("missing", reason)

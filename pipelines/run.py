@@ -16,10 +16,10 @@ from typing import TextIO
 
 from dcp_cdc.config import load_config
 from pipelines import spark_session
-from pipelines.bronze.job import check_landing
 from pipelines.bronze.job import run as ingest
 from pipelines.catalog import bucket_overview
 from pipelines.demo import DEMO_NODES, demo_capture, demo_simulation, fresh_workdir
+from pipelines.landing import check_landing
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
 from pipelines.silver.job import run as apply

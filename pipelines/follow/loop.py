@@ -51,7 +51,7 @@ class Follower:
         agents = [AgentProcess(s) for s in self.captures.values()]
         for settings in self.captures.values():
             # what the agent makes first when it starts: the first micro-batch may come before
-            # the agent's process has (its landing must exist: bronze.job.check_landing)
+            # the agent's process has (its landing must exist: landing.check_landing)
             settings.landing.mkdir(parents=True, exist_ok=True)
         try:
             for agent in agents:

@@ -47,7 +47,8 @@ from dcp_cdc.events import (
 )
 from dcp_cdc.protocol import ClientOpcode, Datatype, Opcode, Status, VbucketState
 from pipelines import delta_io, schemas
-from pipelines.bronze.job import EVENTS_CLUSTERING, ingest_bucket
+from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.store import EVENTS_CLUSTERING
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables, all_rows

@@ -24,7 +24,7 @@ from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
-from pipelines.bronze.job import read_log
+from pipelines.bronze.store import read_log
 from pipelines.demo import LoopThread
 from pipelines.follow.agent import captured_seqnos, follow_settings
 from pipelines.follow.loop import Follower

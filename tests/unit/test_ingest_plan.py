@@ -10,15 +10,8 @@ import pytest
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
-from pipelines.bronze.job import (
-    CaptureFile,
-    IngestSummary,
-    LogState,
-    Problem,
-    check_landing,
-    settle,
-    task_groups,
-)
+from pipelines.bronze.plan import IngestSummary, LogState, settle, task_groups
+from pipelines.landing import CaptureFile, Problem, check_landing
 
 
 def _row(
