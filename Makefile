@@ -3,7 +3,7 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
 #                   sockets) on two workers, about a minute: the inner loop while editing
-#   make test       ruff, mypy --strict on dcp_cdc, then pytest over tests/
+#   make test       ruff, mypy --strict on dcp_cdc and pipelines, then pytest over tests/
 #   make check      the same as make test
 #   make test-long  silver against the truth over 200 simulator seeds (24 more with one file a
 #                   run, shuffled; a late-named collection, whole and killed mid-rename); 200,000 fuzzed frames;
@@ -94,7 +94,7 @@ format: setup
 	$(VENV)/bin/ruff format .
 
 typecheck: setup
-	$(VENV)/bin/mypy dcp_cdc
+	$(VENV)/bin/mypy dcp_cdc pipelines
 
 run: setup
 	$(VENV)/bin/dcp-cdc run $(ARGS)

@@ -36,17 +36,17 @@ log = logging.getLogger("dcp_cdc.delta_io")
 @contextlib.contextmanager
 def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
     """``conf`` set on the session for the block, then what was there before."""
-    before = {k: spark.conf.get(k, None) for k in conf}
+    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
     for k, v in conf.items():
         spark.conf.set(k, v)
     try:
         yield
     finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
             else:
-                spark.conf.set(k, v)
+                spark.conf.set(key, old)
 
 
 def with_retry(what: str, action: Callable[[], _T]) -> _T:

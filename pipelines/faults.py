@@ -35,7 +35,9 @@ _lock = threading.Lock()
 def armed(name: str) -> bool:
     """Whether ``$DCP_CDC_KILL_AT`` names ``name`` (any hit of it)."""
     pattern = os.environ.get(KILL_AT_ENV)
-    return bool(pattern) and fnmatch.fnmatchcase(name, pattern.partition("#")[0])
+    if not pattern:
+        return False
+    return fnmatch.fnmatchcase(name, pattern.partition("#")[0])
 
 
 def point(step: str, name: str) -> None:
