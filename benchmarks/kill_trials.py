@@ -1,5 +1,5 @@
 """``kill -9`` trials: kill ``dcp-cdc ingest`` or ``apply`` at a random instant, run it again,
-and check that the re-run succeeds and the data are exact (issue 14).
+and check that the re-run succeeds and the data are exact.
 
     python -m benchmarks.kill_trials --ingest 30 --apply 30 [--seed 1] [--workdir DIR]
 

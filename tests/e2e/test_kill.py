@@ -1,4 +1,4 @@
-"""Kill-anywhere (issue 14): ``kill -9`` of a job's process group at a named step (a fault
+"""Kill-anywhere: ``kill -9`` of a job's process group at a named step (a fault
 point of :mod:`pipelines.faults`), then the job again: it succeeds with no manual step, bronze
 holds every frame once, silver equals the truth and no published version moved a key back.
 

@@ -1,4 +1,4 @@
-"""What a killed run leaves, resumed in-process (issue 14): a table creation killed between its
+"""What a killed run leaves, resumed in-process: a table creation killed between its
 first Delta commit and its catalog entry (item 1), and an apply killed after its MERGEs,
 before it saved its position (item 7). The real ``kill -9`` of a job's process group is
 ``tests/e2e/test_kill.py``'s."""

@@ -46,7 +46,7 @@ REPRODUCERS = [
         StreamRequest(make_header(Opcode.DCP_STREAM_REQ), 0, 0, 0, 0, 0, 0, "[" * 999 + "]" * 999)
     ),
 ]
-"""Inputs that once escaped the typed errors (issue 14, item 8)."""
+"""Inputs that once escaped the typed errors."""
 
 
 def _doc_frames() -> list[bytes]:

@@ -255,7 +255,7 @@ def test_a_decode_task_reads_the_planned_bytes_or_fails(capture: Path) -> None:
 
 
 def test_add_stream_frames_land_in_bronze_rows_by_name(tmp_path: Path) -> None:
-    """Issue 14: the seed's add-stream request and response (add-stream.md) were ``unknown``
+    """Once: the seed's add-stream request and response (add-stream.md) were ``unknown``
     rows. In bronze's columns: the request's flags by name, the response's stream opaque."""
     request = bytes.fromhex("80510000040000050000000400000001000000000000000000000001")
     response = bytes.fromhex("81510000040000000000000400000001000000000000000000001000")
@@ -288,7 +288,7 @@ def test_add_stream_frames_land_in_bronze_rows_by_name(tmp_path: Path) -> None:
 
 
 def test_a_bounded_expansion_gives_the_same_rows_as_one_read(tmp_path: Path) -> None:
-    """Batches that stop at ``chunk_bytes`` of decompressed values (issue 14, item 9), values
+    """Batches that stop at ``chunk_bytes`` of decompressed values, values
     larger than a chunk among them, and a cut tail: the rows of one unbounded read."""
     events = []
     for i, size in enumerate([100_000, 5, 3_000_000, 200_000, 7, 150_000] * 3):

@@ -150,7 +150,7 @@ def test_decode_command_reports_errors_and_exits_non_zero(tmp_path: Path) -> Non
 
 
 def test_decode_command_reports_a_deeply_nested_value_and_goes_on(tmp_path: Path) -> None:
-    """Issue 14: a stream request whose JSON value nests 1,000 deep printed a traceback and
+    """Once: a stream request whose JSON value nests 1,000 deep printed a traceback and
     the frame after it was never printed."""
     deep = ("[" * 1000 + "]" * 1000).encode()
     request = frame(make_header(Opcode.DCP_STREAM_REQ), bytes(48), b"", deep)
@@ -165,7 +165,7 @@ def test_decode_command_reports_a_deeply_nested_value_and_goes_on(tmp_path: Path
 
 
 def test_decode_command_names_the_add_stream_messages(tmp_path: Path) -> None:
-    """Issue 14: the seed's two add-stream frames printed ``"op": "unknown"``."""
+    """Once: the seed's two add-stream frames printed ``"op": "unknown"``."""
     raw = tmp_path / "stream.bin"
     raw.write_bytes(
         bytes.fromhex("80510000040000050000000400000001000000000000000000000001")

@@ -64,7 +64,7 @@ def test_identifier_rule_is_readable_and_injective() -> None:
     assert identifier("orders%2026") == "orders_pct_2026_6070f28b"
     names = ["a-b", "a_b", "A_b", "a%b", "a.b", "a_pct_b", "ab", "ab\n"]
     assert len({identifier(n) for n in names}) == len(names)
-    # a whole-name check: a final newline is no identifier character (issue 14)
+    # a whole-name check: a final newline is no identifier character
     assert identifier("orders\n") == "orders__7580e611"
 
 

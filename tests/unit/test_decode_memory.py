@@ -1,4 +1,4 @@
-"""What a bronze decode task holds in memory while Snappy values expand (issue 14, item 9).
+"""What a bronze decode task holds in memory while Snappy values expand.
 
 Snappy blocks expand up to ~21 times (``dcp_cdc.snappy.MAX_RATIO``). The columnar face used to
 decompress every value of a batch at once: a 63 MiB chunk of blocks each expanding to 64 MiB

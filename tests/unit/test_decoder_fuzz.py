@@ -1,4 +1,4 @@
-"""A bounded fuzz campaign of both decoder faces (issue 14): only ``DcpError`` subclasses
+"""A bounded fuzz campaign of both decoder faces: only ``DcpError`` subclasses
 escape, and the faces agree (tests/support/fuzz_decoder.py says how inputs are made and what is
 compared). ``make test`` runs a few thousand inputs; ``DCP_CDC_FUZZ_INPUTS`` sets how many
 (``make test-long`` runs 200,000; a 1,000,000 campaign: ``python -m tests.support.fuzz_decoder``).

@@ -111,7 +111,7 @@ def test_mutated_frames_decode_or_raise_typed_error(
 @FAST
 @given(st.binary(max_size=400), st.booleans())
 @example(bytes.fromhex("8057000000000000ffffffff"), True)
-# alternative magic, empty body, last in the buffer (issue 14: IndexError in the columnar face)
+# alternative magic, empty body, last in the buffer (once an IndexError in the columnar face)
 @example(bytes.fromhex("18" + "00" * 23), True)
 @example(bytes.fromhex("085c" + "00" * 22), False)
 def test_random_bytes_decode_or_raise_typed_error(data: bytes, collections: bool) -> None:

@@ -340,7 +340,7 @@ def _stream_request(value: str) -> bytes:
 
 @pytest.mark.parametrize("depth", [65, 1_000, 100_000])
 def test_deeply_nested_stream_request_value_is_a_typed_error(depth: int) -> None:
-    """Issue 14: a value nested ~1,000 deep raised RecursionError in both faces, and the
+    """Once: a value nested ~1,000 deep raised RecursionError in both faces, and the
     frame after it was lost. Now a fixed depth limit judges it alike in both faces."""
     bad = _stream_request("[" * depth + "]" * depth)
     stream = MUTATION_8_2 + bad + MUTATION_8_2
@@ -368,7 +368,7 @@ def test_json_depth_limit_is_exact_and_ignores_brackets_in_strings() -> None:
 
 @pytest.mark.parametrize("cut", range(len(MUTATION_8_2)))
 def test_decode_frame_on_a_short_buffer_is_a_truncated_frame(cut: int) -> None:
-    """Issue 14: ``decode_frame`` returned a truncated mutation (cut inside the value) or
+    """Once: ``decode_frame`` returned a truncated mutation (cut inside the value) or
     raised IndexError / struct.error (cut inside the header)."""
     with pytest.raises(TruncatedFrameError) as info:
         decode_frame(MUTATION_8_2[:cut], collections=True, base_offset=7)
