@@ -3,7 +3,7 @@
 Starts ``python -m dcp_cdc.simulator.server`` in its own process (one node, no live workload),
 connects one raw-socket consumer over loopback (HELLO, SCRAM-SHA512, SELECT_BUCKET, DCP_OPEN,
 the required controls), opens a stream on every vbucket from seqno 0 to the latest and only
-reads, counts frames and acknowledges them (BUFFER_ACK at a fifth of the window, spec §7.6)
+reads, counts frames and acknowledges them (BUFFER_ACK at a fifth of the window, docs/protocol/dcp.md §7.6)
 until every stream ended. Prints frames/s from the first STREAM_REQ to the last STREAM_END::
 
     PYTHONPATH=$PWD .venv/bin/python -m benchmarks.producer_speed --docs 200000

@@ -63,7 +63,7 @@ static struct {
     Rule rules[MAX_RULES];
 } K;
 
-/* The big-endian unsigned field of size bytes at p (spec §1.1: every field is big-endian). */
+/* The big-endian unsigned field of size bytes at p (docs/protocol/dcp.md §1.1: every field is big-endian). */
 ALWAYS_INLINE uint64_t be(const uint8_t *p, int size) {
     switch (size) {
     case 1: return p[0];
@@ -78,7 +78,7 @@ ALWAYS_INLINE uint64_t be(const uint8_t *p, int size) {
     }
 }
 
-/* The header's field sizes (spec §1.1), which configure() checks against the layout it is
+/* The header's field sizes (docs/protocol/dcp.md §1.1), which configure() checks against the layout it is
  * given: with the size a constant, each header read is one load. */
 static const int HSIZE[H_FIELDS] = {1, 1, 2, 1, 1, 2, 4, 4, 8};
 
@@ -227,7 +227,7 @@ static PyObject *allocate(PyObject *alloc, int64_t size, Py_buffer *view) {
     return obj;
 }
 
-/* --- framing (spec §1) ------------------------------------------------------------------ */
+/* --- framing (docs/protocol/dcp.md §1) ------------------------------------------------------------------ */
 
 PyDoc_STRVAR(walk_doc,
 "walk(buf, pos, stop) -> (starts, end, halted)\n\n"
@@ -270,7 +270,7 @@ static PyObject *walk(PyObject *Py_UNUSED(self), PyObject *args) {
     return Py_BuildValue("(NnO)", out, pos, halted ? Py_True : Py_False);
 }
 
-/* --- Snappy raw blocks (spec §2) --------------------------------------------------------- */
+/* --- Snappy raw blocks (docs/protocol/dcp.md §2) --------------------------------------------------------- */
 
 /* The block's declared length, as varint.read_uleb128 reads it; -1 if it reads no varint. */
 static int64_t uleb128(const uint8_t *p, int64_t len, int *size) {
@@ -371,7 +371,7 @@ static int64_t unsnappy(const uint8_t *in, int64_t len, uint8_t *out, int64_t si
     return d;
 }
 
-/* --- XATTR sections (spec §2) ------------------------------------------------------------ */
+/* --- XATTR sections (docs/protocol/dcp.md §2) ------------------------------------------------------------ */
 
 /* Strict UTF-8, as Python's bytes.decode("utf-8") and Arrow's string validation judge it. */
 static int utf8(const uint8_t *s, int64_t n) {
@@ -732,7 +732,7 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!expanded) goto done;
     uint8_t *x = xv.buf;
 
-    /* Pass 2: the planned values (Snappy, then XATTRs, the order of spec §2). */
+    /* Pass 2: the planned values (Snappy, then XATTRs, the order of docs/protocol/dcp.md §2). */
     for (Py_ssize_t k = 0; k < npending; k++) {
         Py_ssize_t i = pending[2 * k];
         int64_t to = pending[2 * k + 1];

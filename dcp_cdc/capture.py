@@ -1,4 +1,4 @@
-"""Capture files, format version 1 (shared/spec/capture-format.md).
+"""Capture files, format version 1 (docs/protocol/capture-format.md).
 
 ``DCPCAP\\x00\\x01`` | u32 header length | JSON header | frames back to back. The header and
 frame codecs here are pure; :class:`CaptureWriter` and :func:`read_capture_header` are the only
@@ -28,7 +28,7 @@ _U32 = struct.Struct(">I")
 
 
 class CaptureHeader(BaseModel):
-    """The JSON header object. Unknown fields are kept and ignored (capture-format.md)."""
+    """The JSON header object. Unknown fields are kept and ignored (docs/protocol/capture-format.md)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 

@@ -100,7 +100,7 @@ def split_key(key: bytes, collections: bool) -> tuple[int | None, bytes]:
 
 
 def decode_value(datatype: int, value: bytes) -> tuple[bytes, dict[str, str] | None]:
-    """``(body, xattrs)`` of a document value, in the order of spec §2."""
+    """``(body, xattrs)`` of a document value, in the order of docs/protocol/dcp.md §2."""
     if datatype & _UNKNOWN_DATATYPE_BITS:
         raise FieldError(
             "unknown datatype bits", expected="bits within 0x07", got=f"0x{datatype:02x}"
@@ -116,7 +116,7 @@ def decode_value(datatype: int, value: bytes) -> tuple[bytes, dict[str, str] | N
 
 
 def parse_failover_log(value: bytes) -> FailoverLog:
-    """N × (u64 vb_uuid, u64 seqno), newest first (spec §6.1, §6.2; errata E17)."""
+    """N × (u64 vb_uuid, u64 seqno), newest first (docs/protocol/dcp.md §6.1, §6.2; errata E17)."""
     return _pairs(value, layouts.FAILOVER_ENTRY, "failover log", empty_ok=False)
 
 
@@ -139,7 +139,7 @@ def _pairs(
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting of arrays and objects accepted in a JSON text the decoder parses (a stream
-request's value is a flat object, spec §4.4). A fixed limit, not Python's recursion limit,
+request's value is a flat object, docs/protocol/dcp.md §4.4). A fixed limit, not Python's recursion limit,
 so both faces (and every executor) judge a value alike."""
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_NESTING = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
@@ -178,7 +178,7 @@ def _text(data: bytes, what: str) -> str:
         raise FieldError(f"{what} is not UTF-8", got=data[:32].hex()) from None
 
 
-# --- readers, one per message (spec §6) ----------------------------------------------------
+# --- readers, one per message (docs/protocol/dcp.md §6) ----------------------------------------------------
 
 Reader = Callable[[FrameHeader, bytes, bytes, bytes, bool], Event]
 

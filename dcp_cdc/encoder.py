@@ -83,7 +83,9 @@ def frame(h: FrameHeader, extras: bytes, key: bytes, value: bytes) -> bytes:
     body_len = len(framing) + len(extras) + len(key) + len(value)
     if framing:
         if len(key) > 0xFF:
-            raise ValueError("alt framing allows keys of at most 255 bytes (spec §1.1)")
+            raise ValueError(
+                "alt framing allows keys of at most 255 bytes (docs/protocol/dcp.md §1.1)"
+            )
         length_word = (len(framing) << 8) | len(key)
     else:
         length_word = len(key)
@@ -219,7 +221,7 @@ def _snapshot_marker(e: SnapshotMarker) -> Sections:
 
 
 def system_event_value(e: SystemEvent) -> bytes:
-    """The value of a system event for its id and version (spec §6.7)."""
+    """The value of a system event for its id and version (docs/protocol/dcp.md §6.7)."""
     uid, sid, cid = e.manifest_uid or 0, e.scope_id or 0, e.collection_id or 0
     eid = e.event_id
     if e.version == 2:

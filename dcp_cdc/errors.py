@@ -13,7 +13,7 @@ class DcpError(Exception):
 
 
 class MalformedFrameError(DcpError):
-    """A frame that does not match the wire format (spec §1–§6).
+    """A frame that does not match the wire format (docs/protocol/dcp.md §1–§6).
 
     ``frame_length`` is the frame's full length when its boundary is still trustworthy, so a
     reader can skip it and go on; ``None`` when the rest of the stream cannot be framed.
@@ -103,7 +103,7 @@ class TruncatedFrameError(MalformedFrameError):
 
 
 class CaptureFormatError(DcpError):
-    """A capture file whose header is not the dcp-cdc capture format (capture-format.md)."""
+    """A capture file whose header is not the dcp-cdc capture format (docs/protocol/capture-format.md)."""
 
     def __init__(self, reason: str, *, file: str | None = None) -> None:
         self.reason = reason

@@ -1,4 +1,4 @@
-"""Decoded DCP frames: small immutable values, one class per message (spec §5–§6).
+"""Decoded DCP frames: small immutable values, one class per message (docs/protocol/dcp.md §5–§6).
 
 Every event carries its :class:`FrameHeader`; ``op`` is the snake-case name used in decode
 output and bronze tables. Field names follow the spec.
@@ -16,7 +16,7 @@ _JSON = int(Datatype.JSON)
 
 
 class FrameHeader(NamedTuple):
-    """The 24-byte header (spec §1.1) plus where the frame starts and its stream-id (§1.3).
+    """The 24-byte header (docs/protocol/dcp.md §1.1) plus where the frame starts and its stream-id (§1.3).
 
     A named tuple rather than a frozen dataclass: it is built for every frame, and a frozen
     dataclass's ``__init__`` costs 2 µs for these twelve fields against 0.4 µs here.
@@ -59,7 +59,7 @@ class FrameHeader(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Mutation:
-    """DCP_MUTATION 0x57 (spec §6.4)."""
+    """DCP_MUTATION 0x57 (docs/protocol/dcp.md §6.4)."""
 
     op: ClassVar[str] = "mutation"
     header: FrameHeader
@@ -78,7 +78,7 @@ class Mutation:
 
 @dataclass(frozen=True, slots=True)
 class Deletion:
-    """DCP_DELETION 0x58, V1 (18-byte extras) or V2 (21, with delete_time) (spec §6.5)."""
+    """DCP_DELETION 0x58, V1 (18-byte extras) or V2 (21, with delete_time) (docs/protocol/dcp.md §6.5)."""
 
     op: ClassVar[str] = "deletion"
     header: FrameHeader
@@ -97,7 +97,7 @@ class Deletion:
 
 @dataclass(frozen=True, slots=True)
 class Expiration:
-    """DCP_EXPIRATION 0x59 (spec §6.6)."""
+    """DCP_EXPIRATION 0x59 (docs/protocol/dcp.md §6.6)."""
 
     op: ClassVar[str] = "expiration"
     header: FrameHeader
@@ -112,7 +112,7 @@ class Expiration:
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
-    """DCP_PREPARE 0x60 (spec §6.12)."""
+    """DCP_PREPARE 0x60 (docs/protocol/dcp.md §6.12)."""
 
     op: ClassVar[str] = "prepare"
     header: FrameHeader
@@ -132,7 +132,7 @@ class Prepare:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """DCP_COMMIT 0x62 (spec §6.12)."""
+    """DCP_COMMIT 0x62 (docs/protocol/dcp.md §6.12)."""
 
     op: ClassVar[str] = "commit"
     header: FrameHeader
@@ -144,7 +144,7 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """DCP_ABORT 0x63 (spec §6.12)."""
+    """DCP_ABORT 0x63 (docs/protocol/dcp.md §6.12)."""
 
     op: ClassVar[str] = "abort"
     header: FrameHeader
@@ -156,7 +156,7 @@ class Abort:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotMarker:
-    """DCP_SNAPSHOT_MARKER 0x56 in its three encodings V1, V2.0, V2.2 (spec §6.3)."""
+    """DCP_SNAPSHOT_MARKER 0x56 in its three encodings V1, V2.0, V2.2 (docs/protocol/dcp.md §6.3)."""
 
     op: ClassVar[str] = "snapshot_marker"
     header: FrameHeader
@@ -172,7 +172,7 @@ class SnapshotMarker:
 
 @dataclass(frozen=True, slots=True)
 class SystemEvent:
-    """DCP_SYSTEM_EVENT 0x5f: collection and scope lifecycle (spec §6.7)."""
+    """DCP_SYSTEM_EVENT 0x5f: collection and scope lifecycle (docs/protocol/dcp.md §6.7)."""
 
     op: ClassVar[str] = "system_event"
     header: FrameHeader
@@ -192,7 +192,7 @@ class SystemEvent:
 
 @dataclass(frozen=True, slots=True)
 class SeqnoAdvanced:
-    """DCP_SEQNO_ADVANCED 0x64 (spec §6.8)."""
+    """DCP_SEQNO_ADVANCED 0x64 (docs/protocol/dcp.md §6.8)."""
 
     op: ClassVar[str] = "seqno_advanced"
     header: FrameHeader
@@ -201,7 +201,7 @@ class SeqnoAdvanced:
 
 @dataclass(frozen=True, slots=True)
 class OsoSnapshot:
-    """DCP_OSO_SNAPSHOT 0x65: start (0x01) or end (0x02) of an OSO backfill (spec §6.9)."""
+    """DCP_OSO_SNAPSHOT 0x65: start (0x01) or end (0x02) of an OSO backfill (docs/protocol/dcp.md §6.9)."""
 
     op: ClassVar[str] = "oso_snapshot"
     header: FrameHeader
@@ -218,7 +218,7 @@ class OsoSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class StreamEnd:
-    """DCP_STREAM_END 0x55 (spec §6.10)."""
+    """DCP_STREAM_END 0x55 (docs/protocol/dcp.md §6.10)."""
 
     op: ClassVar[str] = "stream_end"
     header: FrameHeader
@@ -228,7 +228,7 @@ class StreamEnd:
 
 @dataclass(frozen=True, slots=True)
 class Noop:
-    """DCP_NOOP 0x5c from the server, or the consumer's reply (spec §6.11)."""
+    """DCP_NOOP 0x5c from the server, or the consumer's reply (docs/protocol/dcp.md §6.11)."""
 
     op: ClassVar[str] = "noop"
     header: FrameHeader
@@ -236,7 +236,7 @@ class Noop:
 
 @dataclass(frozen=True, slots=True)
 class SetVbucketState:
-    """DCP_SET_VBUCKET_STATE 0x5b, takeover streams only (spec §6.13)."""
+    """DCP_SET_VBUCKET_STATE 0x5b, takeover streams only (docs/protocol/dcp.md §6.13)."""
 
     op: ClassVar[str] = "set_vbucket_state"
     header: FrameHeader
@@ -245,7 +245,7 @@ class SetVbucketState:
 
 @dataclass(frozen=True, slots=True)
 class StreamRequest:
-    """The consumer's DCP_STREAM_REQ 0x53 (spec §4.4); ``value`` is its optional JSON text."""
+    """The consumer's DCP_STREAM_REQ 0x53 (docs/protocol/dcp.md §4.4); ``value`` is its optional JSON text."""
 
     op: ClassVar[str] = "stream_request"
     header: FrameHeader
@@ -265,7 +265,7 @@ class StreamRequest:
 @dataclass(frozen=True, slots=True)
 class AddStream:
     """DCP_ADD_STREAM 0x51: tells a consumer to open a stream of the header's vbucket
-    (add-stream.md; KV-internal replication, spec §5). ``flags`` are stream flags (§4.4)."""
+    (add-stream.md; KV-internal replication, docs/protocol/dcp.md §5). ``flags`` are stream flags (§4.4)."""
 
     op: ClassVar[str] = "add_stream"
     header: FrameHeader
@@ -289,12 +289,12 @@ class AddStreamResponse:
 
 
 FailoverLog = tuple[tuple[int, int], ...]
-"""``((vb_uuid, seqno), ...)``, newest entry first (spec §6.1)."""
+"""``((vb_uuid, seqno), ...)``, newest entry first (docs/protocol/dcp.md §6.1)."""
 
 
 @dataclass(frozen=True, slots=True)
 class StreamRequestResponse:
-    """Reply to DCP_STREAM_REQ (spec §6.1): a failover log, a rollback seqno, or an error.
+    """Reply to DCP_STREAM_REQ (docs/protocol/dcp.md §6.1): a failover log, a rollback seqno, or an error.
 
     ``value`` holds the payload of an error status only (a parsed value is not kept twice).
     """
@@ -309,7 +309,7 @@ class StreamRequestResponse:
 
 @dataclass(frozen=True, slots=True)
 class FailoverLogRequest:
-    """The consumer's DCP_GET_FAILOVER_LOG 0x54 (spec §6.2)."""
+    """The consumer's DCP_GET_FAILOVER_LOG 0x54 (docs/protocol/dcp.md §6.2)."""
 
     op: ClassVar[str] = "failover_log_request"
     header: FrameHeader
@@ -317,7 +317,7 @@ class FailoverLogRequest:
 
 @dataclass(frozen=True, slots=True)
 class FailoverLogResponse:
-    """Reply to DCP_GET_FAILOVER_LOG (spec §6.2)."""
+    """Reply to DCP_GET_FAILOVER_LOG (docs/protocol/dcp.md §6.2)."""
 
     op: ClassVar[str] = "failover_log_response"
     header: FrameHeader
@@ -355,7 +355,7 @@ class VbSeqnosResponse:
 
 @dataclass(frozen=True, slots=True)
 class BufferAck:
-    """The consumer's DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (spec §7.6)."""
+    """The consumer's DCP_BUFFER_ACKNOWLEDGEMENT 0x5d (docs/protocol/dcp.md §7.6)."""
 
     op: ClassVar[str] = "buffer_ack"
     header: FrameHeader
@@ -400,4 +400,4 @@ Event = (
 OPS: tuple[str, ...] = tuple(cls.op for cls in get_args(Event))
 """Every ``op`` of decode output and bronze rows, one per event class."""
 DATA_OPS: tuple[str, ...] = (Mutation.op, Deletion.op, Expiration.op)
-"""The ops that change a document (spec §6.4–§6.6): what silver applies."""
+"""The ops that change a document (docs/protocol/dcp.md §6.4–§6.6): what silver applies."""

@@ -1,4 +1,4 @@
-"""Version-2 system-event values: FlatBuffers tables (spec §6.7, events.fbs).
+"""Version-2 system-event values: FlatBuffers tables (docs/protocol/dcp.md §6.7, events.fbs).
 
 Just enough FlatBuffers to read (and, for the simulator and tests, write) the four tables of
 ``Collections.VB``; every offset is bounds-checked so a corrupt value is a :class:`FieldError`,

@@ -1,4 +1,4 @@
-"""The frame header (spec §1): the 24 bytes that frame a stream, then the checks that need the
+"""The frame header (docs/protocol/dcp.md §1): the 24 bytes that frame a stream, then the checks that need the
 body (lengths consistent, the stream-id FrameInfo read).
 
 Both faces of the decoder frame with it: the event iterator (:mod:`dcp_cdc.decoder`) and the

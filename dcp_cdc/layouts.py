@@ -4,7 +4,7 @@ Each :class:`Layout` is one fixed-size section of a frame (the 24-byte header, a
 or the fixed part of a value) as a table of big-endian unsigned fields. Both faces of the
 decoder read through these tables: the event iterator unpacks them with :mod:`struct`, the
 columnar decoder gathers them with numpy (:meth:`Layout.numpy_dtype`), and the encoder packs
-them. Offsets are relative to the section start (spec §6: "extras offsets").
+them. Offsets are relative to the section start (docs/protocol/dcp.md §6: "extras offsets").
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _layout(name: str, length: int, spec: str, *fields: tuple[str, int, int]) ->
     return Layout(name, length, tuple(Field(*f) for f in fields), spec)
 
 
-# --- the header (spec §1.1) ----------------------------------------------------------------
+# --- the header (docs/protocol/dcp.md §1.1) ----------------------------------------------------------------
 
 HEADER = _layout(
     "header", HEADER_LEN, "§1.1",
@@ -118,7 +118,7 @@ length in its high byte and the key length in its low byte."""
 BODY_LEN_OFFSET = HEADER.offset_of("body_len")
 """Where the frame's length is: enough of a header to frame a stream (§1.1)."""
 
-# --- extras sections (spec §6) -------------------------------------------------------------
+# --- extras sections (docs/protocol/dcp.md §6) -------------------------------------------------------------
 
 MUTATION = _layout(
     "mutation", 31, "§6.4",

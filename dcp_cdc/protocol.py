@@ -1,6 +1,6 @@
-"""Wire constants of the memcached binary protocol as DCP uses it (spec §1, §2, §5, §6).
+"""Wire constants of the memcached binary protocol as DCP uses it (docs/protocol/dcp.md §1, §2, §5, §6).
 
-Every number here is cited from ``shared/spec/dcp-messages.md``; names follow the spec so that
+Every number here is cited from ``docs/protocol/dcp.md``; names follow the spec so that
 a reader can grep the spec for any of them.
 """
 
@@ -10,15 +10,15 @@ import datetime as dt
 from enum import IntEnum, IntFlag
 
 HEADER_LEN = 24
-"""Fixed memcached header length (spec §1.1)."""
+"""Fixed memcached header length (docs/protocol/dcp.md §1.1)."""
 
 MAX_BODY_LEN = 64 * 1024 * 1024
 """Largest body we accept as a plausible frame. Couchbase caps a document at 20 MiB plus 1 MiB
-of xattrs (spec §2); anything far beyond is a corrupt length field, not a frame."""
+of xattrs (docs/protocol/dcp.md §2); anything far beyond is a corrupt length field, not a frame."""
 
 
 class Magic(IntEnum):
-    """Header byte 0 (spec §1.1, magic.h; 0x08 per errata E12)."""
+    """Header byte 0 (docs/protocol/dcp.md §1.1, magic.h; 0x08 per errata E12)."""
 
     CLIENT_REQUEST = 0x80
     ALT_CLIENT_REQUEST = 0x08
@@ -36,7 +36,7 @@ KNOWN_MAGICS = frozenset(int(m) for m in Magic)
 
 
 class Opcode(IntEnum):
-    """DCP opcodes (spec §5, opcode.h)."""
+    """DCP opcodes (docs/protocol/dcp.md §5, opcode.h)."""
 
     DCP_OPEN = 0x50
     DCP_ADD_STREAM = 0x51
@@ -65,7 +65,7 @@ class Opcode(IntEnum):
 
 
 class Datatype(IntFlag):
-    """Header byte 5 (spec §2, datatype.h)."""
+    """Header byte 5 (docs/protocol/dcp.md §2, datatype.h)."""
 
     RAW = 0x00
     JSON = 0x01
@@ -77,7 +77,7 @@ DATATYPE_MASK = 0x07
 
 
 class Status(IntEnum):
-    """Response statuses a DCP consumer meets (spec §6.1, §6.15, status.h)."""
+    """Response statuses a DCP consumer meets (docs/protocol/dcp.md §6.1, §6.15, status.h)."""
 
     SUCCESS = 0x0000
     KEY_EEXISTS = 0x0002
@@ -109,7 +109,7 @@ def status_name(status: int) -> str:
 
 
 class SnapshotFlag(IntFlag):
-    """Snapshot marker flags (spec §6.3; errata E5: 0x01 is Memory)."""
+    """Snapshot marker flags (docs/protocol/dcp.md §6.3; errata E5: 0x01 is Memory)."""
 
     MEMORY = 0x01
     DISK = 0x02
@@ -137,7 +137,7 @@ def snapshot_flag_names(flags: int) -> tuple[str, ...]:
 
 
 class StreamEndReason(IntEnum):
-    """DCP_STREAM_END reasons (spec §6.10, dcp_stream_end_status.h)."""
+    """DCP_STREAM_END reasons (docs/protocol/dcp.md §6.10, dcp_stream_end_status.h)."""
 
     OK = 0
     CLOSED = 1
@@ -151,7 +151,7 @@ class StreamEndReason(IntEnum):
 
 
 def stream_end_reason_name(reason: int) -> str:
-    """Snake-case reason name; an unknown code is reported generically (spec §6.10)."""
+    """Snake-case reason name; an unknown code is reported generically (docs/protocol/dcp.md §6.10)."""
     try:
         return StreamEndReason(reason).name.lower()
     except ValueError:
@@ -159,7 +159,7 @@ def stream_end_reason_name(reason: int) -> str:
 
 
 class SystemEventId(IntEnum):
-    """System event ids on the wire (spec §6.7; errata E7: ModifyCollection is 5)."""
+    """System event ids on the wire (docs/protocol/dcp.md §6.7; errata E7: ModifyCollection is 5)."""
 
     BEGIN_COLLECTION = 0
     END_COLLECTION = 1
@@ -182,14 +182,14 @@ def system_event_name(event_id: int) -> str:
 
 
 class OsoFlag(IntFlag):
-    """DCP_OSO_SNAPSHOT flags (spec §6.9)."""
+    """DCP_OSO_SNAPSHOT flags (docs/protocol/dcp.md §6.9)."""
 
     START = 0x01
     END = 0x02
 
 
 class DcpOpenFlag(IntFlag):
-    """DCP_OPEN flags (spec §4.2); recorded by capture writers as features."""
+    """DCP_OPEN flags (docs/protocol/dcp.md §4.2); recorded by capture writers as features."""
 
     PRODUCER = 0x001
     INCLUDE_XATTRS = 0x004
@@ -201,7 +201,7 @@ class DcpOpenFlag(IntFlag):
 
 
 class StreamRequestFlag(IntFlag):
-    """Stream flags of DCP_STREAM_REQ and DCP_ADD_STREAM (spec §4.4, add-stream.md)."""
+    """Stream flags of DCP_STREAM_REQ and DCP_ADD_STREAM (docs/protocol/dcp.md §4.4, add-stream.md)."""
 
     TAKEOVER = 0x01
     DISK_ONLY = 0x02
@@ -221,21 +221,21 @@ def stream_flag_names(flags: int) -> tuple[str, ...]:
 
 
 STREAM_ID_FRAME_INFO = 2
-"""FrameInfo id of the DCP stream-id (spec §1.3); its value is a u16."""
+"""FrameInfo id of the DCP stream-id (docs/protocol/dcp.md §1.3); its value is a u16."""
 STREAM_ID_LEN = 2
 STREAM_ID_TAG = STREAM_ID_FRAME_INFO << 4 | STREAM_ID_LEN
 """First byte of a stream-id FrameInfo: id in the high nibble, length in the low (``0x22``)."""
 
 NO_END_SEQNO = 0xFFFF_FFFF_FFFF_FFFF
-"""End seqno meaning "stream forever" (spec §4.4)."""
+"""End seqno meaning "stream forever" (docs/protocol/dcp.md §4.4)."""
 
 HLC_COUNTER_MASK = 0xFFFF
-"""The low 16 bits of a CAS: the hybrid logical clock's counter, not time (spec §1.5)."""
+"""The low 16 bits of a CAS: the hybrid logical clock's counter, not time (docs/protocol/dcp.md §1.5)."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def cas_time(cas: int) -> dt.datetime | None:
-    """When a change happened, by its CAS (spec §1.5): the server's hybrid logical clock,
+    """When a change happened, by its CAS (docs/protocol/dcp.md §1.5): the server's hybrid logical clock,
     nanoseconds since the Unix epoch with the low 16 bits (a logical counter) masked off, so
     within 65.5 µs of the active node's clock, truncated here to the microsecond. ``None``
     for CAS 0 (frames that carry none) and for values of 2**63 and more (past the year 2262:
@@ -270,7 +270,7 @@ class ServerOpcode(IntEnum):
 
 
 class HelloFeature(IntEnum):
-    """HELLO (0x1f) feature codes (spec §4.1; kv_engine include/mcbp/protocol/feature.h)."""
+    """HELLO (0x1f) feature codes (docs/protocol/dcp.md §4.1; kv_engine include/mcbp/protocol/feature.h)."""
 
     TLS = 0x02
     TCPNODELAY = 0x03
@@ -289,7 +289,7 @@ class HelloFeature(IntEnum):
 
 
 class VbucketState(IntEnum):
-    """vbucket states (GET_ALL_VB_SEQNOS' filter, DCP_SET_VBUCKET_STATE; spec §6.13)."""
+    """vbucket states (GET_ALL_VB_SEQNOS' filter, DCP_SET_VBUCKET_STATE; docs/protocol/dcp.md §6.13)."""
 
     ACTIVE = 1
     REPLICA = 2

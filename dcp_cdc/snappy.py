@@ -1,4 +1,4 @@
-"""Snappy raw block format (spec §2: the *block* format, not the framing format).
+"""Snappy raw block format (docs/protocol/dcp.md §2: the *block* format, not the framing format).
 
 cramjam decompresses. Before it allocates anything, the block's varint preamble (its declared
 uncompressed length, :mod:`dcp_cdc.varint`) must be plausible for the block's size; a bad

@@ -1,5 +1,5 @@
-"""Unsigned LEB128, the one varint rule of the wire: collection-id key prefixes (spec §3) and
-the length preamble of a Snappy block (spec §2).
+"""Unsigned LEB128, the one varint rule of the wire: collection-id key prefixes (docs/protocol/dcp.md §3) and
+the length preamble of a Snappy block (docs/protocol/dcp.md §2).
 
 Seven bits a byte, low group first, the 0x80 bit set on every byte but the last. Both uses hold
 a 32-bit value, so a varint is at most 5 bytes and at most ``0xffffffff``. A varint that breaks
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 MAX_BYTES = 5
-"""A 32-bit value never needs more (spec §3)."""
+"""A 32-bit value never needs more (docs/protocol/dcp.md §3)."""
 MAX_VALUE = 0xFFFF_FFFF
 CONTINUATION = 0x80
 """Set on every byte of a varint but its last: a byte below it is a whole one-byte varint."""
@@ -112,7 +112,7 @@ def read_uleb128_many(data: Any, start: Any, length: Any) -> tuple[Any, Any, Any
 
 
 def encode_uleb128(value: int) -> bytes:
-    """The shortest (canonical) encoding, as KV writes it (spec §3)."""
+    """The shortest (canonical) encoding, as KV writes it (docs/protocol/dcp.md §3)."""
     if not 0 <= value <= MAX_VALUE:
         raise ValueError(f"collection id out of range: {value}")
     out = bytearray()

@@ -1,4 +1,4 @@
-"""The XATTR section at the start of a value (spec §2, Document.md)."""
+"""The XATTR section at the start of a value (docs/protocol/dcp.md §2, Document.md)."""
 
 from __future__ import annotations
 

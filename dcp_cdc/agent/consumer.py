@@ -2,9 +2,9 @@
 
 One :class:`ConsumerConnection` is one DCP connection to one data node. It holds every
 protocol rule: the handshake (HELLO, SASL SCRAM, SELECT_BUCKET, GET_CLUSTER_CONFIG,
-DCP_OPEN, DCP_CONTROL; research §1.3), which it inherits from
+DCP_OPEN, DCP_CONTROL; docs/protocol/dcp.md §4), which it inherits from
 :class:`~dcp_cdc.agent.handshake.Handshake`, and, here, stream requests with opaque = vbucket
-(capture-format.md), rollback (spec §7.5: prune the failover log, re-request from the rollback
+(docs/protocol/capture-format.md), rollback (docs/protocol/dcp.md §7.5: prune the failover log, re-request from the rollback
 seqno), NOOP replies (§6.11), flow control (§7.6) and per-vbucket positions at snapshot
 boundaries (§6.3, §6.9, §7.2). No sockets, files or clocks: the driver feeds
 :meth:`~ConsumerConnection.receive_data`, sends :meth:`~ConsumerConnection.data_to_send`,
@@ -143,7 +143,7 @@ class ConsumerConnection(Handshake):
         self._vbs: dict[int, _Vb] = {}
         self._positions: dict[int, VbPosition] = {}
         self._dirty: set[int] = set()
-        # flow control (spec §7.6)
+        # flow control (docs/protocol/dcp.md §7.6)
         self._fc_in_capture = 0  # flow-controlled bytes in self._capture, not yet taken
         self._takes: deque[list[int]] = deque()  # [bytes left to consume, fc bytes] per take
         self._ack_pending = 0
@@ -450,7 +450,8 @@ class ConsumerConnection(Handshake):
         else:
             raise ProtocolError(f"vbucket {vb}: snapshot marker with {ext_len} bytes of extras")
         pend = self._pending_end
-        if pend[vb] >= 0:  # the next marker completes the previous snapshot (spec §6.3)
+        # the next marker completes the previous snapshot (docs/protocol/dcp.md §6.3)
+        if pend[vb] >= 0:
             self._consistent[vb] = pend[vb]
         elif pend[vb] == IN_OSO:
             raise ProtocolError(f"vbucket {vb}: snapshot marker inside an OSO snapshot")
@@ -488,7 +489,7 @@ class ConsumerConnection(Handshake):
         self._stream_meta(vb, "OSO snapshot")
         flags = U32.unpack_from(data, pos + 24)[0]
         pend = self._pending_end
-        if flags & 0x01:  # start: the marker of an unordered backfill (spec §6.9)
+        if flags & 0x01:  # start: the marker of an unordered backfill (docs/protocol/dcp.md §6.9)
             if pend[vb] >= 0:
                 self._consistent[vb] = pend[vb]
             pend[vb] = IN_OSO

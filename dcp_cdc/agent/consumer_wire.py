@@ -17,7 +17,8 @@ from dcp_cdc.agent.positions import FailoverEntries
 from dcp_cdc.errors import ProtocolError
 from dcp_cdc.protocol import Opcode
 
-HEAD = layouts.joined(layouts.HEADER)  # the 24-byte header (spec §1.1), from the one table
+# the 24-byte header (docs/protocol/dcp.md §1.1), from the one table
+HEAD = layouts.joined(layouts.HEADER)
 HEAD_SEQNO = struct.Struct(">BBHBBHI12xQ")  # header up to body_len, then extras' first u64
 HEAD_SHORT = struct.Struct(">BBHBBHI")  # the same for a frame too short for the seqno
 U64 = struct.Struct(">Q")
@@ -40,7 +41,7 @@ COMMAND_OPAQUE_BASE = 0x0001_0000
 NO_SNAPSHOT = -2
 """``pending_end`` of a vbucket with no open snapshot: its items take the checked path."""
 IN_OSO = -1
-"""``pending_end`` of a vbucket inside an OSO snapshot (spec §6.9)."""
+"""``pending_end`` of a vbucket inside an OSO snapshot (docs/protocol/dcp.md §6.9)."""
 
 KIND_ITEM, KIND_SYSEV, KIND_MARKER, KIND_END, KIND_OSO, KIND_NOOP, KIND_OTHER = range(1, 8)
 KINDS = bytearray(256)

@@ -1,7 +1,7 @@
 """The first part of a capture agent's DCP connection, sans-I/O: the requests we send with the
 handler of each reply (:meth:`Handshake._command`), and the handshake itself: HELLO, SASL
 (PLAIN over TLS, else SCRAM via :mod:`dcp_cdc.scram`), SELECT_BUCKET, GET_CLUSTER_CONFIG,
-DCP_OPEN and the DCP_CONTROLs (research §1.3), which ends in :class:`Ready`.
+DCP_OPEN and the DCP_CONTROLs (docs/protocol/dcp.md §4), which ends in :class:`Ready`.
 
 :class:`~dcp_cdc.agent.consumer.ConsumerConnection` extends :class:`Handshake` with the
 streams; the seam is the ``ready`` flag: nothing here knows a vbucket. None of these frames

@@ -5,7 +5,7 @@ for a node that cannot be reached (:class:`Backoff`).
 
 The socket reader hands each run of captured frames to a bounded queue and only then tells
 the core ``consumed()``, so a lagging writer stops the acknowledgements and flow control stops
-the node (spec §7.6); a full queue also stops the reads. Every wait has a timeout. The file
+the node (docs/protocol/dcp.md §7.6); a full queue also stops the reads. Every wait has a timeout. The file
 writer closes a file (fsync'd and renamed) before it commits the checkpoint that covers its
 frames.
 

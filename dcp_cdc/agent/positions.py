@@ -1,7 +1,7 @@
-"""Per-vbucket resume positions of the capture agent (spec §7.2, §7.4, §7.5).
+"""Per-vbucket resume positions of the capture agent (docs/protocol/dcp.md §7.2, §7.4, §7.5).
 
 A position is the last *consistent* seqno of a vbucket: the end of the last complete snapshot
-(spec §6.3), never a point inside one. Resuming there replays at most one snapshot (silver is
+(docs/protocol/dcp.md §6.3), never a point inside one. Resuming there replays at most one snapshot (silver is
 idempotent) and never leaves a gap.
 """
 
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from dcp_cdc.errors import CheckpointError
 
 FailoverEntries = tuple[tuple[int, int], ...]
-"""(vb_uuid, seqno) pairs, newest first, as the server sent them (spec §6.1)."""
+"""(vb_uuid, seqno) pairs, newest first, as the server sent them (docs/protocol/dcp.md §6.1)."""
 
 _U64 = (1 << 64) - 1
 
 
 def uuid_at(failover_log: FailoverEntries, seqno: int) -> int:
     """The uuid of the newest failover-log entry at or below ``seqno``; 0 when none is
-    (spec §7.5: the branch our history at ``seqno`` belongs to)."""
+    (docs/protocol/dcp.md §7.5: the branch our history at ``seqno`` belongs to)."""
     for uuid, start in failover_log:
         if start <= seqno:
             return uuid
@@ -28,14 +28,14 @@ def uuid_at(failover_log: FailoverEntries, seqno: int) -> int:
 
 
 def prune_log(failover_log: FailoverEntries, seqno: int) -> FailoverEntries:
-    """The log without the entries above ``seqno`` (spec §7.5, as java-dcp-client does)."""
+    """The log without the entries above ``seqno`` (docs/protocol/dcp.md §7.5, as java-dcp-client does)."""
     return tuple(entry for entry in failover_log if entry[1] <= seqno)
 
 
 @dataclass(frozen=True, slots=True)
 class VbPosition:
     """Where a vbucket's stream resumes: STREAM_REQ start = snap_start = snap_end = ``seqno``
-    with vb uuid ``vb_uuid`` (spec §7.2)."""
+    with vb uuid ``vb_uuid`` (docs/protocol/dcp.md §7.2)."""
 
     vbucket: int
     seqno: int

@@ -1,4 +1,4 @@
-"""Framing a buffer (spec §1): the start of every whole frame, and the error that stopped it.
+"""Framing a buffer (docs/protocol/dcp.md §1): the start of every whole frame, and the error that stopped it.
 
 Lengths chain, so framing is serial by nature: the compiled pass walks frame by frame; numpy
 walks many segments of the buffer at once from guessed starts, and a guess counts only once the
@@ -35,7 +35,7 @@ _BODY_LEN = struct.Struct(">I").unpack_from  # the u32 at _BODY_LEN_AT
 
 
 def _body_len(buf: bytes, pos: int) -> int:
-    """The body length in the header at ``buf[pos:]`` (spec §1.1)."""
+    """The body length in the header at ``buf[pos:]`` (docs/protocol/dcp.md §1.1)."""
     return int(_BODY_LEN(buf, pos + _BODY_LEN_AT)[0])
 
 

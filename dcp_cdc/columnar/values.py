@@ -1,4 +1,4 @@
-"""Document values of many frames at once (spec §2): Snappy values decompressed into one
+"""Document values of many frames at once (docs/protocol/dcp.md §2): Snappy values decompressed into one
 buffer (one cramjam call per value), then XATTR sections split for all values at once. A value
 that is not exactly what the per-frame path accepts is left to that path, which says why."""
 
@@ -35,7 +35,7 @@ class _Values:
 
 
 def decode_values(buf: bytes, start: Any, length: Any, datatype: Any) -> _Values:
-    """Snappy then XATTRs (the order of spec §2) for non-empty values of known datatype."""
+    """Snappy then XATTRs (the order of docs/protocol/dcp.md §2) for non-empty values of known datatype."""
     m = len(start)
     ok = np.ones(m, dtype=np.bool_)
     src = np.zeros(m, dtype=np.int64)

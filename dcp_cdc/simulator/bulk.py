@@ -4,7 +4,7 @@ The simulator's documents are Python objects, a few hundred bytes each and micro
 make; ten million of them would take minutes and gigabytes. Bulk documents are a numbered
 range instead: document ``k`` of collection 0 has key ``bulk::<k, 10 digits>``, a JSON body of
 ``body_bytes`` bytes naming it, rev seqno 1 and its own CAS. Each vbucket (the key's CRC32,
-spec §7.1, computed with numpy) holds its documents at consecutive seqnos right above what the
+docs/protocol/dcp.md §7.1, computed with numpy) holds its documents at consecutive seqnos right above what the
 vbucket had when they were made; only their numbers are kept (4 bytes a document). The test
 producer serves them in backfills as mutations, whole chunks built with numpy records made of
 the layout tables (``HEADER`` and ``MUTATION``); nothing else changes them, and the truth

@@ -107,7 +107,7 @@ class ProducerCluster:
         """The bucket config as GET_CLUSTER_CONFIG returns it (``$HOST`` for the host).
 
         gocbcore needs a ``mgmt`` port in every ``nodesExt`` entry and a ``nodes`` array as
-        long as ``nodesExt`` (research dcp-clients.md §3); nothing listens on ``mgmt``.
+        long as ``nodesExt`` (gocbcore's cluster-map reader); nothing listens on ``mgmt``.
         """
         cached = self._config_cache.get((self.rev, node))
         if cached is not None:

@@ -1,7 +1,7 @@
 """The test producer's connection, its first half, sans-I/O (:class:`ProducerCommands`): the
 framing of client requests (:meth:`~ProducerCommands.receive_data`), replies, the handshake
-(HELLO, SASL, SELECT_BUCKET, DCP_OPEN, DCP_CONTROL; spec §4), the cluster map, collections
-manifest and high seqno queries, the noop clock (spec §6.11) and cluster map pushes.
+(HELLO, SASL, SELECT_BUCKET, DCP_OPEN, DCP_CONTROL; docs/protocol/dcp.md §4), the cluster map, collections
+manifest and high seqno queries, the noop clock (docs/protocol/dcp.md §6.11) and cluster map pushes.
 
 :class:`~dcp_cdc.simulator.producer.ProducerConnection` extends it with the streams (stream
 requests, flow control, scheduling): the seam is DCP_OPEN's state, which this half sets and
@@ -190,7 +190,7 @@ class ProducerCommands:
         del buf[:pos]
 
     def on_timer(self, now: float) -> None:
-        """The noop clock (spec §6.11): a DCP_NOOP every interval; one left unanswered for
+        """The noop clock (docs/protocol/dcp.md §6.11): a DCP_NOOP every interval; one left unanswered for
         a whole interval closes the connection."""
         if not self.noop_interval or self.dcp_name is None:
             return
@@ -242,7 +242,7 @@ class ProducerCommands:
         value = self.cluster.config(self.node)
         self._reply(req, Status.NOT_MY_VBUCKET, value=value, datatype=Datatype.JSON)
 
-    # --- handshake (spec §4) -------------------------------------------------------------------
+    # --- handshake (docs/protocol/dcp.md §4) -------------------------------------------------------------------
 
     def _hello(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
         asked = [_U16.unpack_from(value, i)[0] for i in range(0, len(value) - 1, 2)]

@@ -1,4 +1,4 @@
-"""Document frames for the test producer, fast (spec §6.4–§6.6).
+"""Document frames for the test producer, fast (docs/protocol/dcp.md §6.4–§6.6).
 
 :class:`DocFrames` writes the very bytes ``encode(EventMaker.doc_event(...))`` writes, one
 struct pack per frame: the header and the extras are packed together through

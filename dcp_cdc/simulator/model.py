@@ -1,4 +1,4 @@
-"""The bucket model: vbuckets, documents, the collections manifest and a clock (spec §6–§7).
+"""The bucket model: vbuckets, documents, the collections manifest and a clock (docs/protocol/dcp.md §6–§7).
 
 Every change the simulated bucket makes goes through :class:`Bucket`, which gives it a seqno in
 its vbucket, keeps the current state of every document (tombstones included) and records an
@@ -31,12 +31,12 @@ NS = 1_000_000_000
 
 
 def vbucket_of(key: bytes, vbuckets: int) -> int:
-    """Couchbase's key → vbucket mapping: bits 16–30 of the CRC32 of the key (spec §7.1)."""
+    """Couchbase's key → vbucket mapping: bits 16–30 of the CRC32 of the key (docs/protocol/dcp.md §7.1)."""
     return ((zlib.crc32(key) >> 16) & 0x7FFF) % vbuckets
 
 
 def hlc_cas(now_ns: int, last_cas: int) -> int:
-    """A CAS from the hybrid logical clock: 48-bit masked ns, low bits a counter (spec §1.5)."""
+    """A CAS from the hybrid logical clock: 48-bit masked ns, low bits a counter (docs/protocol/dcp.md §1.5)."""
     masked = now_ns & ~HLC_COUNTER_MASK
     return masked if masked > last_cas else last_cas + 1
 
@@ -160,7 +160,7 @@ class Bucket:
         self.manifest_uid = 0
         self.scopes: dict[int, Scope] = {0: Scope(0, "_default")}
         self.collections: dict[int, Collection] = {0: Collection(0, 0, "_default")}
-        self.next_scope_id = 8  # ids 1–7 are reserved (spec §3)
+        self.next_scope_id = 8  # ids 1–7 are reserved (docs/protocol/dcp.md §3)
         self.next_collection_id = 8
         # Documents with a TTL, soonest first: (expiry, vbucket, seqno, collection id, key).
         # An entry is stale once its document changed (another seqno) or went.
@@ -214,7 +214,7 @@ class Bucket:
         ttl: int = 0,
         flags: int = 0,
     ) -> Doc:
-        """Create or replace a document (rev seqno +1 per change, spec §6.4)."""
+        """Create or replace a document (rev seqno +1 per change, docs/protocol/dcp.md §6.4)."""
         coll = self.collections[collection_id]
         vb = self.vb_for(key)
         before = vb.docs.get((collection_id, key))
@@ -293,7 +293,7 @@ class Bucket:
         return sorted(due.values(), key=lambda d: (d.vbucket, d.seqno))[:limit]
 
     def purge_tombstones(self, older_than_seqno_share: float = 0.5) -> int:
-        """Purge the older tombstones of each vbucket; raises its purge seqno (spec §7.3)."""
+        """Purge the older tombstones of each vbucket; raises its purge seqno (docs/protocol/dcp.md §7.3)."""
         purged = 0
         for vb in self.vbuckets:
             limit = int(vb.high_seqno * older_than_seqno_share)
@@ -304,7 +304,7 @@ class Bucket:
             purged += len(dead)
         return purged
 
-    # --- collections manifest (spec §6.7) -------------------------------------------------
+    # --- collections manifest (docs/protocol/dcp.md §6.7) -------------------------------------------------
 
     def _sys_all(self, kinds: list[tuple[SysKind, Collection | Scope]]) -> None:
         """One manifest change: its events in every vbucket; only the last carries the new uid."""
@@ -359,7 +359,7 @@ class Bucket:
                 del vb.docs[k]
 
     def drop_collection(self, collection_id: int) -> Collection:
-        """Drop: one EndCollection per vbucket, no per-document messages (spec §6.7)."""
+        """Drop: one EndCollection per vbucket, no per-document messages (docs/protocol/dcp.md §6.7)."""
         coll = self.collections[collection_id]
         coll.dropped_uid = self.manifest_uid + 1
         self._sys_all([("drop_collection", coll)])
@@ -367,7 +367,7 @@ class Bucket:
         return coll
 
     def drop_scope(self, scope_id: int) -> Scope:
-        """Each of its collections gets an EndCollection, then the DropScope (spec §6.7)."""
+        """Each of its collections gets an EndCollection, then the DropScope (docs/protocol/dcp.md §6.7)."""
         scope = self.scopes[scope_id]
         colls = [
             c for c in self.collections.values() if c.scope_id == scope_id and c.dropped_uid is None

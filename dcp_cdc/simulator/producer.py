@@ -1,12 +1,12 @@
 """The test producer's connection (:class:`ProducerConnection`), sans-I/O: one client
-connection to one node of the test DCP server (spec §4–§7). Bytes in
+connection to one node of the test DCP server (docs/protocol/dcp.md §4–§7). Bytes in
 (:meth:`~ProducerConnection.receive_data`), bytes out (:meth:`~ProducerConnection.data_to_send`),
 no sockets, no clocks (the driver passes ``now`` to :meth:`~ProducerConnection.on_timer`);
 :mod:`dcp_cdc.simulator.server` drives them over asyncio TCP.
 
 The requests and replies apart from streams (the handshake, the cluster map, the noop clock)
 are :class:`~dcp_cdc.simulator.commands.ProducerCommands`'; this module holds the streams:
-stream requests and their rollback decision, closes and ends, flow control (spec §7.6), and
+stream requests and their rollback decision, closes and ends, flow control (docs/protocol/dcp.md §7.6), and
 the scheduling that encodes each stream's backfill and live changes a chunk at a time, streams
 taking turns. What every node shares (the bucket, the vbucket map, the faults) is
 :class:`~dcp_cdc.simulator.cluster.ProducerCluster`.
@@ -45,7 +45,7 @@ from dcp_cdc.simulator.stream import EventMaker, SessionOptions, rollback_point
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _STREAM_REQ = struct.Struct(">IIQQQQQ")
-KEY_ENOENT = 0x0001  # CLOSE_STREAM without v7 status codes (spec §6.15)
+KEY_ENOENT = 0x0001  # CLOSE_STREAM without v7 status codes (docs/protocol/dcp.md §6.15)
 CHUNK_ITEMS = 4096
 """Items a stream encodes at a time: a backfill is encoded as flow control lets it out."""
 MAX_WRITE = 4 << 20
@@ -76,7 +76,7 @@ class ProducerConnection(ProducerCommands):
 
     def data_to_send(self) -> bytes:
         """Replies and pushes, then stream messages while the consumer's buffer has room
-        (spec §7.6: whole frames of every DCP message but NOOP count)."""
+        (docs/protocol/dcp.md §7.6: whole frames of every DCP message but NOOP count)."""
         out: list[bytes] = self._ctrl
         self._ctrl = []
         window = self.buffer_size - self.unacked if self.buffer_size else MAX_WRITE
@@ -122,7 +122,7 @@ class ProducerConnection(ProducerCommands):
     def _stream_has_work(self, s: ProducerStream) -> bool:
         return bool(s.frames or s.backfilling or (s.pending and not s.ended))
 
-    # --- streams (spec §4.4, §6) ---------------------------------------------------------------
+    # --- streams (docs/protocol/dcp.md §4.4, §6) ---------------------------------------------------------------
 
     def _options(self) -> SessionOptions:
         c = self.controls
@@ -227,7 +227,7 @@ class ProducerConnection(ProducerCommands):
         stream.bulk_stop = bulk.in_vbucket(vbid)
 
     def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
-        """The stream request's collection filter (spec §4.4): (known, collection ids)."""
+        """The stream request's collection filter (docs/protocol/dcp.md §4.4): (known, collection ids)."""
         if not value:
             return True, None
         try:

@@ -129,7 +129,7 @@ def fail_over(sim: Simulation, s: Session, vb: VBucket) -> None:
 
 
 def oso_backfill(sim: Simulation, landing: Path) -> None:
-    """A stream filtered to one collection, backfilled out of seqno order (spec §6.9)."""
+    """A stream filtered to one collection, backfilled out of seqno order (docs/protocol/dcp.md §6.9)."""
     colls = sim.setup()
     target = colls[0].collection_id
     sim.streamed_collections = {target}

@@ -1,4 +1,4 @@
-"""The test DCP producer over TCP: one asyncio listener per simulated node (spec §4–§7).
+"""The test DCP producer over TCP: one asyncio listener per simulated node (docs/protocol/dcp.md §4–§7).
 
 :class:`ProducerServer` binds ``nodes`` ports on 127.0.0.1 (and TLS ports with a certificate),
 loads the simulated bucket, serves it through :class:`~dcp_cdc.simulator.producer.ProducerConnection`

@@ -273,7 +273,7 @@ class Simulation:
                 self.inject_malformed(self.session)
 
     def pager(self, limit: int = 200) -> None:
-        """The expiry pager: documents past their TTL become expirations (spec §6.6)."""
+        """The expiry pager: documents past their TTL become expirations (docs/protocol/dcp.md §6.6)."""
         for doc in self.bucket.due_for_expiry(limit):
             gone = self.bucket.remove(doc.collection_id, doc.key, change="expire")
             if gone is not None:

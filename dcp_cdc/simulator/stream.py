@@ -1,4 +1,4 @@
-"""What a data node sends one DCP consumer, written as a capture (spec §4–§7).
+"""What a data node sends one DCP consumer, written as a capture (docs/protocol/dcp.md §4–§7).
 
 :class:`Session` plays both ends of one connection: the consumer's stream requests and
 acknowledgements, and the producer's responses, disk backfills, OSO backfills and memory
@@ -51,7 +51,7 @@ SNAPPY_MIN_BYTES = 96  # only values worth compressing are sent compressed
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """What the consumer negotiated (HELLO, DCP_OPEN, DCP_CONTROL; spec §4)."""
+    """What the consumer negotiated (HELLO, DCP_OPEN, DCP_CONTROL; docs/protocol/dcp.md §4)."""
 
     session_id: str
     collections: bool = True
@@ -89,7 +89,7 @@ class SessionOptions:
 
 
 def rollback_point(vb: VBucket, start: int, vb_uuid: int, snap_start: int) -> int | None:
-    """The server's rollback decision for a stream request (rollback.md, spec §7.5): None to
+    """The server's rollback decision for a stream request (rollback.md, docs/protocol/dcp.md §7.5): None to
     accept it, else the seqno the consumer must roll back to."""
     if start == 0:
         return None
@@ -145,12 +145,12 @@ class EventMaker:
         if not opts.collections:
             return False
         if item.sys.kind == "modify_collection" and not opts.flatbuffers:
-            return False  # a seqno-advanced stands in for it (spec §6.7)
+            return False  # a seqno-advanced stands in for it (docs/protocol/dcp.md §6.7)
         if wanted is not None:
             return item.sys.collection_id in wanted
         return True
 
-    # --- snapshots (spec §6.3) -------------------------------------------------------------
+    # --- snapshots (docs/protocol/dcp.md §6.3) -------------------------------------------------------------
 
     def backfill_items(self, vb: VBucket, start: int) -> list[Item]:
         """A disk backfill's items above ``start``: current documents (tombstones included,
@@ -323,7 +323,7 @@ class StreamState:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What a consumer persists per vbucket to resume (spec §7.2)."""
+    """What a consumer persists per vbucket to resume (docs/protocol/dcp.md §7.2)."""
 
     seqno: int
     vb_uuid: int
@@ -403,7 +403,7 @@ class Session:
     def _sys_event(self, vbid: int, ev: SysEvent) -> Event:
         return self.events.sys_event(vbid, ev)
 
-    # --- stream set-up (spec §4.4, §6.1, §7.5) -----------------------------------------
+    # --- stream set-up (docs/protocol/dcp.md §4.4, §6.1, §7.5) -----------------------------------------
 
     def request(
         self,
@@ -492,7 +492,7 @@ class Session:
             uuid = log[0][0] if log and rollback else 0
         return start
 
-    # --- backfill (disk snapshots, spec §6.3) ------------------------------------------
+    # --- backfill (disk snapshots, docs/protocol/dcp.md §6.3) ------------------------------------------
 
     def backfill(self, vb: VBucket) -> None:
         """A disk snapshot from the stream's start to the vbucket's high seqno (deduplicated)."""
@@ -604,7 +604,7 @@ class Session:
 
 
 def _dedup(items: list[Item]) -> list[Item]:
-    """Keep the last change of each key (a snapshot without flag 0x20, spec §6.3)."""
+    """Keep the last change of each key (a snapshot without flag 0x20, docs/protocol/dcp.md §6.3)."""
     last: dict[tuple[int, bytes], int] = {}
     for i, item in enumerate(items):
         if item.doc is not None:

@@ -67,7 +67,7 @@ class _Chunks:
     bytes of each buffer it framed; the rest (a frame cut by the chunk boundary, or frames a
     batch left for later) starts the next buffer, topped up to ``chunk_bytes`` only. So a
     buffer is at most one chunk, unless it holds no whole frame (one frame is at most 64 MiB,
-    spec §1.1). ``storage``: the Spark settings the landing filesystem is built from
+    docs/protocol/dcp.md §1.1). ``storage``: the Spark settings the landing filesystem is built from
     (:func:`pipelines.landing.filesystem`).
 
     After the caller's last chunk, :meth:`finish` says whether the bytes were those planned.
@@ -162,7 +162,7 @@ class StateEvents:
     """The frames of a decoded table that set a stream's state, in row order.
 
     ``vb_key`` is the stream of every row: the vbucket of a request, the opaque of a response
-    (a consumer sets each stream request's opaque to its vbucket, capture-format.md). A
+    (a consumer sets each stream request's opaque to its vbucket, docs/protocol/capture-format.md). A
     snapshot marker sets the snapshot (start, end, flags); an OSO snapshot marker sets the
     OSO flag (start) or clears it (end); a successful stream-request response clears both and
     its failover log's entry 0 sets the vb uuid.

@@ -14,7 +14,7 @@ from pipelines import schemas
 
 def vb_key() -> Column:
     """The stream a frame belongs to: the vbucket of a request, the opaque of a response
-    (a consumer sets each stream request's opaque to its vbucket, capture-format.md). The
+    (a consumer sets each stream request's opaque to its vbucket, docs/protocol/capture-format.md). The
     decode tasks key session order the same way (pipelines/bronze/decode.py)."""
     return F.when(F.col("status").isNotNull(), F.col("opaque").cast("int")).otherwise(
         F.col("vbucket")

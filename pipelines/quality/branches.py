@@ -25,7 +25,7 @@ from pipelines.quality.frames import history_position
 
 
 def latest_branches(frames: DataFrame) -> DataFrame:
-    """Per vbucket, the branches of its newest failover log (spec §7.4): ``uuid`` and
+    """Per vbucket, the branches of its newest failover log (docs/protocol/dcp.md §7.4): ``uuid`` and
     ``branch_end``, the seqno where the next newer branch starts (null for the newest).
 
     Only the logs that opened streams, which silver's walk rolls back by: the live documents
@@ -64,7 +64,7 @@ def with_branch(
     rows: DataFrame, branches: DataFrame, *, vbucket: str, uuid: str, seqno: str
 ) -> DataFrame:
     """``rows`` with ``dead_branch``: a change its vbucket's newest failover log no longer
-    holds (its uuid is gone, or it lies above where its branch ended; spec §7.4). A row
+    holds (its uuid is gone, or it lies above where its branch ended; docs/protocol/dcp.md §7.4). A row
     without a uuid is not judged."""
     b = branches.select(
         F.col("vbucket").alias("_b_vb"),
@@ -88,7 +88,7 @@ def split_history(
     items: DataFrame, branches: DataFrame, rolled: DataFrame
 ) -> tuple[DataFrame, DataFrame]:
     """``items`` (frames with a seqno) as (alive, dead): dead when a rollback response that
-    came later in the vbucket's history has a lower seqno (spec §7.5), or when the newest
+    came later in the vbucket's history has a lower seqno (docs/protocol/dcp.md §7.5), or when the newest
     failover log no longer holds their branch."""
     later_rollback = (
         (F.col("vbucket") == F.col("rb_vbucket"))
@@ -117,7 +117,7 @@ def dead_changes(alive: DataFrame, dead: DataFrame) -> DataFrame:
 
 
 def committed_items(items: DataFrame, snaps: DataFrame) -> DataFrame:
-    """``items`` of committed snapshots (the consumer rule, spec §6.3)."""
+    """``items`` of committed snapshots (the consumer rule, docs/protocol/dcp.md §6.3)."""
     done = snaps.where(F.col("committed")).select(
         "session_id", "vbucket", "stream_no", "snapshot_no"
     )
@@ -134,7 +134,7 @@ def history_items(frames: DataFrame) -> DataFrame:
 def collection_cuts(items: DataFrame) -> DataFrame:
     """Per (collection, vbucket): ``dropped`` (a drop arrived: every change of the collection
     in the vbucket is gone, later ones are ignored) and ``flush_seqno`` (a repeated create at
-    a new seqno: changes below it are gone, spec §6.7)."""
+    a new seqno: changes below it are gone, docs/protocol/dcp.md §6.7)."""
     events = items.where(F.col("op") == SystemEvent.op).withColumn(
         "cid", F.coalesce(F.col("collection_id"), F.lit(0))
     )

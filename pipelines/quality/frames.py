@@ -9,7 +9,7 @@ snapshot and stream metrics (:mod:`pipelines.quality.streams`), the branches
 (:mod:`pipelines.quality.metrics`) start from them. Great Expectations then validates the
 small metric frames.
 
-The rules are spec §6.3 (snapshots), §6.9 (OSO), §6.10 (stream end), §7.1 (ordering) and
+The rules are docs/protocol/dcp.md §6.3 (snapshots), §6.9 (OSO), §6.10 (stream end), §7.1 (ordering) and
 §7.4–§7.5 (failover log, rollback).
 """
 
@@ -38,7 +38,7 @@ from dcp_cdc.protocol import ClientOpcode, Opcode, OsoFlag
 from pipelines.bronze.transforms import vb_key
 
 ITEM_OPS = (*DATA_OPS, SystemEvent.op, SeqnoAdvanced.op, Prepare.op, Commit.op, Abort.op)
-"""Frames that carry a seqno of the vbucket's history (spec §7.1)."""
+"""Frames that carry a seqno of the vbucket's history (docs/protocol/dcp.md §7.1)."""
 STREAM_OPS = (
     *ITEM_OPS,
     SnapshotMarker.op,
@@ -162,15 +162,15 @@ def stream_frames(base: DataFrame) -> DataFrame:
 
     Per (session, vbucket), in session order: ``stream_no`` numbers the streams: a stream
     request, the rollback responses and re-requests that follow it, up to and including the
-    successful response that opens the stream (spec §6.1, §7.5), and everything after it.
+    successful response that opens the stream (docs/protocol/dcp.md §6.1, §7.5), and everything after it.
     ``snapshot_no`` counts snapshot openers (markers, OSO starts and stream starts),
     ``rollback_no`` rollback responses (0x23). ``requested_start``/``requested_end`` are the
     last request's, so the response that opens a stream carries the request it answers.
 
     ``regression`` marks an item whose seqno does not exceed every seqno before it since the
     last rollback (nor that rollback's seqno): seqnos strictly increase on a stream except
-    inside an OSO backfill (spec §7.1, §6.9). ``out_of_range`` marks an item outside its
-    snapshot's [start, end] or outside any snapshot (spec §6.3: assert only
+    inside an OSO backfill (docs/protocol/dcp.md §7.1, §6.9). ``out_of_range`` marks an item outside its
+    snapshot's [start, end] or outside any snapshot (docs/protocol/dcp.md §6.3: assert only
     ``start <= seqno <= end``; a first marker's start is the requested start).
     """
     op = F.col("op")

@@ -45,7 +45,7 @@ class ExpectationOutcome:
 
 @dataclass(frozen=True, slots=True)
 class OpenSnapshot:
-    """The last snapshot of a stream that did not complete (spec §6.3).
+    """The last snapshot of a stream that did not complete (docs/protocol/dcp.md §6.3).
 
     ``resumed``: a later stream of the vbucket exists, so this one was abandoned and the
     vbucket resumed from its last consistent point; otherwise silver waits on it now.

@@ -1,7 +1,7 @@
 """The ``snapshot_completeness`` metric frame, one row per DCP stream: its snapshots, what
 arrived in each, and the seqnos that repeat (pure DataFrame → DataFrame steps, no I/O).
 
-They start from :func:`pipelines.quality.frames.stream_frames`. The rules are spec §6.3
+They start from :func:`pipelines.quality.frames.stream_frames`. The rules are docs/protocol/dcp.md §6.3
 (snapshots), §6.9 (OSO), §6.10 (stream end) and §7.1 (ordering).
 """
 
@@ -16,8 +16,8 @@ from pipelines.quality.frames import OSO_END, OSO_START
 
 HISTORY_FLAGS = int(
     SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
-)  # keys may repeat (spec §6.3)
-NO_END_SEQNO = -1  # 0xFFFFFFFFFFFFFFFF read as BIGINT: "stream forever" (spec §4.4)
+)  # keys may repeat (docs/protocol/dcp.md §6.3)
+NO_END_SEQNO = -1  # 0xFFFFFFFFFFFFFFFF read as BIGINT: "stream forever" (docs/protocol/dcp.md §4.4)
 STREAM_KEY = ("session_started_at", "session_id", "vbucket", "stream_no")
 """A stream: the n-th of a vbucket in a capture session
 (:func:`pipelines.quality.frames.stream_frames`)."""
@@ -33,7 +33,7 @@ def snapshots(frames: DataFrame) -> DataFrame:
     ``kind`` is ``marker``, ``oso`` or null (the frames of a stream before its first marker).
     ``complete`` (the quality rule, null for the pre-marker group): a marker's end was reached
     by an item or a seqno-advanced, or a later marker of the stream covers its end; an OSO
-    backfill got its end marker. ``committed`` (the consumer rule silver follows, spec §6.3):
+    backfill got its end marker. ``committed`` (the consumer rule silver follows, docs/protocol/dcp.md §6.3):
     its end was reached, or a later snapshot or the stream's end closed it; an OSO backfill
     commits at its end marker.
     """

@@ -56,13 +56,13 @@ SUITES = (
         "snapshot_completeness",
         "stream",
         "Per session, vbucket and snapshot, from bronze: every stream delivered whole, "
-        "ordered snapshots (spec §6.3, §7.1).",
+        "ordered snapshots (docs/protocol/dcp.md §6.3, §7.1).",
     ),
     Suite(
         "stream_coverage",
         "vbucket",
         "Per vbucket: silver reached what its latest stream asked for or was told exists, "
-        "nothing of a rolled-back branch remains (spec §7.4, §7.5), and silver stands on the "
+        "nothing of a rolled-back branch remains (docs/protocol/dcp.md §7.4, §7.5), and silver stands on the "
         "cluster's current branch as the captures last recorded it.",
     ),
     Suite(
@@ -111,7 +111,7 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "seqno_in_snapshot_range",
             "error",
             "Every item's seqno lies inside its snapshot's [start, end] (the start may be "
-            "below the first item, spec §6.3); no item outside a snapshot.",
+            "below the first item, docs/protocol/dcp.md §6.3); no item outside a snapshot.",
             IN_SET,
             _zero("out_of_range"),
             "out_of_range_detail",
@@ -142,7 +142,7 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "seqnos_increase_within_stream",
             "error",
             "Seqnos strictly increase on a stream (outside OSO backfills), except after a "
-            "rollback response (spec §7.1).",
+            "rollback response (docs/protocol/dcp.md §7.1).",
             IN_SET,
             _zero("regressions"),
             "regression_detail",
@@ -171,7 +171,7 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             sc,
             "bounded_streams_end_ok",
             "error",
-            "Every stream requested with an end seqno ended with reason Ok (spec §6.10), or "
+            "Every stream requested with an end seqno ended with reason Ok (docs/protocol/dcp.md §6.10), or "
             "a later stream of its vbucket resumed it (a recovered fault: a cut connection, a "
             "move, a rollback).",
             IN_SET,
@@ -211,7 +211,7 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             "error",
             "No silver row (tombstones included) comes from a branch the newest failover log "
             "a stream was opened with no longer holds, or from a change a rollback removed "
-            "(spec §7.4, §7.5).",
+            "(docs/protocol/dcp.md §7.4, §7.5).",
             IN_SET,
             _zero("rolled_back_rows"),
             "rolled_back_detail",
@@ -281,7 +281,7 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             bi,
             "opcodes_known",
             "error",
-            "Every frame has an opcode of the known set (spec §5).",
+            "Every frame has an opcode of the known set (docs/protocol/dcp.md §5).",
             IN_SET,
             _zero("unknown_opcodes"),
             "unknown_detail",

@@ -2,7 +2,7 @@
 stream state, purge marks), each collection's ``_all`` table, view and typed projections, and
 their renames and retirement, each kill-safe.
 
-System events (spec §6.7) change the registry (:func:`update_registry`); a collection is
+System events (docs/protocol/dcp.md §6.7) change the registry (:func:`update_registry`); a collection is
 known by its id until its create event names it, and its tables follow a rename
 (:func:`_take_names`). The MERGEs into these tables are :mod:`pipelines.silver.store`'s.
 """

@@ -1,10 +1,10 @@
 """The per-vbucket walk of silver: bronze frames in session order → committed effects.
 
 One vbucket's frames (after the position the last run stopped at) go through a small state
-machine, the rules of spec §6–§7 a CDC sink must follow:
+machine, the rules of docs/protocol/dcp.md §6–§7 a CDC sink must follow:
 
 - a snapshot's changes are *committed* only once the snapshot is complete: an item at its end
-  seqno, a seqno-advanced to it, the next marker, or a stream end (spec §6.3); OSO backfills
+  seqno, a seqno-advanced to it, the next marker, or a stream end (docs/protocol/dcp.md §6.3); OSO backfills
   once their end marker arrived (§6.9);
 - a rollback response (status 0x23, or a new stream whose failover log branches below what was
   applied) retracts everything above the rollback seqno (§7.5);
@@ -238,7 +238,7 @@ def _branch_point(
 
 
 def _rollback(seqno: int, state: VbState, result: WalkResult) -> None:
-    """Retract everything above ``seqno`` (spec §7.5): this run's effects here, and earlier
+    """Retract everything above ``seqno`` (docs/protocol/dcp.md §7.5): this run's effects here, and earlier
     runs' rows through ``result.rollbacks`` (silver rebuilds those keys from bronze)."""
     result.changes = [c for c in result.changes if c["by_seqno"] <= seqno]
     result.ended = [c for c in result.ended if c["by_seqno"] <= seqno]
@@ -253,7 +253,7 @@ def _rollback(seqno: int, state: VbState, result: WalkResult) -> None:
 
 def _clock_before(buffer: list[dict[str, Any]], seqno: int, clock: int) -> int:
     """The highest CAS of the changes below ``seqno`` (in ``buffer``, or ``clock`` before
-    it): a system event carries CAS 0 (spec §1.5), so this is the last time known before it."""
+    it): a system event carries CAS 0 (docs/protocol/dcp.md §1.5), so this is the last time known before it."""
     cas = [f["cas"] or 0 for f in buffer if f["op"] in DATA_OPS and f["by_seqno"] < seqno]
     return max([clock, *cas])
 
@@ -266,7 +266,7 @@ def _system_event(f: dict[str, Any], state: VbState, result: WalkResult, clock: 
     kind = f["event"]
     if kind == "create_collection" and cid is not None:
         if cid in state.known and state.dropped.get(cid) is None:
-            kind = "flush_collection"  # a repeated create: every older item is gone (spec §6.7)
+            kind = "flush_collection"  # a repeated create: every older item is gone (docs/protocol/dcp.md §6.7)
         state.known[cid] = seqno
         state.dropped.pop(cid, None)
     elif kind == "drop_collection" and cid is not None:

@@ -106,7 +106,7 @@ def test_counts_lineage_and_quarantine(
     for r in per_file.collect():
         assert r["top"] == r["n"] - 1 + errors[r["file"]]
 
-    # the snapshot each data event arrived in (spec §6.3): start <= seqno <= end
+    # the snapshot each data event arrived in (docs/protocol/dcp.md §6.3): start <= seqno <= end
     data = events.where(F.col("op").isin("mutation", "deletion", "expiration") & ~F.col("in_oso"))
     assert data.where(F.col("in_snapshot_end").isNull()).count() == 0
     outside = data.where(

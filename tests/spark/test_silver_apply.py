@@ -106,7 +106,7 @@ def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
 def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
     spark: SparkSession, walked_changes: Any, data: st.DataObject
 ) -> None:
-    """spec §7.1: the newest change per key wins whatever the batching and arrival order."""
+    """docs/protocol/dcp.md §7.1: the newest change per key wins whatever the batching and arrival order."""
     changes, registry, expected, bucket = walked_changes
     batches = data.draw(st.integers(2, 3), label="batches")
     salt = data.draw(st.integers(0, 2**31 - 1), label="split")

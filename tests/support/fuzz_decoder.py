@@ -69,7 +69,8 @@ def _doc_frames() -> list[bytes]:
 
 def corpus() -> list[bytes]:
     """Valid frames of every message, and the reproducers."""
-    from tests.unit.test_spec_examples import EXAMPLES  # the spec §8 examples, written down
+    # the docs/protocol/dcp.md §8 examples, written down
+    from tests.unit.test_spec_examples import EXAMPLES
 
     return [bytes.fromhex(e.hex) for e in EXAMPLES] + _doc_frames() + REPRODUCERS
 

@@ -1,4 +1,4 @@
-"""A plain-Python DCP consumer used as a test oracle (spec §6–§7).
+"""A plain-Python DCP consumer used as a test oracle (docs/protocol/dcp.md §6–§7).
 
 It reads decoded captures in session order and keeps, per vbucket, the document state at the
 end of the last complete snapshot, following the rules a CDC sink must follow: snapshot-
@@ -167,7 +167,8 @@ class ReferenceConsumer:
                         dropped.add(cid)
                         docs = {k: v for k, v in docs.items() if k[0] != cid}
                     elif item.event == "create_collection" and cid is not None:
-                        if cid in known:  # a repeated BeginCollection: a flush (spec §6.7)
+                        # a repeated BeginCollection: a flush (docs/protocol/dcp.md §6.7)
+                        if cid in known:
                             docs = {k: v for k, v in docs.items() if k[0] != cid}
                         known.add(cid)
                         dropped.discard(cid)

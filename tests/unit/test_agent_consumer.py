@@ -1,6 +1,6 @@
 """The capture agent's sans-I/O consumer core, byte by byte.
 
-Expected frames are written down as hex (spec §8 examples) or packed here with ``struct``,
+Expected frames are written down as hex (docs/protocol/dcp.md §8 examples) or packed here with ``struct``,
 never built by the code under test. Every reply is fed three ways (h11's rule): whole, one
 byte at a time, and with the first bytes of the next frame trailing.
 """
@@ -267,13 +267,13 @@ def ready(**changes: object) -> ConsumerConnection:
 
 
 # STREAM_REQ for vb 0x210 from nothing: opaque = vbucket, flags ACTIVE_VB_ONLY (0x10),
-# start 0, end "forever", uuid 0, snapshot 0..0 (spec §4.4)
+# start 0, end "forever", uuid 0, snapshot 0..0 (docs/protocol/dcp.md §4.4)
 STREAM_REQ_0 = H(
     "8053000030000210" "0000003000000210" "0000000000000000"
     "00000010" "00000000" "0000000000000000" "ffffffffffffffff"
     "0000000000000000" "0000000000000000" "0000000000000000"
 )  # fmt: skip
-# its success reply: failover log (0xabcdef, 10), (0x1111, 0), newest first (spec §6.1)
+# its success reply: failover log (0xabcdef, 10), (0x1111, 0), newest first (docs/protocol/dcp.md §6.1)
 OPENED = H(
     "8153000000000000" "0000002000000210" "0000000000000000"
     "0000000000abcdef" "000000000000000a" "0000000000001111" "0000000000000000"
@@ -549,7 +549,7 @@ def test_misuse_is_the_callers_error() -> None:
         conn.open_stream(VB, None)
 
 
-# spec §8.8: create collection "mycollection" (cid 8, manifest 2, maxTTL 72000) at seqno 7
+# docs/protocol/dcp.md §8.8: create collection "mycollection" (cid 8, manifest 2, maxTTL 72000) at seqno 7
 CREATE_COLLECTION_7 = H(
     "805f000c0d000210000000"
     "2d000012100000000000000000000000000000000700000000016d79636f6c6c656374696f6e"

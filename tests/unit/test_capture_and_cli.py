@@ -1,4 +1,4 @@
-"""Capture files (capture-format.md) and the ``dcp-cdc decode`` command."""
+"""Capture files (docs/protocol/capture-format.md) and the ``dcp-cdc decode`` command."""
 
 from __future__ import annotations
 

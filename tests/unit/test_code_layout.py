@@ -282,3 +282,59 @@ def test_table_names() -> None:
     )
     assert view_of(all_rows("silver.b__s__c")) == "silver.b__s__c"
     assert names.results == "quality.travel_sample_a8560dff_results"
+
+
+# Citations: a wire fact's comment cites the project's own protocol docs by section
+# ("docs/protocol/dcp.md §6.3"); every such section exists, and nothing cites a document that
+# is not in the repository.
+CITATION = re.compile(r"((?:docs/)?[\w./-]+\.md) ?§ ?(\d+(?:\.\d+)*)")
+# our docs' names are lower case; kv_engine's (docs/BinaryProtocol.md, ...) are not
+DOC_MENTION = re.compile(r"(?<![\w./-])docs/[a-z0-9_./-]*[a-z0-9]\.md")
+STRAY = re.compile(r"(?<![\w./-])(spec|research) ?§|shared/(spec|research|seeds)/")
+CITING = [
+    *(p for package in (*PACKAGES, "tests", "benchmarks") for p in (ROOT / package).rglob("*.py")),
+    *(ROOT / "docs").rglob("*.md"),
+    ROOT / "README.md",
+]
+
+
+def _sections(doc: Path) -> set[str]:
+    """The numbers of a Markdown file's numbered headings (``### 6.3 ...``, ``## 2. ...``)."""
+    found = re.findall(r"^#+ (\d+(?:\.\d+)*)\.? ", doc.read_text(encoding="utf-8"), re.M)
+    return set(found)
+
+
+def _target(source: Path, name: str) -> Path:
+    """A cited file: from the repository's root (``docs/...``), else beside the citing doc."""
+    if name.startswith("docs/") or source.suffix == ".py":
+        return ROOT / (name if name.startswith("docs/") else f"docs/{name}")
+    return (source.parent / name).resolve()
+
+
+def test_every_citation_resolves_to_a_section_in_the_repository() -> None:
+    broken: list[str] = []
+    for source in CITING:
+        for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{source.relative_to(ROOT)}:{number}"
+            if STRAY.search(line):
+                broken.append(f"{where}: cites a document outside the repository: {line.strip()}")
+            for name, section in CITATION.findall(line):
+                doc = _target(source, name)
+                if not doc.is_file():
+                    broken.append(f"{where}: {name} is not a file in the repository")
+                elif section not in _sections(doc):
+                    broken.append(f"{where}: {name} has no section {section}")
+            for name in DOC_MENTION.findall(line):
+                if not (ROOT / name).is_file():
+                    broken.append(f"{where}: {name} is not a file in the repository")
+    assert not broken, "\n".join(broken)
+
+
+def test_a_broken_citation_is_found(tmp_path: Path) -> None:
+    doc = tmp_path / "d.md"
+    doc.write_text("# T\n## 6. Messages\n### 6.3 Marker\n", encoding="utf-8")
+    assert _sections(doc) == {"6", "6.3"}
+    assert CITATION.findall("see docs/protocol/dcp.md §6.3.") == [("docs/protocol/dcp.md", "6.3")]
+    outside = ("(spec " + "§6.3)", "shared/" + "spec/dcp-messages.md", "research " + "§1.3")
+    assert all(STRAY.search(text) for text in outside)
+    assert not STRAY.search("docs/protocol/dcp.md §6.3")

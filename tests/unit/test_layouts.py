@@ -1,4 +1,4 @@
-"""Frame layouts (spec §1.1, §6): one table per section serves struct and numpy alike."""
+"""Frame layouts (docs/protocol/dcp.md §1.1, §6): one table per section serves struct and numpy alike."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_numpy_dtype_reads_what_struct_reads(layout: Layout, data: st.DataObject
 
 
 def test_header_layout_matches_the_spec() -> None:
-    # spec §1.1: magic, opcode, key length, extras length, datatype, vbucket/status,
+    # docs/protocol/dcp.md §1.1: magic, opcode, key length, extras length, datatype, vbucket/status,
     # total body length, opaque, CAS
     assert layouts.HEADER.length == 24
     assert [(f.name, f.offset, f.size) for f in layouts.HEADER.fields] == [

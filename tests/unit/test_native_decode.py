@@ -128,7 +128,7 @@ def test_a_per_frame_rows_xattrs_beside_a_compiled_rows_empty_section() -> None:
     assert batch.table["xattrs"].to_pylist() == [[("_sync", "{}"), ("meta", "{}")], []]
 
 
-# --- Snappy values against the pure-Python reader (spec §2) ---------------------------------
+# --- Snappy values against the pure-Python reader (docs/protocol/dcp.md §2) ---------------------------------
 
 
 def _snappy_row(block: bytes) -> bytes | FieldError:

@@ -51,7 +51,7 @@ class Stream:
         return self
 
     def opened(self, *log: tuple[int, int]) -> Stream:
-        """A stream accepted with this failover log (newest entry first; spec §6.1)."""
+        """A stream accepted with this failover log (newest entry first; docs/protocol/dcp.md §6.1)."""
         entries = [{"vb_uuid": u, "seqno": s} for u, s in (log or ((0xAA, 0),))]
         return self.add("stream_request_response", failover_log=entries)
 
@@ -79,7 +79,7 @@ def seqnos(changes: list[dict[str, Any]]) -> list[int]:
 
 
 def test_a_snapshot_commits_when_its_end_seqno_arrives() -> None:
-    """spec §6.3: an item at the marker's end seqno completes the snapshot."""
+    """docs/protocol/dcp.md §6.3: an item at the marker's end seqno completes the snapshot."""
     s = Stream().opened().marker(1, 3).mutation(1, "a").mutation(3, "b")
     result = walk(s.frames, VbState(VB))
     assert seqnos(result.changes) == [1, 3]
@@ -122,7 +122,7 @@ def test_eager_apply_leaves_a_collection_created_inside_the_tail_for_later() -> 
 
 
 def test_seqno_advanced_completes_a_snapshot() -> None:
-    """spec §6.3/§6.8: a seqno-advanced to the end seqno closes the snapshot."""
+    """docs/protocol/dcp.md §6.3/§6.8: a seqno-advanced to the end seqno closes the snapshot."""
     s = Stream().opened().marker(1, 5).mutation(2).add("seqno_advanced", by_seqno=5)
     result = walk(s.frames, VbState(VB))
     assert seqnos(result.changes) == [2]
@@ -130,7 +130,7 @@ def test_seqno_advanced_completes_a_snapshot() -> None:
 
 
 def test_an_oso_backfill_commits_only_at_its_end_marker() -> None:
-    """spec §6.9: OSO items arrive in key order; nothing is consistent before the end."""
+    """docs/protocol/dcp.md §6.9: OSO items arrive in key order; nothing is consistent before the end."""
     start = Stream().opened().add("oso_snapshot", oso_flags=0x01).mutation(9, "a").mutation(4, "b")
     assert walk(start.frames, VbState(VB)).changes == []
     done = Stream().opened().add("oso_snapshot", oso_flags=0x01).mutation(9, "a")
@@ -141,7 +141,7 @@ def test_an_oso_backfill_commits_only_at_its_end_marker() -> None:
 
 
 def test_a_rollback_response_retracts_what_came_after_its_seqno() -> None:
-    """spec §7.5: status 0x23 carries the seqno to roll back to."""
+    """docs/protocol/dcp.md §7.5: status 0x23 carries the seqno to roll back to."""
     first = Stream().opened().marker(1, 4).mutation(2).mutation(4)
     state = walk(first.frames, VbState(VB)).state
     second = Stream("s2", "2026-01-02T00:00:00").add("stream_request_response", rollback_seqno=2)
@@ -154,7 +154,7 @@ def test_a_rollback_response_retracts_what_came_after_its_seqno() -> None:
 
 
 def test_a_new_failover_branch_below_what_was_applied_is_a_rollback() -> None:
-    """spec §7.4: the new log's entry after our uuid starts the branch we did not see."""
+    """docs/protocol/dcp.md §7.4: the new log's entry after our uuid starts the branch we did not see."""
     first = Stream().opened().marker(1, 6).mutation(3).mutation(6)
     state = walk(first.frames, VbState(VB)).state
     second = Stream("s2", "2026-01-02T00:00:00").opened((0xBB, 4), (0xAA, 0))
@@ -164,7 +164,7 @@ def test_a_new_failover_branch_below_what_was_applied_is_a_rollback() -> None:
 
 
 def test_a_drop_removes_earlier_changes_and_ignores_later_ones() -> None:
-    """spec §6.7: after the drop at seqno 3, collection 8 no longer exists in this vbucket."""
+    """docs/protocol/dcp.md §6.7: after the drop at seqno 3, collection 8 no longer exists in this vbucket."""
     s = (
         Stream()
         .opened()
@@ -185,7 +185,7 @@ def test_a_drop_removes_earlier_changes_and_ignores_later_ones() -> None:
 
 
 def test_a_repeated_create_is_a_flush() -> None:
-    """spec §6.7: a create of a known collection at a newer seqno flushes it."""
+    """docs/protocol/dcp.md §6.7: a create of a known collection at a newer seqno flushes it."""
     s = (
         Stream()
         .opened()

@@ -1,4 +1,4 @@
-"""Every worked example of spec §8, decoded to the values the spec writes down.
+"""Every worked example of docs/protocol/dcp.md §8, decoded to the values the spec writes down.
 
 Each example is read three ways (h11 style): whole, one byte at a time, and with trailing
 bytes left in the buffer; and re-encoded byte for byte.
@@ -350,7 +350,7 @@ EXAMPLES = [
 
 
 # Readers the spec has no worked example for: frames laid out by hand from the tables of
-# spec §4.4, §6.1, §6.2, §6.12, §6.13 and §7.6 (plain struct.pack, not dcp_cdc).
+# docs/protocol/dcp.md §4.4, §6.1, §6.2, §6.12, §6.13 and §7.6 (plain struct.pack, not dcp_cdc).
 EXAMPLES += [
     Example(
         "6.12 prepare, majority",

@@ -1,4 +1,4 @@
-"""LEB128 (spec §3), Snappy (§2), XATTR blocks (§2) and FlatBuffers values (§6.7)."""
+"""LEB128 (docs/protocol/dcp.md §3), Snappy (§2), XATTR blocks (§2) and FlatBuffers values (§6.7)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dcp_cdc.varint import encode_uleb128, read_uleb128, read_uleb128_many
 from dcp_cdc.xattrs import join_xattrs, split_xattrs
 from tests.support.snappy_oracle import compress_literal, decompress_pure
 
-# spec §3 test vectors, as written there
+# docs/protocol/dcp.md §3 test vectors, as written there
 LEB128_VECTORS = [
     (0x00, "00"),
     (0x01, "01"),
