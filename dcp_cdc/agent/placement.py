@@ -58,7 +58,7 @@ from dcp_cdc.agent.node import Backoff, Node
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
-from dcp_cdc.capture_config import HostPort, parse_connection_string
+from dcp_cdc.capture_config import HostPort
 from dcp_cdc.errors import (
     AuthenticationError,
     CaptureConnectionError,
@@ -86,7 +86,7 @@ class Placement:
         self.settings = settings
         self.mode = mode
         self.stop = stop
-        cs = parse_connection_string(settings.connection_string)
+        cs = settings.cluster  # parsed once, by the configuration when it came from one
         self.seeds = cs.seeds
         self.tls = cs.tls
         self.scheme = cs.scheme

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.writer import checkpoint_name
-from dcp_cdc.capture_config import CAPTURE_DIR
+from dcp_cdc.capture_config import CAPTURE_DIR, ConnectionString, parse_connection_string
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 
@@ -50,6 +50,19 @@ class CaptureSettings:
     reconnect_timeout_s: float = 60.0
     """How long a node that went away is tried again before the capture gives up: a node
     that restarts or fails over within this time costs a pause, not the run."""
+    connection: ConnectionString | None = field(default=None, repr=False, compare=False)
+    """``connection_string`` parsed: :func:`settings_from_config` passes the configuration's
+    own parse; settings built by hand are parsed here, once."""
+
+    def __post_init__(self) -> None:
+        if self.connection is None:
+            object.__setattr__(self, "connection", parse_connection_string(self.connection_string))
+
+    @property
+    def cluster(self) -> ConnectionString:
+        """The parsed connection string (TLS or not, the seed nodes)."""
+        assert self.connection is not None  # set by __post_init__
+        return self.connection
 
     @classmethod
     def into(cls, landing: Path, **settings: Any) -> CaptureSettings:
@@ -100,6 +113,7 @@ def settings_from_config(
     dirs = app.capture_dirs(bucket)
     return CaptureSettings(
         connection_string=cap.connection_string,
+        connection=cap.connection,
         bucket=bucket.name,
         username=cap.username,
         password=cap.password(),

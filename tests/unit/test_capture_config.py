@@ -176,3 +176,33 @@ def test_a_password_file_loses_one_trailing_newline(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is empty") as info:
         capture.password()
     assert SECRET not in _everything_shown(info.value)
+
+
+def test_the_agent_takes_the_configurations_parse_of_the_connection_string(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dcp_cdc.agent import settings as agent_settings
+    from dcp_cdc.agent.settings import CaptureSettings, settings_from_config
+
+    monkeypatch.setenv("CB_PW", SECRET)
+    config = load_config(write(tmp_path, GOOD))
+    bucket = config.buckets[0]
+    assert bucket.capture is not None
+
+    def no_second_parse(text: str) -> None:
+        raise AssertionError(f"{text!r} parsed again")
+
+    monkeypatch.setattr(agent_settings, "parse_connection_string", no_second_parse)
+    settings = settings_from_config(config, bucket)
+    assert settings.cluster is bucket.capture.connection
+    assert settings.cluster.seeds == (("n1", 11210), ("n2", 12000))
+    monkeypatch.undo()
+    # settings built by hand (tests, the demo) are parsed when they are made
+    by_hand = CaptureSettings.into(
+        tmp_path, connection_string="couchbases://h1", bucket="b", username="u", password="p"
+    )
+    assert by_hand.cluster.tls and by_hand.cluster.seeds == (("h1", 11207),)
+    with pytest.raises(ConfigError, match="not a host"):
+        CaptureSettings.into(
+            tmp_path, connection_string="couchbase://h1:x:y", bucket="b", username="u", password="p"
+        )
