@@ -36,6 +36,7 @@ from dcp_cdc.encoder import encode, frame, make_header
 from dcp_cdc.errors import DcpError, MalformedFrameError
 from dcp_cdc.events import Deletion, Mutation, StreamRequest
 from dcp_cdc.protocol import Datatype, Opcode
+from tests.support.spec_examples import EXAMPLES  # the docs/protocol/dcp.md §8 examples
 
 REPRODUCERS = [
     bytes.fromhex("8057000000000000ffffffff"),
@@ -69,9 +70,6 @@ def _doc_frames() -> list[bytes]:
 
 def corpus() -> list[bytes]:
     """Valid frames of every message, and the reproducers."""
-    # the docs/protocol/dcp.md §8 examples, written down
-    from tests.unit.test_spec_examples import EXAMPLES
-
     return [bytes.fromhex(e.hex) for e in EXAMPLES] + _doc_frames() + REPRODUCERS
 
 
