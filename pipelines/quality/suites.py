@@ -328,7 +328,3 @@ def checks(config: QualityConfig) -> tuple[Check, ...]:
         severity = config.severity.get(check.key) or config.severity.get(check.suite)
         out.append(replace(check, severity=severity) if severity else check)
     return tuple(out)
-
-
-def suite_checks(all_checks: tuple[Check, ...], suite: str) -> tuple[Check, ...]:
-    return tuple(c for c in all_checks if c.suite == suite)
