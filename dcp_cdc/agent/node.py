@@ -39,6 +39,23 @@ log = logging.getLogger(__name__)
 READ_BYTES = 1 << 16
 QUEUE_ITEMS = 64
 """Runs of frames (≤ 64 KiB each) between a socket reader and its file writer."""
+CLOSE_WAIT_S = 1.0
+"""How long closing a node waits for its socket reader to end, and for the socket to close."""
+
+
+async def stop_task(task: asyncio.Task[None], timeout: float) -> None:
+    """Cancel ``task`` and wait at most ``timeout`` seconds for it to end.
+
+    Every wait in the agent is ``asyncio.timeout`` rather than ``asyncio.wait_for``: on
+    Python 3.11, ``wait_for`` returns the result of a read that completes in the same loop
+    turn as a cancellation and drops the cancellation (CPython gh-86296, fixed in 3.12); a
+    reader that lost its cancel then waited forever on a socket with no stream left, and a
+    capture never ended. The bounded wait here is the second guard."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await asyncio.wait({task}, timeout=timeout)
+    if not task.done():
+        log.warning("capture: task %s did not stop within %.0f s", task.get_name(), timeout)
 
 
 class NodeOwner(Protocol):
@@ -110,16 +127,14 @@ class Node:
         s = self.agent.settings
         node = self.label
         try:
-            self.reader, self.writer = await asyncio.wait_for(
-                asyncio.open_connection(
+            async with asyncio.timeout(s.connect_timeout_s):
+                self.reader, self.writer = await asyncio.open_connection(
                     self.endpoint.host,
                     self.endpoint.port,
                     ssl=self.agent.ssl_context,
                     server_hostname=self.endpoint.host if self.agent.ssl_context else None,
                     limit=READ_BYTES * 4,
-                ),
-                s.connect_timeout_s,
-            )
+                )
         except ssl.SSLCertVerificationError as exc:
             raise TlsError(node, f"certificate verification failed: {exc.verify_message}") from None
         except ssl.SSLError as exc:
@@ -157,7 +172,8 @@ class Node:
                 continue  # ControlRefused: recorded in the features already
             left = deadline - time.monotonic()
             try:
-                data = await asyncio.wait_for(reader.read(READ_BYTES), max(left, 0.001))
+                async with asyncio.timeout(max(left, 0.001)):
+                    data = await reader.read(READ_BYTES)
             except TimeoutError:
                 raise CaptureConnectionError(
                     node, f"handshake not finished within {s.connect_timeout_s:g} s"
@@ -179,7 +195,8 @@ class Node:
         if out:
             self.writer.write(out)
             try:
-                await asyncio.wait_for(self.writer.drain(), self.agent.settings.connect_timeout_s)
+                async with asyncio.timeout(self.agent.settings.connect_timeout_s):
+                    await self.writer.drain()
             except TimeoutError:
                 raise ConnectionLostError(
                     self.label, "the node does not read what we send"
@@ -221,7 +238,8 @@ class Node:
             while True:
                 try:
                     timeout = silence if conn.streaming() else None
-                    data = await asyncio.wait_for(self.reader.read(READ_BYTES), timeout)
+                    async with asyncio.timeout(timeout):
+                        data = await self.reader.read(READ_BYTES)
                 except TimeoutError:
                     raise ConnectionLostError(
                         self.label, f"silent for {silence} s (2 × the noop interval)"
@@ -256,7 +274,8 @@ class Node:
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(self.queue.get(), poll)
+                    async with asyncio.timeout(poll):
+                        item = await self.queue.get()
                 except TimeoutError:
                     if self.session is not None and self.session.due(time.time()):
                         self._close_and_commit()
@@ -301,14 +320,16 @@ class Node:
             raise CaptureConnectionError(self.label, "the capture writer stopped")
 
     async def close(self) -> None:
-        for task in self.tasks[:1]:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        """Stop the socket reader and close the socket. Bounded: the socket closes first, so a
+        reader that missed its cancellation still ends (EOF), and the wait for it has a limit."""
         if self.writer is not None:
             self.writer.close()
+        for task in self.tasks[:1]:
+            await stop_task(task, CLOSE_WAIT_S)
+        if self.writer is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.writer.wait_closed(), 1.0)
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await self.writer.wait_closed()
 
 
 @dataclass

@@ -54,7 +54,7 @@ from dcp_cdc.agent.consumer_events import (
     StreamRefused,
     StreamRolledBack,
 )
-from dcp_cdc.agent.node import Backoff, Node
+from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
@@ -253,7 +253,8 @@ class Placement:
             node.conn.request_collections_manifest()
             await node._send()
             try:
-                await asyncio.wait_for(self.manifest_ready.wait(), self.settings.connect_timeout_s)
+                async with asyncio.timeout(self.settings.connect_timeout_s):
+                    await self.manifest_ready.wait()
             except TimeoutError:
                 raise CaptureConnectionError(
                     node.label, "no collections manifest within the connect timeout"
@@ -668,12 +669,11 @@ class Placement:
         if self.failure is None:
             await self.record_cluster_state(live)
         for node in live:
-            node.tasks[0].cancel()
-            with contextlib.suppress(BaseException):
-                await node.tasks[0]
+            await stop_task(node.tasks[0], CLOSE_WAIT_S)
             if not node.tasks[1].done():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(node.flush(last=True), 30.0)
+                    async with asyncio.timeout(30.0):
+                        await node.flush(last=True)
             await node.close()
 
 

@@ -336,7 +336,8 @@ class ProducerServer:
             if sent is not None:
                 sent(time.time(), [vb.high_seqno for vb in bucket.vbuckets])
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), tick_s)
+                async with asyncio.timeout(tick_s):
+                    await stop.wait()
 
     def _grow_manifest(self) -> None:
         """A scope and a collection created, then the collection modified (max TTL)."""
