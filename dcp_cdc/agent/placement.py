@@ -563,10 +563,13 @@ class Placement:
             streaming = node.conn.streaming() if node.conn else frozenset()
             for vb in sorted(node.owned):
                 if vb in self.pending and vb not in streaming:
-                    node.owned.discard(vb)
                     if vb in event.seqnos:
+                        # stays owned here: its frames queued on this node are still to be
+                        # committed, and an opener that finds it streaming already (a reopen
+                        # won the race) stands down without giving it back
                         self.spawn(self.open_on(node, vb))
                     else:  # not active here any more: the map moved on
+                        node.owned.discard(vb)
                         self.spawn(self.place(vb, delay=self.settings.backoff_s))
         elif isinstance(event, CollectionsManifest):
             self.collection_ids = _collection_ids(event.manifest, self.settings.collections or ())
