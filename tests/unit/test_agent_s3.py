@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from dcp_cdc.agent.s3_store import S3Landing, S3Options
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.agent.writer import CheckpointStore
 from dcp_cdc.capture import iter_capture
+from dcp_cdc.config import BucketConfig, load_config
 from dcp_cdc.errors import CheckpointConflictError, ObjectStoreError
 from dcp_cdc.events import Deletion, Mutation, StreamRequest
 from dcp_cdc.simulator.server import ProducerServer
@@ -280,3 +282,87 @@ def test_s3_options_from_spark_settings() -> None:
     assert (options.access_key, options.region, options.path_style) == ("AK", "eu-west-1", True)
     assert "SK-secret" not in repr(options)
     assert S3Options.from_spark_conf({}).endpoint_url is None
+
+
+def test_the_capture_command_lands_in_s3_and_bronze_lists_it(tmp_path: Path) -> None:
+    """``dcp-cdc capture`` with ``landing = "s3a://..."`` and the endpoint in ``[spark.conf]``;
+    then the landing's reader (bronze's) lists and reads the same files, and only them."""
+    from pipelines.cli import main
+    from pipelines.landing import check_landing, list_captures, read_header
+    from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
+
+    with s3_server() as s3, producer(tmp_path, nodes=2, vbuckets=8, docs=200, ops=0) as prod:
+        landing = f"s3a://{s3.bucket}/{PREFIX}"
+        conf = "\n".join(f'"{k}" = "{v}"' for k, v in s3.spark_conf.items())
+        config = tmp_path / "conf.toml"
+        config.write_text(
+            f'landing = "{landing}"\nwarehouse = "{tmp_path / "warehouse"}"\n'
+            f"[spark.conf]\n{conf}\n"
+            f'[[buckets]]\nname = "travel-sample"\n[buckets.capture]\n'
+            f'connection_string = "{prod.info["connection_string"]}"\nusername = "{USER}"\n'
+            f'password_env = "{PASSWORD_ENV}"\nstaging_dir = "staging"\nrotate_seconds = 0.3\n'
+        )
+        out = io.StringIO()
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(PASSWORD_ENV, PASSWORD)
+            assert main(["capture", "--config", str(config)], out) == 0
+        assert "capture (until-now): 8 vbuckets" in out.getvalue()
+        keys = s3.keys(PREFIX)
+        assert CHECKPOINT_KEY in keys and not list((tmp_path / "staging").iterdir())
+
+        app = load_config(config)
+        check_landing(app, app.buckets)
+        files, skipped = list_captures(landing, app.spark.conf)
+        assert skipped == []
+        assert [f.path for f in files] == [
+            f"{landing.split('/' + PREFIX)[0]}/{k}" for k in keys if k.endswith(".dcpcap")
+        ]
+        assert {read_header(f, app.spark.conf).bucket for f in files} == {"travel-sample"}
+
+
+def test_follow_modes_agent_process_captures_into_s3(tmp_path: Path) -> None:
+    """``run --follow``'s agent (a child process) with an S3 landing: it follows until
+    stopped, and follow mode reads the lag from the checkpoint object."""
+    import threading
+    import time
+
+    from pipelines.demo import LoopThread
+    from pipelines.follow.agent import AgentProcess, captured_seqnos
+    from pipelines.follow.progress import BucketProgress
+
+    sim = SimConfig(docs=60, ops=0, vbuckets=4)
+    served: list[ProducerServer] = []
+    started = threading.Event()
+
+    async def serve(halt: asyncio.Event) -> None:
+        async with ProducerServer(sim, nodes=2) as server:
+            served.append(server)
+            started.set()
+            await halt.wait()
+
+    producer = LoopThread("the test producer", serve)
+    producer.start()
+    try:
+        assert started.wait(30)
+        server = served[0]
+        with s3_server() as s3:
+            settings = s3_settings(tmp_path, s3, server.connection_string, rotate_seconds=0.2)
+            progress = BucketProgress(
+                BucketConfig(name=settings.bucket), settings.checkpoint_path, s3=settings.s3
+            )
+            assert progress.lag() is None  # no checkpoint object yet
+            agent = AgentProcess(settings)
+            agent.start()
+            highs = {vb.vbid: vb.high_seqno for vb in server.sim.bucket.vbuckets}
+            deadline = time.monotonic() + 60
+            seqnos: dict[int, int] = {}
+            while seqnos != highs and time.monotonic() < deadline:
+                agent.check()
+                time.sleep(0.2)
+                seqnos = captured_seqnos(settings.checkpoint_path, settings.bucket, settings.s3)
+            agent.stop(timeout=30)
+            assert seqnos == highs
+            assert progress.lag() == (sum(highs.values()), len(highs))
+            assert any(k.endswith(".dcpcap") for k in s3.keys(PREFIX))
+    finally:
+        producer.stop()
