@@ -13,6 +13,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
+import os
+import random
+import signal
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,17 @@ from dcp_cdc.errors import CheckpointConflictError, ObjectStoreError
 from dcp_cdc.events import Deletion, Mutation, StreamRequest
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from tests.support.capture_harness import assert_landing_whole, in_process_settings
+from tests.support.capture_harness import (
+    PASSWORD,
+    PASSWORD_ENV,
+    USER,
+    agent_command,
+    agent_env,
+    assert_captures_equal_truth,
+    assert_landing_whole,
+    in_process_settings,
+    producer,
+)
 from tests.support.capture_harness import captured_seqnos as captured
 from tests.support.capture_harness import truth_seqnos as truth
 from tests.support.s3_agent_server import SECRET_KEY, S3Server, s3_server
@@ -284,24 +300,31 @@ def test_s3_options_from_spark_settings() -> None:
     assert S3Options.from_spark_conf({}).endpoint_url is None
 
 
+def write_s3_config(tmp: Path, s3: S3Server, connection_string: str, **capture: Any) -> Path:
+    """A configuration whose landing is ``s3a://<bucket>/PREFIX`` on ``s3``, the endpoint and
+    keys in ``[spark.conf]``, staging in ``<tmp>/staging``."""
+    conf = "\n".join(f'"{k}" = "{v}"' for k, v in s3.spark_conf.items())
+    more = "".join(f"{k} = {json.dumps(v)}\n" for k, v in capture.items())
+    path = tmp / "conf.toml"
+    path.write_text(
+        f'landing = "s3a://{s3.bucket}/{PREFIX}"\nwarehouse = "{tmp / "warehouse"}"\n'
+        f"[spark.conf]\n{conf}\n"
+        f'[[buckets]]\nname = "travel-sample"\n[buckets.capture]\n'
+        f'connection_string = "{connection_string}"\nusername = "{USER}"\n'
+        f'password_env = "{PASSWORD_ENV}"\nstaging_dir = "staging"\nrotate_seconds = 0.3\n{more}'
+    )
+    return path
+
+
 def test_the_capture_command_lands_in_s3_and_bronze_lists_it(tmp_path: Path) -> None:
     """``dcp-cdc capture`` with ``landing = "s3a://..."`` and the endpoint in ``[spark.conf]``;
     then the landing's reader (bronze's) lists and reads the same files, and only them."""
     from pipelines.cli import main
     from pipelines.landing import check_landing, list_captures, read_header
-    from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
     with s3_server() as s3, producer(tmp_path, nodes=2, vbuckets=8, docs=200, ops=0) as prod:
         landing = f"s3a://{s3.bucket}/{PREFIX}"
-        conf = "\n".join(f'"{k}" = "{v}"' for k, v in s3.spark_conf.items())
-        config = tmp_path / "conf.toml"
-        config.write_text(
-            f'landing = "{landing}"\nwarehouse = "{tmp_path / "warehouse"}"\n'
-            f"[spark.conf]\n{conf}\n"
-            f'[[buckets]]\nname = "travel-sample"\n[buckets.capture]\n'
-            f'connection_string = "{prod.info["connection_string"]}"\nusername = "{USER}"\n'
-            f'password_env = "{PASSWORD_ENV}"\nstaging_dir = "staging"\nrotate_seconds = 0.3\n'
-        )
+        config = write_s3_config(tmp_path, s3, prod.info["connection_string"])
         out = io.StringIO()
         with pytest.MonkeyPatch.context() as env:
             env.setenv(PASSWORD_ENV, PASSWORD)
@@ -366,3 +389,47 @@ def test_follow_modes_agent_process_captures_into_s3(tmp_path: Path) -> None:
             assert any(k.endswith(".dcpcap") for k in s3.keys(PREFIX))
     finally:
         producer.stop()
+
+
+KILLS = int(os.environ.get("DCP_CDC_S3_KILLS", "2"))
+"""SIGKILLs of the agent while it uploads: 2 in ``make test``, 20 in ``make test-long``."""
+
+
+def test_kill_9_of_the_agent_while_it_uploads_loses_nothing(tmp_path: Path) -> None:
+    """``dcp-cdc capture --follow`` into S3, killed at random moments (mid-upload, between an
+    upload and its checkpoint, ...) and restarted: every object in the landing is a whole
+    file, and after ``--until now`` the captures hold the bucket's truth."""
+    rng = random.Random(11)
+    with (
+        s3_server() as s3,
+        producer(
+            tmp_path, nodes=2, vbuckets=16, docs=300, ops=300 * KILLS, batch=30, pause=0.25
+        ) as prod,
+    ):
+        config = write_s3_config(
+            tmp_path, s3, prod.info["connection_string"], rotate_bytes=8192, buffer_bytes=65536
+        )
+        for _ in range(KILLS):
+            agent = subprocess.Popen(
+                agent_command(config, "--follow"),
+                env=agent_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            time.sleep(rng.uniform(1.5, 3.0))
+            assert agent.poll() is None, agent.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            agent.send_signal(signal.SIGKILL)
+            agent.wait()
+        assert any(k.endswith(".dcpcap") for k in s3.keys(PREFIX)), "the killed runs uploaded none"
+        prod.wait_workload()
+        done = subprocess.run(
+            agent_command(config, "--until", "now"),
+            env=agent_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        landing = s3.download(PREFIX, tmp_path / "landing")
+        assert assert_landing_whole(landing) == len(list(landing.glob("*.dcpcap")))
+        assert assert_captures_equal_truth(landing, prod.truth_out) > 200
