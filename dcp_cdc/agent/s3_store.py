@@ -173,35 +173,34 @@ class S3Client:
                 "s3", f"endpoint {o.endpoint!r}: {exc}", ENDPOINT_SETTING
             ) from None
 
-    def call(
-        self,
-        where: ObjectLocation,
-        key: str | None,
-        op: str,
-        *,
-        conditional: bool = False,
-        **kwargs: Any,
-    ) -> Any:
+    def call(self, where: ObjectLocation, key: str | None, op: str, **kwargs: Any) -> Any:
         """``client.<op>(**kwargs)``; a failure is an :class:`ObjectStoreError` naming
-        ``where`` (and ``key``); with ``conditional``, a refused condition is
-        :class:`_Refused`, for the caller to say whose write won."""
-        return self._guarded(
-            where, key, lambda: getattr(self._get(), op)(**kwargs), conditional=conditional
-        )
+        ``where`` (and ``key``)."""
+        return self._guarded(where, key, lambda: getattr(self._get(), op)(**kwargs))
+
+    def put_if(self, where: ObjectLocation, key: str, **kwargs: Any) -> tuple[str | None, str]:
+        """A conditional ``PutObject``: ``(the new ETag, "")``, or ``(None, the store's code)``
+        when the condition did not hold (412, or 409 for a concurrent conditional write)."""
+
+        def put() -> tuple[str | None, str]:
+            try:
+                answer = self._get().put_object(Bucket=where.bucket, Key=key, **kwargs)
+            except _errors().ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if code in _CONFLICT or status in (409, 412):
+                    return None, code or str(status)
+                raise
+            return answer["ETag"], ""
+
+        return self._guarded(where, key, put)
 
     def _get(self) -> Any:
         if self._client is None:
             self._client = self._make()
         return self._client
 
-    def _guarded(
-        self,
-        where: ObjectLocation,
-        key: str | None,
-        fn: Callable[[], _T],
-        *,
-        conditional: bool = False,
-    ) -> _T:
+    def _guarded(self, where: ObjectLocation, key: str | None, fn: Callable[[], _T]) -> _T:
         errors = _errors()
         location = where.uri(key)
         o = self.options
@@ -220,8 +219,6 @@ class S3Client:
         except errors.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if conditional and (code in _CONFLICT or status in (409, 412)):
-                raise _Refused(code or str(status)) from None
             if code == "NoSuchBucket" or (code in ("404", "NotFound") and key is None):
                 raise ObjectStoreError(
                     location, f"the bucket {where.bucket!r} does not exist at {o.endpoint}"
@@ -236,10 +233,6 @@ class S3Client:
             ) from None
         except errors.BotoCoreError as exc:
             raise ObjectStoreError(location, f"{type(exc).__name__}: {exc}") from None
-
-
-class _Refused(Exception):
-    """A conditional request's condition did not hold (412, or 409 for a concurrent one)."""
 
 
 def _errors() -> Any:
@@ -366,19 +359,10 @@ class S3Checkpoint:
         the last write); :class:`CheckpointConflictError` otherwise."""
         where, key = self.where, self.where.prefix
         condition = {"IfMatch": self.etag} if self.etag else {"IfNoneMatch": "*"}
-        try:
-            answer = self.client.call(
-                where,
-                key,
-                "put_object",
-                Bucket=where.bucket,
-                Key=key,
-                Body=data,
-                ContentType="application/json",
-                conditional=True,
-                **condition,
-            )
-        except _Refused as refused:
+        etag, refused = self.client.put_if(
+            where, key, Body=data, ContentType="application/json", **condition
+        )
+        if etag is None:
             if self._already(data):  # our own PUT, whose answer was lost and retried
                 return
             how = f"If-Match on ETag {self.etag}" if self.etag else "If-None-Match: *, none existed"
@@ -387,8 +371,8 @@ class S3Checkpoint:
                 f"another writer changed it since this agent read it (the conditional write "
                 f"{how} was refused: {refused}); two agents with the same bucket and agent_id "
                 "share this checkpoint, stop one of them",
-            ) from None
-        self.etag = answer["ETag"]
+            )
+        self.etag = etag
 
     def _already(self, data: bytes) -> bool:
         """True (and the ETag taken) when the object holds ``data`` already."""
