@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,7 @@ class S3Client:
     def __init__(self, options: S3Options | None) -> None:
         self.options = options or S3Options()
         self._client: Any = None
+        self._making = threading.Lock()  # uploads run in worker threads, several at once
 
     def _make(self) -> Any:
         try:
@@ -196,9 +198,10 @@ class S3Client:
         return self._guarded(where, key, put)
 
     def _get(self) -> Any:
-        if self._client is None:
-            self._client = self._make()
-        return self._client
+        with self._making:
+            if self._client is None:
+                self._client = self._make()
+            return self._client
 
     def _guarded(self, where: ObjectLocation, key: str | None, fn: Callable[[], _T]) -> _T:
         errors = _errors()
