@@ -416,11 +416,15 @@ def test_kill_9_of_the_agent_while_it_uploads_loses_nothing(tmp_path: Path) -> N
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
-            time.sleep(rng.uniform(1.5, 3.0))
+            landed = len(s3.keys(PREFIX))
+            deadline = time.monotonic() + 60
+            while len(s3.keys(PREFIX)) <= landed:  # uploading (however slow the start)
+                assert agent.poll() is None and time.monotonic() < deadline, "no upload"
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 1.5))
             assert agent.poll() is None, agent.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
             agent.send_signal(signal.SIGKILL)
             agent.wait()
-        assert any(k.endswith(".dcpcap") for k in s3.keys(PREFIX)), "the killed runs uploaded none"
         prod.wait_workload()
         done = subprocess.run(
             agent_command(config, "--until", "now"),
