@@ -42,7 +42,7 @@ async def _capture_with_a_replay(
     s3: S3Server, out: Path, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> str:
     landing = f"s3a://{s3.bucket}/couchbase/{bucket}"
-    config = SimConfig(scenario="mixed", bucket=bucket, vbuckets=16, docs=400, ops=0)
+    config = SimConfig(scenario="mixed", bucket=bucket, vbuckets=8, docs=200, ops=0)
     async with ProducerServer(config, nodes=2) as server:
         s = in_process_settings(
             out,
@@ -55,7 +55,7 @@ async def _capture_with_a_replay(
             s3=dataclasses.replace(s3.options, max_attempts=2),
         )
         await asyncio.wait_for(capture(s), 60)
-        await server.run_workload(1200, batch=100)
+        await server.run_workload(600, batch=100)
 
         uploaded = asyncio.Event()
         real_publish, real_commit = S3Landing.publish, CheckpointStore.commit
