@@ -4,8 +4,10 @@ connection string (parsed here, once: the agent reads the result) and the folder
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -18,6 +20,8 @@ CAPTURE_DIR = ".dcp-cdc-capture"
 """The capture agent's folder inside a landing folder: its staging files (``*.partial``, never
 listed by bronze; the same file system, so the rename into landing is atomic) and, by default,
 its checkpoints."""
+OBJECT_STORE_SCHEMES = ("s3", "s3a")
+"""Landing locations the capture agent writes to through an object store's API."""
 MAX_VBUCKET = 1023
 DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207}
 _CONNECTION = re.compile(r"^(couchbases?)://([^/?#]+)/?$")
@@ -99,6 +103,21 @@ def parse_connection_string(text: str) -> ConnectionString:
     return ConnectionString(scheme == "couchbases", tuple(dict.fromkeys(seeds)))
 
 
+def is_object_store(location: object) -> bool:
+    """True for an ``s3://`` or ``s3a://`` location (a string; a :class:`Path` is local)."""
+    if not isinstance(location, str) or "://" not in location:
+        return False
+    return location.split("://", 1)[0].lower() in OBJECT_STORE_SCHEMES
+
+
+def default_staging(landing: str) -> Path:
+    """The local staging folder of an agent whose landing is an object store: one folder per
+    landing below the system's temporary folder (what is lost with it was never
+    checkpointed; ``staging_dir`` puts it elsewhere)."""
+    digest = hashlib.sha256(landing.rstrip("/").encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "dcp-cdc-staging" / digest
+
+
 def parse_vbucket_range(text: str) -> tuple[int, int]:
     """``(first, last)`` of ``"A-B"``, both within 0..1023 and ``A <= B``."""
     match = _VBUCKETS.match(text)
@@ -148,8 +167,15 @@ class CaptureConfig(ConfigModel):
     collections: list[str] | None = None
     """Capture only these collections, ``["scope.collection", ...]``. Default: all."""
     state_dir: str | None = None
-    """Where the checkpoint ``<bucket>.<agent_id>.checkpoint.json`` is kept. Default:
-    ``<landing>/.dcp-cdc-capture``; relative to the configuration file's folder."""
+    """Where the checkpoint ``<bucket>.<agent_id>.checkpoint.json`` is kept: a folder, or an
+    ``s3://bucket/prefix``. Default: ``<landing>/.dcp-cdc-capture`` (with an ``s3://``
+    landing, that prefix in the store); relative to the configuration file's folder."""
+    staging_dir: str | None = None
+    """With an ``s3://`` (``s3a://``) landing: the local folder where files are written
+    before their upload (it may be lost: no checkpoint covers it). Default: a folder per
+    landing below the system's temporary folder. A local landing stages in
+    ``<landing>/.dcp-cdc-capture`` (the same file system, for the atomic rename) and refuses
+    this setting."""
     agent_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")] = "agent"
     """Names this agent's checkpoint and capture sessions; agents splitting a bucket need
     different ids."""
@@ -295,9 +321,11 @@ class CaptureConfig(ConfigModel):
 class CaptureDirs(NamedTuple):
     """The folders of a bucket's capture agent (:meth:`dcp_cdc.config.AppConfig.capture_dirs`)."""
 
-    landing: Path
-    """Where its capture files are renamed into, once durable."""
+    landing: Path | str
+    """Where its capture files are published, once durable: a folder, or ``s3://...``."""
     staging: Path
-    """``<landing>/.dcp-cdc-capture``: the files it is writing (``*.partial``)."""
-    state: Path
-    """Where its checkpoint is kept: ``capture.state_dir``, else the staging folder."""
+    """The local files it is writing (``*.partial``): ``<landing>/.dcp-cdc-capture``, or
+    ``capture.staging_dir`` (an object store's landing)."""
+    state: Path | str
+    """Where its checkpoint is kept: ``capture.state_dir``, else the landing's
+    ``.dcp-cdc-capture`` (a folder, or a prefix in the store)."""

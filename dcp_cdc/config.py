@@ -28,7 +28,14 @@ from pydantic import (
     model_validator,
 )
 
-from dcp_cdc.capture_config import CAPTURE_DIR, COLLECTION_PATTERN, CaptureConfig, CaptureDirs
+from dcp_cdc.capture_config import (
+    CAPTURE_DIR,
+    COLLECTION_PATTERN,
+    CaptureConfig,
+    CaptureDirs,
+    default_staging,
+    is_object_store,
+)
 from dcp_cdc.config_base import ConfigModel
 from dcp_cdc.errors import ConfigError
 
@@ -512,11 +519,27 @@ class AppConfig(ConfigModel):
     def _capture_lands_locally(self) -> AppConfig:
         for index, bucket in enumerate(self.buckets):
             landing = self.landing_for(bucket)
-            if bucket.capture is not None and is_uri(landing) and not landing.startswith("file:"):
+            capture = bucket.capture
+            if capture is None:
+                continue
+            local = not is_uri(landing) or landing.startswith("file:")
+            if not local and not is_object_store(landing):
                 raise ValueError(
-                    f"buckets[{index}].capture: landing {landing!r} is not a local path; the "
-                    "capture agent makes its files durable with fsync and an atomic rename, so "
-                    "it writes to a local (or mounted) folder"
+                    f"buckets[{index}].capture: landing {landing!r} is neither a local path "
+                    "nor s3:// (s3a://); the capture agent makes its files durable with fsync "
+                    "and an atomic rename, or with an object store's atomic PUT"
+                )
+            if local and capture.staging_dir is not None:
+                raise ValueError(
+                    f"buckets[{index}].capture.staging_dir: only for an s3:// landing; a local "
+                    "landing stages in its own .dcp-cdc-capture folder (the atomic rename needs "
+                    "the same file system)"
+                )
+            state = capture.state_dir
+            if state is not None and is_uri(state) and not is_object_store(state):
+                raise ValueError(
+                    f"buckets[{index}].capture.state_dir: {state!r} is neither a local path "
+                    "nor s3:// (s3a://)"
                 )
         return self
 
@@ -535,12 +558,23 @@ class AppConfig(ConfigModel):
 
     def capture_dirs(self, bucket: BucketConfig) -> CaptureDirs:
         """The folders of ``bucket``'s capture agent: staging is ``<landing>/.dcp-cdc-capture``,
-        the state folder ``capture.state_dir`` or the same."""
+        the state folder ``capture.state_dir`` or the same. With an ``s3://`` landing, staging
+        is ``capture.staging_dir`` (default: below the temporary folder) and the checkpoint
+        is kept in the store, below ``<landing>/.dcp-cdc-capture``, unless ``state_dir``."""
         landing = self.landing_for(bucket)
+        capture = bucket.capture
+        state = capture.state_dir if capture is not None else None
+        chosen: Path | str | None = None
+        if state:
+            chosen = state if is_object_store(state) else Path(state).expanduser()
+        if is_object_store(landing):
+            given = capture.staging_dir if capture is not None else None
+            staging = Path(given).expanduser() if given else default_staging(landing)
+            beside = f"{landing.rstrip('/')}/{CAPTURE_DIR}"
+            return CaptureDirs(landing, staging, chosen if chosen is not None else beside)
         folder = Path(landing.removeprefix("file://").removeprefix("file:"))
         staging = folder / CAPTURE_DIR
-        state = bucket.capture.state_dir if bucket.capture is not None else None
-        return CaptureDirs(folder, staging, Path(state).expanduser() if state else staging)
+        return CaptureDirs(folder, staging, chosen if chosen is not None else staging)
 
 
 def _anchored(location: object, folder: Path) -> object:
@@ -623,7 +657,7 @@ def load_config(path: str | Path | None, **overrides: object) -> AppConfig:
             bucket["landing"] = _anchored(bucket["landing"], folder)
         capture = bucket.get("capture") if isinstance(bucket, dict) else None
         if isinstance(capture, dict):
-            for key in ("password_file", "tls_ca_file", "state_dir"):
+            for key in ("password_file", "tls_ca_file", "state_dir", "staging_dir"):
                 if key in capture:
                     capture[key] = _anchored(capture[key], folder)
     thrift = raw.get("thrift")

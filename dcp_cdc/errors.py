@@ -181,3 +181,36 @@ class AgentUsageError(DcpError):
 class ConnectionLostError(CaptureConnectionError):
     """An established connection went silent (2 × the noop interval), was reset or closed:
     the capture agent closes that session durably and resumes its vbuckets elsewhere."""
+
+
+class ObjectStoreError(DcpError):
+    """The object store of a capture landing or checkpoint cannot be used: no credentials,
+    credentials refused, a bucket that does not exist, an endpoint that does not answer.
+
+    ``location`` is the ``s3://`` location concerned; ``setting`` the configuration setting
+    (or environment variable) to look at; ``cause`` what happened. Never carries a secret."""
+
+    def __init__(self, location: str, cause: str, setting: str | None = None) -> None:
+        self.location = location
+        self.cause = cause
+        self.setting = setting
+        where = f" (see {setting})" if setting else ""
+        super().__init__(f"{location}: {cause}{where}")
+
+    def __reduce__(self) -> tuple[type[ObjectStoreError], tuple[str, str, str | None]]:
+        # pickled back from the follow mode's agent process, as CaptureConnectionError
+        return type(self), (self.location, self.cause, self.setting)
+
+
+class CheckpointConflictError(CheckpointError):
+    """A conditional write of a capture checkpoint was refused: another writer changed (or
+    created) the checkpoint object since this agent last read or wrote it. Two agents think
+    they own the same checkpoint; this one stops instead of overwriting the other's."""
+
+    def __init__(self, location: str, cause: str) -> None:
+        self.location = location
+        self.cause = cause
+        super().__init__(f"checkpoint {location}: {cause}")
+
+    def __reduce__(self) -> tuple[type[CheckpointConflictError], tuple[str, str]]:
+        return type(self), (self.location, self.cause)

@@ -6,8 +6,9 @@ for a node that cannot be reached (:class:`Backoff`).
 The socket reader hands each run of captured frames to a bounded queue and only then tells
 the core ``consumed()``, so a lagging writer stops the acknowledgements and flow control stops
 the node (docs/protocol/dcp.md §7.6); a full queue also stops the reads. Every wait has a timeout. The file
-writer closes a file (fsync'd and renamed) before it commits the checkpoint that covers its
-frames.
+writer closes a file (fsync'd and published: renamed into a landing folder, or uploaded to an
+object store, in a worker thread so the sockets keep being served) before it commits the
+checkpoint that covers its frames.
 
 What a node does with the events it reads, and which vbuckets it streams, is the
 placement's (:mod:`dcp_cdc.agent.placement`), seen here only through :class:`NodeOwner`.
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 from dcp_cdc.agent.consumer import ConsumerConnection
 from dcp_cdc.agent.consumer_events import NEED_DATA, AgentEvent, NeedData, Ready
 from dcp_cdc.agent.handshake import ConsumerSettings
+from dcp_cdc.agent.landing_store import LandingStore
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import MAX_BACKOFF_S, CaptureSettings, CaptureSummary
 from dcp_cdc.agent.writer import SessionWriter, rfc3339
@@ -62,6 +64,7 @@ class NodeOwner(Protocol):
     """What a :class:`Node` needs from the run it belongs to (the placement)."""
 
     settings: CaptureSettings
+    landing: LandingStore
     ssl_context: ssl.SSLContext | None
     tls: bool
     scheme: str
@@ -211,7 +214,7 @@ class Node:
         s = self.agent.settings
         session_id = self.agent.next_session_id(self.index, self.session_started)
         self.session = SessionWriter(
-            s.landing,
+            self.agent.landing,
             s.staging,
             bucket=s.bucket,
             session_id=session_id,
@@ -278,7 +281,7 @@ class Node:
                         item = await self.queue.get()
                 except TimeoutError:
                     if self.session is not None and self.session.due(time.time()):
-                        self._close_and_commit()
+                        await self._close_and_commit()
                     continue
                 if isinstance(item, _Frames):
                     assert self.session is not None
@@ -286,9 +289,9 @@ class Node:
                     self.session.write(item.data, now)
                     self.last_positions = item.positions
                     if self.session.due(now):
-                        self._close_and_commit()
+                        await self._close_and_commit()
                     continue
-                self._close_and_commit()
+                await self._close_and_commit()
                 if item.new_session:
                     self.new_session()
                 item.done.set_result(None)
@@ -299,10 +302,12 @@ class Node:
         except BaseException as exc:
             self.agent.fail(exc)
 
-    def _close_and_commit(self) -> None:
+    async def _close_and_commit(self) -> None:
+        """Publish the open file, then commit the positions it reaches: never the other way
+        round. A publish that fails raises (the run fails) and commits nothing."""
         if self.session is None:
             return
-        path = self.session.close_file()
+        path = await asyncio.to_thread(self.session.close_file)
         if path is not None:
             self.agent.summary.files.append(path)
         self.agent.commit({vb: p for vb, p in self.last_positions.items() if vb in self.owned})

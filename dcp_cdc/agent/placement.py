@@ -54,6 +54,7 @@ from dcp_cdc.agent.consumer_events import (
     StreamRefused,
     StreamRolledBack,
 )
+from dcp_cdc.agent.landing_store import open_landing
 from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
@@ -98,6 +99,7 @@ class Placement:
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"tls_ca_file {settings.tls_ca_file}: {exc}") from None
         self.summary = CaptureSummary(mode)
+        self.landing = open_landing(settings.landing, settings.s3)
         self.map: ClusterMap | None = None
         self.store: CheckpointStore | None = None
         self.durable: dict[int, VbPosition] = {}
@@ -201,7 +203,11 @@ class Placement:
             )
         self.summary.vbuckets = len(self.vbuckets)
         self.store = CheckpointStore(
-            s.checkpoint_path, bucket=s.bucket, bucket_uuid=cmap.bucket_uuid, agent=s.agent_id
+            s.checkpoint_path,
+            bucket=s.bucket,
+            bucket_uuid=cmap.bucket_uuid,
+            agent=s.agent_id,
+            s3=s.s3,
         )
         stored = self.store.load()
         self.durable = {vb: stored[vb] for vb in self.vbuckets if vb in stored}
@@ -596,6 +602,7 @@ class Placement:
     async def run(self) -> CaptureSummary:
         s = self.settings
         clear_staging(s.staging, bucket=s.bucket, agent_id=s.agent_id)
+        await asyncio.to_thread(self.landing.check)  # no store, bucket or credentials: fail now
         await self.bootstrap()
         # until-now: the end seqnos come from each node's GET_ALL_VB_SEQNOS (node_for)
         for vb in self.vbuckets:
@@ -674,9 +681,16 @@ class Placement:
         for node in live:
             await stop_task(node.tasks[0], CLOSE_WAIT_S)
             if not node.tasks[1].done():
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(30.0):
                         await node.flush(last=True)
+                except TimeoutError:
+                    pass
+                except CaptureConnectionError:
+                    # a writer that failed while we stopped recorded why (fail()): that
+                    # error is the run's, not "the capture writer stopped"
+                    if self.failure is None:
+                        raise
             await node.close()
 
 

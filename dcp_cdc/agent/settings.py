@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dcp_cdc.agent.landing_store import join_location
 from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.s3_store import S3Options, is_object_location
 from dcp_cdc.agent.writer import checkpoint_name
 from dcp_cdc.capture_config import CAPTURE_DIR, ConnectionString, parse_connection_string
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -31,9 +33,13 @@ class CaptureSettings:
     bucket: str
     username: str
     password: str = field(repr=False)
-    landing: Path
+    landing: Path | str
+    """A local folder, or an object store's ``s3://bucket/prefix`` (``s3a://`` too)."""
     staging: Path
-    state_dir: Path
+    """Always local: the files being written (``*.partial``); what is lost with it was
+    never checkpointed."""
+    state_dir: Path | str
+    """The checkpoint's folder: local, or a prefix in an object store."""
     agent_id: str = "agent"
     vbuckets: tuple[int, int] | None = None
     collections: tuple[str, ...] | None = None
@@ -50,6 +56,9 @@ class CaptureSettings:
     reconnect_timeout_s: float = 60.0
     """How long a node that went away is tried again before the capture gives up: a node
     that restarts or fails over within this time costs a pause, not the run."""
+    s3: S3Options | None = field(default=None, repr=False, compare=False)
+    """How ``s3://`` locations are reached (endpoint, keys, region); None: the AWS
+    environment alone."""
     connection: ConnectionString | None = field(default=None, repr=False, compare=False)
     """``connection_string`` parsed: :func:`settings_from_config` passes the configuration's
     own parse; settings built by hand are parsed here, once."""
@@ -72,15 +81,22 @@ class CaptureSettings:
         return cls(landing=landing, staging=folder, state_dir=folder, **settings)
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.state_dir / checkpoint_name(self.bucket, self.agent_id)
+    def checkpoint_path(self) -> Path | str:
+        """The checkpoint: a local path, or an ``s3://`` URI."""
+        return join_location(self.state_dir, checkpoint_name(self.bucket, self.agent_id))
+
+    @property
+    def on_object_store(self) -> bool:
+        """True when the landing or the checkpoint is in an object store."""
+        return is_object_location(self.landing) or is_object_location(self.state_dir)
 
 
 @dataclass
 class CaptureSummary:
     mode: str
     vbuckets: int = 0
-    files: list[Path] = field(default_factory=list)
+    files: list[Path | str] = field(default_factory=list)
+    """The files published: local paths, or ``s3://`` URIs."""
     bytes_captured: int = 0
     sessions: int = 0
     reconnects: int = 0
@@ -130,4 +146,5 @@ def settings_from_config(
         rotate_seconds=cap.rotate_seconds,
         connect_timeout_s=cap.connect_timeout_s,
         reconnect_timeout_s=cap.reconnect_timeout_s,
+        s3=S3Options.from_spark_conf(app.spark.conf),
     )

@@ -1,11 +1,15 @@
 """The capture agent's durable output: rotating capture files and the resume checkpoint.
 
-Durable means fsync'd and renamed. A session's frames go to ``<staging>/<name>.dcpcap.partial``
-(a name bronze never lists); :meth:`SessionWriter.close_file` flushes, fsyncs, renames the
-file into landing as ``<name>.dcpcap`` and fsyncs the landing folder, so a reader never sees a
-half-written file. The driver commits a checkpoint only after the file holding the frames it
-covers is renamed: a kill between the two replays those frames at the next start, never skips
-them. No clocks in here: times come from the caller (``now``, seconds since the epoch).
+Durable means fsync'd and published. A session's frames go to ``<staging>/<name>.dcpcap.partial``
+(a local file, a name bronze never lists); :meth:`SessionWriter.close_file` flushes, fsyncs and
+publishes it into landing as ``<name>.dcpcap`` through its :class:`~dcp_cdc.agent.landing_store.LandingStore`:
+a rename into a local folder (then an fsync of the folder), or one upload into an object store;
+either way a reader never sees a half-written file. The driver commits a checkpoint only after
+the file holding the frames it covers is published: a kill between the two replays those
+frames at the next start, never skips them. The checkpoint is kept through a
+:class:`~dcp_cdc.agent.landing_store.CheckpointBackend` (a local file, or an object written
+with conditional writes). No clocks in here: times come from the caller (``now``, seconds
+since the epoch).
 """
 
 from __future__ import annotations
@@ -18,12 +22,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from dcp_cdc.agent.landing_store import (
+    PARTIAL_SUFFIX,
+    CheckpointBackend,
+    LandingStore,
+    LocalCheckpoint,
+    LocalLanding,
+    open_checkpoint,
+)
 from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.capture import EXTENSION, CaptureHeader, capture_file_name, encode_header
 from dcp_cdc.capture_config import CAPTURE_DIR
 from dcp_cdc.errors import CheckpointError
 
-PARTIAL_SUFFIX = ".partial"
 STAGING_DIR = CAPTURE_DIR
 """The default staging folder (and checkpoint folder) inside a landing folder: the same file
 system, so the rename into landing is atomic."""
@@ -34,15 +46,6 @@ def rfc3339(now: float) -> str:
     """``now`` (seconds since the epoch) as RFC 3339 UTC with microseconds, the form of the
     capture headers' times and the session ids: ``2026-01-02T03:04:05.123456Z``."""
     return dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make the entries of ``folder`` (a rename into it) durable."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SessionWriter:
@@ -57,7 +60,7 @@ class SessionWriter:
 
     def __init__(
         self,
-        landing: Path,
+        landing: Path | LandingStore,
         staging: Path,
         *,
         bucket: str,
@@ -71,9 +74,10 @@ class SessionWriter:
     ) -> None:
         if rotate_bytes < 1 or rotate_seconds <= 0:
             raise ValueError("rotate_bytes and rotate_seconds must be positive")
-        self.landing = Path(landing)
+        self.store: LandingStore = LocalLanding(landing) if isinstance(landing, Path) else landing
         self.staging = Path(staging)
-        self.landing.mkdir(parents=True, exist_ok=True)
+        if isinstance(self.store, LocalLanding):
+            self.store.check()
         self.staging.mkdir(parents=True, exist_ok=True)
         self.bucket = bucket
         self.session_id = session_id
@@ -85,14 +89,14 @@ class SessionWriter:
         self.rotate_seconds = rotate_seconds
         self.sequence = 0
         """The sequence of the next file to open."""
-        self.closed_paths: list[Path] = []
-        """Files renamed into landing, in order."""
+        self.closed_paths: list[Path | str] = []
+        """Files published into landing (paths, or ``s3://`` URIs), in order."""
         self._fh: BinaryIO | None = None
         self._name = ""
         self._size = 0
         self._frame_bytes = 0
         self._opened_at = 0.0
-        self._failed: OSError | None = None
+        self._failed: Exception | None = None
 
     @property
     def open_bytes(self) -> int:
@@ -102,8 +106,8 @@ class SessionWriter:
     def write(self, frames: bytes, now: float) -> None:
         """Append ``frames`` (whole frames only) to the open file, opening one first if needed.
 
-        An ``OSError`` (a full disk) leaves the file in staging, never renamed: the writer is
-        then unusable and the next start drops the file (:func:`clear_staging`)."""
+        An ``OSError`` (a full disk) leaves the file in staging, never published: the writer
+        is then unusable and the next start drops the file (:func:`clear_staging`)."""
         if not frames:
             return
         self._usable()
@@ -125,22 +129,22 @@ class SessionWriter:
             self._size >= self.rotate_bytes or now - self._opened_at >= self.rotate_seconds
         )
 
-    def close_file(self) -> Path | None:
-        """Make the open file durable and visible: flush, fsync, rename into landing, fsync
-        the landing folder. Returns its landing path; None when no file is open."""
+    def close_file(self) -> Path | str | None:
+        """Make the open file durable and visible: flush, fsync, publish into landing (a
+        rename and an fsync of the folder, or one upload). Returns its landing path or URI;
+        None when no file is open. A failure (an ``OSError``, an
+        :class:`~dcp_cdc.errors.ObjectStoreError`) leaves the file unpublished in staging."""
         self._usable()
         if self._fh is None:
             return None
         fh, self._fh = self._fh, None
         partial = self.staging / (self._name + PARTIAL_SUFFIX)
-        final = self.landing / self._name
         try:
             fh.flush()
             os.fsync(fh.fileno())
             fh.close()
-            os.replace(partial, final)
-            fsync_dir(self.landing)
-        except OSError as exc:
+            final = self.store.publish(partial, self._name)
+        except Exception as exc:
             fh.close()
             self._fail(exc)
             raise
@@ -174,7 +178,7 @@ class SessionWriter:
         self._frame_bytes = 0
         self._opened_at = now
 
-    def _fail(self, exc: OSError) -> None:
+    def _fail(self, exc: Exception) -> None:
         self._failed = exc
         self.abandon()
 
@@ -192,18 +196,34 @@ def checkpoint_name(bucket: str, agent_id: str) -> str:
 
 
 class CheckpointStore:
-    """The agent's resume positions, one JSON file per agent (bucket and vbucket range):
+    """The agent's resume positions, one JSON document per agent (bucket and vbucket range):
     ``{format, bucket, bucket_uuid, agent, updated_at, vbuckets: {"<vb>": position}}``.
 
-    :meth:`commit` merges positions into the stored map and replaces the file atomically
-    (temporary file, fsync, rename, fsync of the folder); a kill leaves the old file or the
-    new one, never a mix. A file of another bucket (or of the same name recreated: another
-    ``bucket_uuid``) is refused, not resumed from."""
+    :meth:`commit` merges positions into the stored map and replaces the document whole: a
+    local file atomically (temporary file, fsync, rename, fsync of the folder; a kill leaves
+    the old file or the new one, never a mix), an object with a conditional PUT (another
+    writer's change is refused: :class:`~dcp_cdc.errors.CheckpointConflictError`). A
+    document of another bucket (or of the same name recreated: another ``bucket_uuid``) is
+    refused, not resumed from. ``path`` is a local path, an ``s3://`` URI (with ``s3``'s
+    options) or a backend."""
 
     def __init__(
-        self, path: Path, *, bucket: str, bucket_uuid: str | None, agent: str = "agent"
+        self,
+        path: Path | str | CheckpointBackend,
+        *,
+        bucket: str,
+        bucket_uuid: str | None,
+        agent: str = "agent",
+        s3: S3Options | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.backend: CheckpointBackend = (
+            open_checkpoint(path, s3) if isinstance(path, (Path, str)) else path
+        )
+        self.path: Path | str = (
+            self.backend.path
+            if isinstance(self.backend, LocalCheckpoint)
+            else self.backend.location
+        )
         self.bucket = bucket
         self.bucket_uuid = bucket_uuid
         """None while unknown; once known, a stored different uuid is refused."""
@@ -213,12 +233,12 @@ class CheckpointStore:
     def load(self) -> dict[int, VbPosition]:
         """The stored positions; ``{}`` when there is no checkpoint yet."""
         try:
-            text = self.path.read_bytes()
-        except FileNotFoundError:
-            self._positions = {}
-            return {}
+            text = self.backend.read()
         except OSError as exc:
             raise self._error(f"cannot be read: {exc.strerror or exc}") from None
+        if text is None:
+            self._positions = {}
+            return {}
         try:
             raw = json.loads(text)
         except ValueError as exc:
@@ -244,14 +264,7 @@ class CheckpointStore:
             document["updated_at"] = updated_at
         document["vbuckets"] = {str(vb): merged[vb].to_json() for vb in sorted(merged)}
         data = json.dumps(document, indent=1, sort_keys=False).encode() + b"\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + PARTIAL_SUFFIX)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        self.backend.write(data)
         self._positions = merged
 
     def _parse(self, raw: object) -> dict[int, VbPosition]:

@@ -1,5 +1,6 @@
 """``dcp-cdc capture``: record a bucket's DCP changes into capture files in its landing
-folder (the bucket's ``[buckets.capture]`` section); until now (the high seqnos at the
+(a folder, or an ``s3://``/``s3a://`` prefix: docs/capture.md; the bucket's
+``[buckets.capture]`` section); until now (the high seqnos at the
 start), or following until SIGTERM or SIGINT. Either way the stop is clean: files closed,
 checkpoint committed.
 """

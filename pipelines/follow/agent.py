@@ -21,6 +21,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from dcp_cdc.agent.driver import capture
+from dcp_cdc.agent.landing_store import join_location
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import CaptureSettings, settings_from_config
 from dcp_cdc.agent.writer import CheckpointStore, checkpoint_name
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -122,22 +124,26 @@ async def _follow_until_stopped(settings: CaptureSettings, parent: int) -> None:
         watcher.cancel()
 
 
-def captured_seqnos(checkpoint: Path, bucket: str) -> dict[int, int]:
-    """vbucket -> the seqno the agent's files reach (its checkpoint); {} before the first."""
-    store = CheckpointStore(checkpoint, bucket=bucket, bucket_uuid=None)
+def captured_seqnos(
+    checkpoint: Path | str, bucket: str, s3: S3Options | None = None
+) -> dict[int, int]:
+    """vbucket -> the seqno the agent's files reach (its checkpoint, a path or an ``s3://``
+    URI); {} before the first."""
+    store = CheckpointStore(checkpoint, bucket=bucket, bucket_uuid=None, s3=s3)
     return {vb: p.seqno for vb, p in store.load().items()}  # replaced by rename: never torn
 
 
 def checkpoint_of(
     config: AppConfig, bucket: BucketConfig, settings: CaptureSettings | None
-) -> Path | None:
+) -> Path | str | None:
     """Where the capture agent of ``bucket`` keeps its checkpoint: ``settings``' (an agent
     this process runs), else the one of its capture section (an agent running elsewhere)."""
     if settings is not None:
         return settings.checkpoint_path
     if bucket.capture is None:
         return None
-    return config.capture_dirs(bucket).state / checkpoint_name(bucket.name, bucket.capture.agent_id)
+    name = checkpoint_name(bucket.name, bucket.capture.agent_id)
+    return join_location(config.capture_dirs(bucket).state, name)
 
 
 def follow_settings(settings: CaptureSettings, config: AppConfig) -> CaptureSettings:

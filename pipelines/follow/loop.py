@@ -8,10 +8,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 from pyspark.sql import SparkSession
 
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines.bronze.job import ingest_bucket
@@ -52,7 +54,8 @@ class Follower:
         for settings in self.captures.values():
             # what the agent makes first when it starts: the first micro-batch may come before
             # the agent's process has (its landing must exist: landing.check_landing)
-            settings.landing.mkdir(parents=True, exist_ok=True)
+            if isinstance(settings.landing, Path):  # an object store's prefix needs none
+                settings.landing.mkdir(parents=True, exist_ok=True)
         try:
             for agent in agents:
                 agent.start()
@@ -71,7 +74,11 @@ class Follower:
     def _follow(self, agents: list[AgentProcess]) -> None:
         interval = self.config.follow.interval_s
         for b in self.buckets:
-            progress = BucketProgress(b, checkpoint_of(self.config, b, self.captures.get(b.name)))
+            progress = BucketProgress(
+                b,
+                checkpoint_of(self.config, b, self.captures.get(b.name)),
+                s3=S3Options.from_spark_conf(self.config.spark.conf),
+            )
             progress.applied = applied_positions(self.spark, b.name)
             self.progress[b.name] = progress
         names = ", ".join(repr(b.name) for b in self.buckets)

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import BucketConfig
 from pipelines.follow.agent import captured_seqnos
 
@@ -23,8 +24,9 @@ class BucketProgress:
     """What follow mode knows of one bucket between micro-batches."""
 
     bucket: BucketConfig
-    checkpoint: Path | None
-    """The capture agent's checkpoint, when the bucket has one (the lag is read from it)."""
+    checkpoint: Path | str | None
+    """The capture agent's checkpoint, when the bucket has one (the lag is read from it): a
+    path, or an ``s3://`` URI (read with ``s3``'s options)."""
     applied: dict[int, int] = field(default_factory=dict)
     """vbucket -> the consistent seqno silver reached."""
     batches: int = 0
@@ -34,12 +36,17 @@ class BucketProgress:
     as_of: float | None = None
     """Wall time: silver holds every file that had landed by then."""
     window: deque[tuple[float, int]] = field(default_factory=deque)
+    s3: S3Options | None = None
 
     def lag(self) -> tuple[int, int] | None:
         """(seqnos captured but not applied, summed; vbuckets behind), if the capture is known."""
-        if self.checkpoint is None or not self.checkpoint.exists():
+        if self.checkpoint is None:
             return None
-        captured = captured_seqnos(self.checkpoint, self.bucket.name)
+        if isinstance(self.checkpoint, Path) and not self.checkpoint.exists():
+            return None
+        captured = captured_seqnos(self.checkpoint, self.bucket.name, self.s3)
+        if not captured:
+            return None
         behind = [max(0, s - self.applied.get(vb, 0)) for vb, s in captured.items()]
         return sum(behind), sum(1 for b in behind if b)
 

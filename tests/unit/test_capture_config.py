@@ -100,10 +100,47 @@ def test_a_bad_value_names_the_field_and_the_file(
     assert where in text and field in text and message in text, text
 
 
-def test_capture_needs_a_local_landing(tmp_path: Path) -> None:
-    head = HEAD.replace('"landing"', '"s3a://lake/landing"')
-    with pytest.raises(ConfigError, match=r"buckets\[0\]\.capture: landing 's3a://lake/landing'"):
+def test_capture_needs_a_local_or_s3_landing(tmp_path: Path) -> None:
+    head = HEAD.replace('"landing"', '"gs://lake/landing"')
+    with pytest.raises(
+        ConfigError, match=r"buckets\[0\]\.capture: landing 'gs://lake/landing' is neither"
+    ):
         load_config(write(tmp_path, GOOD, head=head))
+    with pytest.raises(ConfigError, match=r"buckets\[0\]\.capture\.staging_dir: only for an s3"):
+        load_config(write(tmp_path, GOOD + 'staging_dir = "stage"\n'))
+    with pytest.raises(ConfigError, match=r"buckets\[0\]\.capture\.state_dir: 'hdfs://x/y'"):
+        load_config(write(tmp_path, GOOD + 'state_dir = "hdfs://x/y"\n'))
+
+
+@pytest.mark.parametrize("scheme", ["s3", "s3a"])
+def test_an_s3_landing_keeps_the_checkpoint_in_the_store(tmp_path: Path, scheme: str) -> None:
+    from dcp_cdc.agent.settings import settings_from_config
+
+    head = HEAD.replace('"landing"', f'"{scheme}://lake/cdc/landing/"')
+    head = head.replace(
+        "[[buckets]]",
+        '[spark.conf]\n"spark.hadoop.fs.s3a.endpoint" = '
+        '"127.0.0.1:9000"\n"spark.hadoop.fs.s3a.connection.ssl.enabled" = "false"'
+        '\n"spark.hadoop.fs.s3a.secret.key" = "' + SECRET + '"\n[[buckets]]',
+    )
+    config = load_config(write(tmp_path, GOOD, head=head))
+    dirs = config.capture_dirs(config.buckets[0])
+    assert dirs.landing == f"{scheme}://lake/cdc/landing/"
+    assert dirs.state == f"{scheme}://lake/cdc/landing/.dcp-cdc-capture"
+    assert dirs.staging.is_absolute() and "dcp-cdc-staging" in str(dirs.staging)
+    staged = load_config(write(tmp_path, GOOD + 'staging_dir = "stage"\n', head=head))
+    assert staged.capture_dirs(staged.buckets[0]).staging == tmp_path / "stage"
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("CB_PW", "pw")
+    try:
+        settings = settings_from_config(config, config.buckets[0])
+    finally:
+        monkey.undo()
+    assert settings.checkpoint_path == (
+        f"{scheme}://lake/cdc/landing/.dcp-cdc-capture/travel.agent.checkpoint.json"
+    )
+    assert settings.s3 is not None and settings.s3.endpoint_url == "http://127.0.0.1:9000"
+    assert SECRET not in repr(settings) and SECRET not in repr(settings.s3)
 
 
 def _everything_shown(config_or_error: object) -> str:
