@@ -25,6 +25,7 @@ deployment; it holds secrets, mode 600). ``down`` stops a running ``up`` (its pi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -45,6 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PG_BIN = Path(os.environ.get("DCP_CDC_PG_BIN", "/usr/lib/postgresql/15/bin"))
 BIN = Path(sys.executable).parent
+JARS = Path(os.environ.get("DCP_CDC_JARS_DIR") or REPO / ".cache" / "jars")
 AIRFLOW_USER = "dcp"
 SPARK_CONN_ID = "dcp_cdc_spark"
 STATE_FILE = "stack.json"
@@ -106,14 +108,10 @@ class Component:
         pids = [self.process.pid, *descendants(self.process.pid)]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
             deadline = time.monotonic() + STOP_GRACE_S
             while any(alive(p) for p in pids) and time.monotonic() < deadline:
                 self.process.poll()  # reaps it once it exits
@@ -221,7 +219,7 @@ class Stack:
         pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w"]
         self.run("pg_ctl start", as_postgres([*pg_ctl, "start"]), os.environ)
         self.postgres_data = data
-        import psycopg2  # the driver Airflow's URL names
+        import psycopg2  # type: ignore[import-untyped]  # the driver Airflow's URL names
 
         connection = psycopg2.connect(
             host="127.0.0.1", port=port, user="airflow", password=password, dbname="postgres"
@@ -265,18 +263,22 @@ class Stack:
         master_url = f"spark://127.0.0.1:{port}"
         master = self.spawn(
             "spark-master",
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
-            + ["--port", str(port), "--webui-port", str(free_port())],
+            [
+                *(spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"),
+                *("--port", str(port), "--webui-port", str(free_port())),
+            ],
             env,
         )
         self.wait(master, "I have been elected leader")
         for n in range(1, workers + 1):
             worker = self.spawn(
                 f"spark-worker-{n}",
-                [spark_class, "org.apache.spark.deploy.worker.Worker", master_url]
-                + ["--host", "127.0.0.1", "--webui-port", str(free_port())]
-                + ["--cores", str(cores), "--memory", memory]
-                + ["--work-dir", str(self.folder / "spark" / f"worker-{n}")],
+                [
+                    *(spark_class, "org.apache.spark.deploy.worker.Worker", master_url),
+                    *("--host", "127.0.0.1", "--webui-port", str(free_port())),
+                    *("--cores", str(cores), "--memory", memory),
+                    *("--work-dir", str(self.folder / "spark" / f"worker-{n}")),
+                ],
                 env,
             )
             self.wait(worker, "Successfully registered with master")
@@ -316,6 +318,9 @@ class Stack:
                 {"conn_type": "spark", "host": host, "port": int(port)}
             ),
             "DCP_CDC_CONFIG": str(self.config),
+            # A spark-submit driver on a cluster master imports the code from the shipped zip
+            # ([spark] py_files), which has no checkout around it: name the checkout's jars.
+            **({"DCP_CDC_JARS_DIR": str(JARS)} if JARS.is_dir() else {}),
             # spark-submit's driver and the executors run this Python (it has the package)
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -406,9 +411,12 @@ def up(args: argparse.Namespace) -> int:
             "logs": str(stack.logs),
         }
         state.write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"ready: Airflow at {summary['api_url']} (user {AIRFLOW_USER!r}, password in "
-              f"{summary['password_file']}), Spark at {master_url}; `source {env_file}` for "
-              "the airflow command; Ctrl-C or `down` stops everything", flush=True)
+        print(
+            f"ready: Airflow at {summary['api_url']} (user {AIRFLOW_USER!r}, password in "
+            f"{summary['password_file']}), Spark at {master_url}; `source {env_file}` for "
+            "the airflow command; Ctrl-C or `down` stops everything",
+            flush=True,
+        )
         while True:
             for component in stack.started:
                 if component.process.poll() is not None:
@@ -455,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = verbs.add_parser("down", help="stop what `up` started")
     for verb in (start, stop):
         verb.add_argument("--dir", default=str(REPO / "work" / "stack"), help="the work folder")
-    start.add_argument("--config", default=os.environ.get("DCP_CDC_CONFIG", str(REPO / "conf" / "local.toml")))
+    start.add_argument(
+        "--config", default=os.environ.get("DCP_CDC_CONFIG", str(REPO / "conf" / "local.toml"))
+    )
     start.add_argument("--dags", default=str(REPO / "dags"))
     start.add_argument(
         "--database",
