@@ -16,7 +16,7 @@
 When all are ready it writes ``<dir>/stack.json`` (URLs, the Airflow user, where its password
 is) and ``<dir>/airflow.env`` (the environment that points the ``airflow`` command at this
 deployment; it holds secrets, mode 600). ``down`` stops a running ``up`` (its pid is in
-``stack.json``); ``up`` stops everything it started, in reverse order, on any exit.
+``up.pid``, written first); ``up`` stops everything it started, in reverse order, on any exit.
 
     python build-support/local_stack.py up --dir work/stack [--config conf/local.toml]
     python build-support/local_stack.py down --dir work/stack
@@ -50,6 +50,7 @@ JARS = Path(os.environ.get("DCP_CDC_JARS_DIR") or REPO / ".cache" / "jars")
 AIRFLOW_USER = "dcp"
 SPARK_CONN_ID = "dcp_cdc_spark"
 STATE_FILE = "stack.json"
+PID_FILE = "up.pid"
 STOP_GRACE_S = 30.0
 
 
@@ -178,13 +179,6 @@ class Stack:
                         f"{parent.stat().st_mode & 0o777:o}): choose a --dir under a folder "
                         "others can enter, e.g. /tmp or the checkout's work/"
                     )
-        if importlib.util.find_spec("asyncpg") is None:
-            # Airflow 3 opens the database async too (the execution API): for PostgreSQL
-            # through asyncpg, which is not a dependency of apache-airflow itself
-            raise StackError(
-                "Airflow on PostgreSQL needs the asyncpg package (pip install asyncpg, or "
-                "apache-airflow[postgres]); without it use --database sqlite"
-            )
         if not (data / "PG_VERSION").exists():
             data.mkdir(mode=0o700, exist_ok=True)
             pwfile = self.folder / "postgres.pwfile"
@@ -372,11 +366,31 @@ def wait_healthy(base_url: str, api: Component, started: list[Component]) -> Non
     raise StackError(f"Airflow not healthy in 300 s: {health or api.tail()}")
 
 
+def database(asked: str) -> str:
+    """``postgres`` or ``sqlite``: ``auto`` is PostgreSQL when Airflow can reach it async."""
+    # Airflow 3 opens the database async too (the execution API): PostgreSQL through asyncpg,
+    # which is not a dependency of apache-airflow itself
+    asyncpg_missing = importlib.util.find_spec("asyncpg") is None
+    if asyncpg_missing and asked == "postgres":
+        raise StackError(
+            "Airflow on PostgreSQL needs the asyncpg package (pip install asyncpg, or "
+            "apache-airflow[postgres]); without it use --database sqlite"
+        )
+    if asked != "auto":
+        return asked
+    if asyncpg_missing:
+        print("metadata database: SQLite (PostgreSQL needs the asyncpg package)", flush=True)
+        return "sqlite"
+    return "postgres"
+
+
 def up(args: argparse.Namespace) -> int:
     folder = Path(args.dir).resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     state = folder / STATE_FILE
     state.unlink(missing_ok=True)
+    pid_file = folder / PID_FILE
+    pid_file.write_text(f"{os.getpid()}\n")
     stack = Stack(folder, Path(args.config).resolve(), Path(args.dags).resolve())
     stopping: list[int] = []
 
@@ -387,7 +401,8 @@ def up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        if args.database == "postgres":
+        chosen = database(args.database)
+        if chosen == "postgres":
             database_url = stack.start_postgres()
         else:  # one file; Airflow 3's LocalExecutor takes it (airflow standalone does)
             database_url = f"sqlite:///{folder / 'airflow' / 'airflow.db'}"
@@ -403,6 +418,7 @@ def up(args: argparse.Namespace) -> int:
         summary = {
             "pid": os.getpid(),
             "api_url": f"http://127.0.0.1:{api_port}",
+            "database": chosen,
             "spark_master": master_url,
             "spark_conn_id": SPARK_CONN_ID,
             "user": AIRFLOW_USER,
@@ -433,6 +449,7 @@ def up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         state.unlink(missing_ok=True)
         stack.stop()
+        pid_file.unlink(missing_ok=True)
 
 
 def _quote(value: str) -> str:
@@ -440,12 +457,13 @@ def _quote(value: str) -> str:
 
 
 def down(args: argparse.Namespace) -> int:
-    state = Path(args.dir).resolve() / STATE_FILE
-    if not state.exists():
-        print(f"local_stack: nothing running ({state} is absent)", file=sys.stderr)
+    pid_file = Path(args.dir).resolve() / PID_FILE
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (FileNotFoundError, ProcessLookupError):
+        print(f"local_stack: nothing running ({pid_file} names no live up)", file=sys.stderr)
         return 1
-    pid = int(json.loads(state.read_text())["pid"])
-    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 300
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -464,19 +482,22 @@ def main(argv: list[str] | None = None) -> int:
     for verb in (start, stop):
         verb.add_argument("--dir", default=str(REPO / "work" / "stack"), help="the work folder")
     start.add_argument(
-        "--config", default=os.environ.get("DCP_CDC_CONFIG", str(REPO / "conf" / "local.toml"))
+        "--config",
+        default=os.environ.get("DCP_CDC_CONFIG", str(REPO / "conf" / "local.toml")),
+        help="the dcp-cdc configuration the DAGs are made from ($DCP_CDC_CONFIG of every "
+        "component; default: $DCP_CDC_CONFIG, else conf/local.toml)",
     )
-    start.add_argument("--dags", default=str(REPO / "dags"))
+    start.add_argument("--dags", default=str(REPO / "dags"), help="the DAGs folder")
     start.add_argument(
         "--database",
-        choices=("postgres", "sqlite"),
-        default="postgres",
-        help="Airflow's metadata database (postgres needs the asyncpg package)",
+        choices=("auto", "postgres", "sqlite"),
+        default="auto",
+        help="Airflow's metadata database; auto: postgres if the asyncpg package is there",
     )
     start.add_argument("--api-port", type=int, default=8080, help="0: a free port")
-    start.add_argument("--workers", type=int, default=2)
-    start.add_argument("--worker-cores", type=int, default=1)
-    start.add_argument("--worker-memory", default="1g")
+    start.add_argument("--workers", type=int, default=2, help="Spark workers")
+    start.add_argument("--worker-cores", type=int, default=1, help="cores each worker offers")
+    start.add_argument("--worker-memory", default="1g", help="memory each worker offers")
     args = parser.parse_args(argv)
     return up(args) if args.verb == "up" else down(args)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.airflow_stack import database, local_stack
+from tests.support.airflow_stack import local_stack
 
 pytestmark = [
     pytest.mark.e2e,
@@ -85,7 +85,7 @@ driver_memory = "1g"
 """)
         # the capture task's agent reads the password from the worker's environment
         env = os.environ | {PASSWORD_ENV: PASSWORD}
-        with local_stack(work / "stack", config=config, env=env, database=database()) as stack:
+        with local_stack(work / "stack", config=config, env=env) as stack:
             ready = time.monotonic()
             stack.api.wait_for_dag(DAG_ID)
             run_id = stack.api.trigger(DAG_ID)
@@ -93,9 +93,10 @@ driver_memory = "1g"
             states = stack.api.task_states(DAG_ID, run_id)
             logs = stack.task_logs() if run["state"] != "success" else ""
             finished = time.monotonic()
+            used = stack.info["database"]
     print(
         f"stack up {ready - started:.0f} s, DAG run {finished - ready:.0f} s, "
-        f"all stopped {time.monotonic() - finished:.0f} s later ({database()})"
+        f"all stopped {time.monotonic() - finished:.0f} s later (metadata on {used})"
     )
     assert states == dict.fromkeys(TASKS, "success"), f"{states}\n{logs}"
     assert run["state"] == "success" and run["run_type"] == "manual"

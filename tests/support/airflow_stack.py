@@ -23,13 +23,6 @@ SCRIPT = REPO / "build-support" / "local_stack.py"
 FINISHED = ("success", "failed")
 
 
-def database() -> str:
-    """PostgreSQL where Airflow can reach it async (asyncpg), else SQLite."""
-    import importlib.util
-
-    return "postgres" if importlib.util.find_spec("asyncpg") is not None else "sqlite"
-
-
 @dataclass
 class AirflowApi:
     """Airflow's public REST API as the stack's admin user."""
@@ -107,7 +100,7 @@ class Stack:
 
 @contextmanager
 def local_stack(
-    folder: Path, *, config: Path, env: Mapping[str, str], database: str = "sqlite"
+    folder: Path, *, config: Path, env: Mapping[str, str], database: str = "auto"
 ) -> Iterator[Stack]:
     """``local_stack.py up`` in ``folder`` until it is ready; SIGTERM (its ``down``) at the end,
     which stops every process it started."""
