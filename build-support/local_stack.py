@@ -323,7 +323,7 @@ class Stack:
     def secret(self, name: str) -> str:
         path = self.folder / name
         if not path.exists():
-            path.write_text(secrets.token_urlsafe(32))
+            path.write_text(secrets.token_urlsafe(64))  # HS512 wants 64 bytes or more
             path.chmod(0o600)
         return path.read_text().strip()
 
