@@ -10,7 +10,10 @@
 #                   kill -9 at every step; the capture agent through every fault, four server
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
-#                   by SIGTERM and started again
+#                   by SIGTERM and started again; the pipeline DAG run by Airflow's scheduler
+#   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
+#                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
+#   make airflow-down  stop what airflow-up started (from another terminal)
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
@@ -31,6 +34,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
+.PHONY: airflow-up airflow-down
 .PHONY: help setup test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
@@ -81,6 +85,15 @@ test-long: setup
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
 	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py $(PYTEST_ARGS)
 	DCP_CDC_S3_KILLS=20 $(PY) -m pytest tests/unit/test_agent_s3.py -k kill_9 $(PYTEST_ARGS)
+	DCP_CDC_AIRFLOW=1 $(PY) -m pytest tests/e2e/test_airflow_scheduler.py $(PYTEST_ARGS)
+
+# build-support/local_stack.py: see its --help and docs/airflow.md (Running under the scheduler).
+STACK_DIR ?= work/stack
+airflow-up: setup
+	$(PY) build-support/local_stack.py up --dir $(STACK_DIR) $(ARGS)
+
+airflow-down:
+	$(PY) build-support/local_stack.py down --dir $(STACK_DIR)
 
 # kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.
 kill-trials: setup
