@@ -3,7 +3,7 @@
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
 #   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
 #                   sockets) on two workers, about a minute: the inner loop while editing
-#   make test       ruff, mypy --strict on dcp_cdc and pipelines, then pytest over tests/
+#   make test       ruff, mypy --strict on dcp_cdc and pipelines, then pytest over tests/ (2 workers)
 #   make check      the same as make test
 #   make test-long  silver against the truth over 200 simulator seeds (24 more with one file a
 #                   run, shuffled; a late-named collection, whole and killed mid-rename); 200,000 fuzzed frames;
@@ -66,9 +66,12 @@ $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STA
 test-unit: setup
 	$(PY) -m pytest tests/unit -n 2 $(PYTEST_ARGS)
 
-# CI runs this: lint and types first (seconds), then every test.
+# CI runs this: lint and types first (seconds), then every test on two workers, a file at a
+# time per worker (--dist loadfile: a module's fixtures, e.g. test_run's demo, are made once),
+# each worker with its own Spark session; the Spark driver waits on py4j and the planner much of
+# the time, so two overlap on two cores.
 test: setup lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 check: test
 
