@@ -1,4 +1,5 @@
-"""One Spark session for all of tests/spark, and a throw-away warehouse for each test.
+"""One Spark session for all of tests/spark (one per pytest-xdist worker), and a throw-away
+warehouse for each test.
 
 Starting a JVM costs seconds, so the session is shared; isolation comes from the per-test
 ``warehouse``: its own folder for path-based Delta tables and its own catalog database (the
