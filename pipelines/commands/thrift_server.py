@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the catalog over JDBC/ODBC (HiveServer2 protocol) until stopped."""
-    from pipelines.spark_session import properties_text, thrift_server_launch
+    from pipelines.metastore import shared_catalog
+    from pipelines.spark_session import delta_jars_dir, properties_text, thrift_server_launch
 
     config = catalog_config(args)
     thrift = thrift_settings(
@@ -47,8 +48,13 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         port=args.port,
         allow_unauthenticated=True if args.insecure_open else None,
     )
-    # the properties may hold credentials ([spark] conf): a file only its owner reads (0600)
-    with tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props:
+    # the properties may hold credentials ([spark] conf): a file only its owner reads (0600).
+    # Other processes share the catalog meanwhile: on the local default through a metastore
+    # server, started for as long as this serves if none runs.
+    with (
+        shared_catalog(config, delta_jars_dir(config.spark.jars_dir)),
+        tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props,
+    ):
         conf, arguments = thrift_server_launch(config, thrift, props.name)
         props.write(properties_text(conf))
         props.flush()
