@@ -115,7 +115,8 @@ def explain_open_failure(warehouse: Path, exc: BaseException) -> CatalogError:
     if "XSDB6" in text:
         why = (
             "another process has it open (Derby admits one process): stop that process, or "
-            "give the processes that share the catalog a metastore service ([spark] metastore)"
+            "start a metastore server before the processes that share the catalog (`dcp-cdc "
+            "metastore start`), or configure one ([spark] metastore)"
         )
     else:
         why = (
