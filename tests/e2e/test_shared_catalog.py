@@ -143,6 +143,21 @@ def test_a_port_taken_by_another_program_is_refused(warehouse: Path) -> None:
         metastore_server.start(warehouse, host="0.0.0.0", jars=delta_jars_dir())
 
 
+def test_the_demo_does_not_wipe_a_served_warehouse(tmp_path: Path) -> None:
+    from pipelines.demo import fresh_workdir
+
+    warehouse = tmp_path / "work" / "warehouse"
+    record, _ = metastore_server.start(warehouse, jars=delta_jars_dir())
+    try:
+        with pytest.raises(metastore_server.MetastoreError, match=f"pid {record.pid}\\) serves"):
+            fresh_workdir(tmp_path / "work")
+        assert metastore_server.live_server(warehouse) == record
+    finally:
+        metastore_server.stop(warehouse, jars=delta_jars_dir())
+    fresh_workdir(tmp_path / "work")  # stopped: the demo starts afresh
+    assert not warehouse.exists()
+
+
 HOLDER = """
 import sys
 from pathlib import Path
@@ -187,6 +202,7 @@ def test_two_spark_processes_share_the_catalog_through_the_server(
         second = _cli("sql", "--warehouse", str(warehouse), query, cwd=tmp_path)
         assert second.returncode == 0, second.stderr[-3000:]
 
+        assert not (tmp_path / "derby.log").exists()  # a client writes none where it runs
         out, err = holder.communicate("\n", timeout=120)
         assert holder.returncode == 0, err[-3000:]
         assert out.splitlines() == ["['held_by_one', 'made_by_two']", "8"]  # the first sees it
