@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from pipelines.metastore_server import ServerRecord
 
 SETTING = "[spark] metastore"
+_CATALOG_KEYS = (
+    "spark.hadoop.hive.metastore.uris",
+    "spark.hadoop.javax.jdo.option.ConnectionURL",
+)
+"""Settings of ``[spark] conf`` that choose a catalog themselves (they win over ours)."""
 CLIENT_JAR_PREFIX = "derbyclient-"
 REACH_TIMEOUT_S = 5.0
 """How long a session waits for the configured catalog service to accept a connection."""
@@ -103,8 +108,8 @@ def check_reachable(metastore: str, *, timeout: float = REACH_TIMEOUT_S) -> None
 
 def local_default(config: AppConfig) -> Path | None:
     """The local warehouse of ``config`` when its catalog is the local default (no
-    ``[spark] metastore``, no ``hive.metastore.uris`` in ``[spark] conf``), else None."""
-    if config.spark.metastore or "spark.hadoop.hive.metastore.uris" in config.spark.conf:
+    ``[spark] metastore``, and no catalog of its own in ``[spark] conf``), else None."""
+    if config.spark.metastore or any(key in config.spark.conf for key in _CATALOG_KEYS):
         return None
     if is_uri(config.warehouse) and not config.warehouse.startswith("file:"):
         return None

@@ -167,3 +167,32 @@ def test_no_server_recorded_means_embedded(tmp_path: Path) -> None:
     )
     assert catalog_service(tmp_path, None) is None  # pid 1 is no Derby server
     assert catalog_service("s3a://b/w", None) is None
+
+
+@pytest.mark.parametrize(
+    ("section", "args", "expected"),
+    [
+        ('[spark]\nmetastore = "thrift://hms:9083"\n', [], "is a Hive metastore, which dcp-cdc"),
+        ('[spark]\nmetastore = "derby://127.0.0.1:1527"\n', ["--port", "1600"], "--port 1600"),
+    ],
+)
+def test_the_metastore_command_refuses_what_it_cannot_serve(
+    tmp_path: Path,
+    jars: Path,
+    capsys: pytest.CaptureFixture[str],
+    section: str,
+    args: list[str],
+    expected: str,
+) -> None:
+    path = _config(tmp_path, section)
+    assert cli.main(["metastore", "start", "--config", str(path), *args]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "w" / "metastore_db.server.json").exists()
+
+
+def test_a_server_on_an_outside_address_is_refused(
+    tmp_path: Path, jars: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _config(tmp_path, '[spark]\nmetastore = "derby://10.1.2.3:1527"\n')
+    assert cli.main(["metastore", "start", "--config", str(path)]) == 2
+    assert "listens on loopback only (it checks no password)" in capsys.readouterr().err
