@@ -117,6 +117,14 @@ def local_default(config: AppConfig) -> Path | None:
     return Path(location).expanduser().resolve()
 
 
+def sharing_line(server: ServerRecord) -> str:
+    """What a long-running command says about the server it shares the catalog through."""
+    return (
+        f"catalog: metastore server {server.address} (pid {server.pid}) for "
+        f"{server.database}: other processes may use it meanwhile"
+    )
+
+
 @contextlib.contextmanager
 def shared_catalog(config: AppConfig, jars: Path) -> Iterator[ServerRecord | None]:
     """For a long-running command (follow mode, the Thrift server): a catalog that other

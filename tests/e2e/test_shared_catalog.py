@@ -257,6 +257,9 @@ def test_sql_answers_while_follow_runs_on_the_local_default(tmp_path: Path) -> N
         follow.wait_for(r"travel-sample: batch 1,")
         record = metastore_server.live_server(warehouse)
         assert record is not None, "follow mode started no metastore server"
+        assert f"catalog: metastore server {record.address} (pid {record.pid})" in "".join(
+            follow.lines
+        )
 
         tables = _cli("sql", "SHOW TABLES IN silver", cwd=tmp_path)
         assert tables.returncode == 0, tables.stderr[-3000:]

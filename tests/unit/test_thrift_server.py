@@ -276,3 +276,20 @@ def test_an_ldap_server_is_launched_with_its_settings_and_no_secret_shown(
     assert SECRET in text and mode == 0o600  # credentials of [spark] conf: the owner's file only
     assert SECRET not in out + err + " ".join(command)
     assert not Path(command[command.index("--properties-file") + 1]).exists()  # removed after
+
+
+def test_sigterm_ends_the_command_through_its_cleanup() -> None:
+    import signal
+
+    from pipelines.commands.thrift_server import terminate_through_cleanup
+
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(SystemExit) as info, terminate_through_cleanup():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # the handler raises before this returns
+        finally:
+            cleaned.append(True)
+    assert info.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
