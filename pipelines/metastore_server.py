@@ -289,6 +289,14 @@ def _launch(
                 f"{warehouse / LOG_NAME}, ends with: {_tail(warehouse / LOG_NAME)}"
             )
         time.sleep(0.1)
+    time.sleep(0.2)
+    if process.poll() is not None:  # what answers is another program that took the port
+        _end(process)
+        raise MetastoreError(
+            f"the metastore server for {warehouse} could not listen on {host}:{chosen} "
+            f"(exit status {process.returncode}); its output, in {warehouse / LOG_NAME}, "
+            f"ends with: {_tail(warehouse / LOG_NAME)}"
+        )
     record = ServerRecord(
         pid=process.pid,
         host=host,
