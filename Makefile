@@ -10,7 +10,8 @@
 #                   kill -9 at every step; the capture agent through every fault, four server
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
-#                   by SIGTERM and started again; the pipeline DAG run by Airflow's scheduler
+#                   by SIGTERM and started again, and dcp-cdc sql while it runs; the pipeline
+#                   DAG run by Airflow's scheduler
 #   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
 #                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
 #   make airflow-down  stop what airflow-up started (from another terminal)
@@ -86,7 +87,7 @@ test-long: setup
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
-	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py $(PYTEST_ARGS)
+	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py tests/e2e/test_shared_catalog.py $(PYTEST_ARGS)
 	DCP_CDC_S3_KILLS=20 $(PY) -m pytest tests/unit/test_agent_s3.py -k kill_9 $(PYTEST_ARGS)
 	DCP_CDC_AIRFLOW=1 $(PY) -m pytest tests/e2e/test_airflow_scheduler.py $(PYTEST_ARGS)
 

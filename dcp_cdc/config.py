@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -288,6 +289,53 @@ class QualityConfig(ConfigModel):
         return value
 
 
+@dataclass(frozen=True, slots=True)
+class MetastoreAddress:
+    """A catalog service of ``[spark] metastore``: ``scheme`` is ``thrift`` (a Hive metastore;
+    ``endpoints`` may be several) or ``derby`` (a Derby network server, ``database`` its path
+    on the server's machine when the address names one)."""
+
+    scheme: Literal["thrift", "derby"]
+    endpoints: tuple[tuple[str, int], ...]
+    database: str | None = None
+
+    def __str__(self) -> str:
+        hosts = ",".join(
+            f"{self.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+            for host, port in self.endpoints
+        )
+        return hosts + (self.database or "")
+
+
+_METASTORE_ENDPOINT = re.compile(
+    r"(thrift|derby)://(\[[0-9a-fA-F:.]+\]|[^:/\[\]\s,]+):(\d{1,5})(/.*)?"
+)
+
+
+def metastore_address(value: str) -> MetastoreAddress:
+    """``value`` (``[spark] metastore``) parsed; a ValueError says what was expected."""
+    expected = (
+        "expected thrift://HOST:PORT (a Hive metastore; several separated by commas) or "
+        f"derby://HOST:PORT[/ABSOLUTE/PATH] (a Derby network server), got {value!r}"
+    )
+    parts = [part.strip() for part in value.split(",")]
+    found = [_METASTORE_ENDPOINT.fullmatch(part) for part in parts]
+    matches = [m for m in found if m is not None and 0 < int(m.group(3)) < 65536]
+    if not parts or len(matches) != len(parts):
+        raise ValueError(expected)
+    schemes = {m.group(1) for m in matches}
+    if len(schemes) != 1:
+        raise ValueError(expected)
+    scheme = matches[0].group(1)
+    database = matches[0].group(4)
+    if scheme == "derby" and (len(matches) > 1 or database == "/"):
+        raise ValueError(expected)
+    if scheme == "thrift" and any(m.group(4) for m in matches):
+        raise ValueError(expected)
+    endpoints = tuple((m.group(2).strip("[]"), int(m.group(3))) for m in matches)
+    return MetastoreAddress("thrift" if scheme == "thrift" else "derby", endpoints, database)
+
+
 class SparkConfig(ConfigModel):
     """Spark sessions of the jobs."""
 
@@ -297,8 +345,12 @@ class SparkConfig(ConfigModel):
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     """``spark.sql.shuffle.partitions``."""
     metastore: str | None = None
-    """A shared Hive metastore (``thrift://host:9083``) for the catalog. Default: an embedded
-    Derby database in ``<warehouse>/metastore_db``, which needs a local warehouse."""
+    """A catalog service several processes share: a Hive metastore (``thrift://host:9083``,
+    several separated by commas) or a Derby network server (``derby://127.0.0.1:1527``, which
+    ``dcp-cdc metastore start`` runs; its database ``<warehouse>/metastore_db`` unless the
+    address ends in ``/<absolute path>``). Default: the Derby network server recorded for a
+    local warehouse when one runs (follow mode and the Thrift server start one), else an
+    embedded Derby database in ``<warehouse>/metastore_db``, one process at a time."""
     conf: dict[str, str] = Field(default_factory=dict)
     """Any other Spark settings, applied last (e.g. ``spark.hadoop.fs.s3a.*``, which the
     landing location's reader takes its S3 credentials and endpoint from too)."""
@@ -310,6 +362,13 @@ class SparkConfig(ConfigModel):
     jars_dir: str | None = None
     """The folder of the Delta Lake jars. Default: ``$DCP_CDC_JARS_DIR``, else the checkout's
     ``.cache/jars`` (``make setup``) when running from one."""
+
+    @field_validator("metastore")
+    @classmethod
+    def _metastore_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            metastore_address(value)  # a ValueError names what was expected
+        return value
 
 
 class AirflowConfig(ConfigModel):
@@ -512,6 +571,19 @@ class AppConfig(ConfigModel):
                 f"warehouse {self.warehouse!r} is not a local path: set spark.metastore to a "
                 "shared Hive metastore (thrift://host:9083); the embedded Derby catalog only "
                 "lives in a local warehouse"
+            )
+        metastore = self.spark.metastore
+        if (
+            metastore is not None
+            and is_uri(self.warehouse)
+            and not self.warehouse.startswith("file:")
+            and metastore_address(metastore).scheme == "derby"
+            and metastore_address(metastore).database is None
+        ):
+            raise ValueError(
+                f"spark.metastore {metastore!r} names no database and warehouse "
+                f"{self.warehouse!r} is not a local path to keep one in: add it to the address "
+                "(derby://HOST:PORT/ABSOLUTE/PATH on the server's machine)"
             )
         return self
 

@@ -45,6 +45,7 @@ MODULES = {
     "maintain": "pipelines.commands.maintain",
     "spark-conf": "pipelines.commands.spark_conf",
     "thrift-server": "pipelines.commands.thrift_server",
+    "metastore": "pipelines.commands.metastore",
 }
 
 
@@ -127,6 +128,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             [catalog],
         ),
         ("thrift-server", "serve the catalog over JDBC (Spark Thrift server)", [catalog]),
+        (
+            "metastore",
+            "start, stop or check the server that shares the catalog between processes",
+            [catalog],
+        ),
     ]
     for name, summary, parents in verbs:
         _module_verb(sub, name, summary, parents, populate=verb is None or verb == name)

@@ -24,6 +24,8 @@ from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary
 from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
+from pipelines.errors import MetastoreError
+from pipelines.metastore_server import live_server
 
 DEMO_NODES = 4
 DEMO_USER = "dcp-cdc-demo"
@@ -33,6 +35,13 @@ def fresh_workdir(workdir: str | Path) -> tuple[Path, AppConfig]:
     """The demo's folder (its landing, truth and warehouse removed: the demo starts afresh)
     and the configuration with its landing and warehouse there."""
     target = Path(workdir).resolve()
+    running = live_server(target / "warehouse")
+    if running is not None:  # its database would go from under it
+        raise MetastoreError(
+            f"a metastore server ({running.address}, pid {running.pid}) serves "
+            f"{target / 'warehouse'}, which the demo starts afresh: stop it first "
+            "(`dcp-cdc metastore stop`)"
+        )
     for folder in ("landing", "truth", "warehouse"):
         shutil.rmtree(target / folder, ignore_errors=True)
     config = load_config(None, landing=str(target / "landing"), warehouse=str(target / "warehouse"))

@@ -19,6 +19,17 @@ class CatalogError(SparkSetupError):
     opened: another process has it, or it is damaged. The message says which and what to do."""
 
 
+class MetastoreError(SparkSetupError):
+    """The catalog service (a Derby network server that ``dcp-cdc metastore`` runs, or the
+    configured ``[spark] metastore``) cannot be started, stopped or used; the message names
+    the warehouse or the setting and the address."""
+
+
+class MetastoreUnreachableError(MetastoreError):
+    """Nothing answers at the catalog service's address: the setting that names it and the
+    address are in the message (checked before the Spark session starts)."""
+
+
 class CommitConflictError(DcpError):
     """Another writer kept winning the Delta commit race (or the catalog race) on a table;
     nothing of the step was written, and running again is safe."""

@@ -50,7 +50,21 @@ def release(warehouse: Path) -> None:
         held.close()
 
 
-def _lock(warehouse: Path) -> IO[str]:
+def lock_for_server(warehouse: Path, holder: str) -> IO[str]:
+    """Take ``warehouse``'s catalog lock for a metastore server about to open the catalog
+    (:mod:`pipelines.metastore_server`), and set aside a catalog whose creation was killed.
+    The caller hands the open file to the server process, which holds the lock while it runs,
+    then closes its own copy."""
+    handle = _lock(warehouse.resolve(), holder)
+    try:
+        _set_aside_incomplete(warehouse.resolve())
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _lock(warehouse: Path, holder: str | None = None) -> IO[str]:
     warehouse.mkdir(parents=True, exist_ok=True)
     path = warehouse / LOCK_NAME
     handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held until the process exits)
@@ -62,12 +76,15 @@ def _lock(warehouse: Path) -> IO[str]:
         handle.close()
         raise CatalogError(
             f"the embedded catalog of warehouse {warehouse} is in use by {holder}: it admits "
-            "one process at a time (Derby). Wait for that process, stop it, or give the "
-            "processes that must share the catalog a metastore service ([spark] metastore)."
+            "one process at a time (Derby). Wait for that process or stop it; processes that "
+            "must run at once share the catalog through a metastore server started before "
+            "them (`dcp-cdc metastore start`; follow mode and the Thrift server start one), "
+            "or a configured [spark] metastore."
         ) from None
     handle.seek(0)
     handle.truncate()
-    handle.write(f"process {os.getpid()} since {dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}\n")
+    since = f"since {dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
+    handle.write(f"{holder or f'process {os.getpid()}'} {since}\n")
     handle.flush()
     return handle
 
@@ -98,7 +115,8 @@ def explain_open_failure(warehouse: Path, exc: BaseException) -> CatalogError:
     if "XSDB6" in text:
         why = (
             "another process has it open (Derby admits one process): stop that process, or "
-            "give the processes that share the catalog a metastore service ([spark] metastore)"
+            "start a metastore server before the processes that share the catalog (`dcp-cdc "
+            "metastore start`), or configure one ([spark] metastore)"
         )
     else:
         why = (

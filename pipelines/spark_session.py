@@ -16,7 +16,9 @@ While a session runs, asking for one on another warehouse is an error. JVM optio
 ``derby.system.home``) are fixed by the first session of a Python process: after ``stop()`` a
 new session may use another warehouse, but ``derby.log`` stays where the first one put it.
 A warehouse on object storage (``s3a://...``) needs a shared Hive metastore instead
-(``spark.metastore``).
+(``spark.metastore``). Processes that share a local warehouse at once do so through a Derby
+network server (``dcp-cdc metastore start``; follow mode and the Thrift server start one):
+:mod:`pipelines.metastore` picks the catalog a session uses and checks it answers.
 
 Launchers get the same settings from :func:`launch_conf`: the Airflow DAGs pass them to
 ``spark-submit`` (whose ``--master`` then wins over ``spark.master``), ``dcp-cdc spark-conf``
@@ -36,6 +38,7 @@ from urllib.parse import urlparse
 from dcp_cdc.config import is_uri
 from pipelines.errors import SparkSetupError
 from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
+from pipelines.metastore import catalog_service, hive_client_conf
 from pipelines.shipping import py_files_for
 
 if TYPE_CHECKING:
@@ -117,7 +120,7 @@ def spark_conf(
         "spark.sql.warehouse.dir": str(warehouse),
     }
     if metastore:
-        conf["spark.hadoop.hive.metastore.uris"] = metastore
+        conf |= hive_client_conf(metastore, warehouse, jars)
     elif local_warehouse:
         java_options.insert(0, f"-Dderby.system.home={warehouse}")
         conf["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
@@ -218,6 +221,7 @@ def build_spark_session(
 
     location = _warehouse_location(warehouse)
     jars = find_delta_jars(jars_dir)
+    metastore = catalog_service(location, metastore)
     active = SparkSession.getActiveSession()
     if active is not None:
         current = _warehouse_location(active.conf.get("spark.sql.warehouse.dir") or "")
@@ -309,7 +313,9 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
         master=master,
         shuffle_partitions=config.spark.shuffle_partitions,
         jars=jars,
-        metastore=config.spark.metastore,
+        metastore=catalog_service(
+            _warehouse_location(config.warehouse), config.spark.metastore, check=False
+        ),
     )
     # On the driver's own class path too: the Thrift server and spark-sql load the Delta
     # catalog from threads that do not see spark.jars (ClassNotFoundException: DeltaCatalog).

@@ -6,10 +6,13 @@ authentication (LDAP or Kerberos), or ``--insecure-open``, which is warned about
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -38,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the catalog over JDBC/ODBC (HiveServer2 protocol) until stopped."""
-    from pipelines.spark_session import properties_text, thrift_server_launch
+    from pipelines.metastore import shared_catalog, sharing_line
+    from pipelines.spark_session import delta_jars_dir, properties_text, thrift_server_launch
 
     config = catalog_config(args)
     thrift = thrift_settings(
@@ -47,8 +51,16 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         port=args.port,
         allow_unauthenticated=True if args.insecure_open else None,
     )
-    # the properties may hold credentials ([spark] conf): a file only its owner reads (0600)
-    with tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props:
+    # the properties may hold credentials ([spark] conf): a file only its owner reads (0600).
+    # Other processes share the catalog meanwhile: on the local default through a metastore
+    # server, started for as long as this serves if none runs.
+    with (
+        terminate_through_cleanup(),
+        shared_catalog(config, delta_jars_dir(config.spark.jars_dir)) as server,
+        tempfile.NamedTemporaryFile("w", suffix=".conf", prefix="dcp-cdc-") as props,
+    ):
+        if server is not None:
+            out.write(f"{sharing_line(server)}\n")
         conf, arguments = thrift_server_launch(config, thrift, props.name)
         props.write(properties_text(conf))
         props.flush()
@@ -66,6 +78,22 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
                 flush=True,
             )
         return subprocess.call([spark_script("spark-submit"), *arguments])
+
+
+@contextlib.contextmanager
+def terminate_through_cleanup() -> Iterator[None]:
+    """SIGTERM ends the command through its ``with`` blocks (the server JVM is ended, the
+    metastore server it started stopped, the properties file removed), as Ctrl-C does,
+    instead of at once with them left behind."""
+
+    def on_terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _who_may_connect(thrift: ThriftConfig) -> str:

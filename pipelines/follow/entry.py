@@ -22,6 +22,7 @@ from pipelines.demo import (
 )
 from pipelines.follow.agent import captures_of
 from pipelines.follow.loop import Follower
+from pipelines.metastore import shared_catalog, sharing_line
 from pipelines.run import Step
 
 
@@ -43,6 +44,23 @@ def stop_signals(stop: threading.Event, check_now: threading.Event) -> Iterator[
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def shared_catalog_while_following(config: AppConfig, out: TextIO) -> Iterator[None]:
+    """The catalog stays open to other processes while following (``dcp-cdc sql``, ``tables``,
+    the Thrift server): on the local default, a metastore server for the warehouse, started
+    if none runs and then stopped at the end (:func:`pipelines.metastore.shared_catalog`).
+    Under ``spark-submit`` the JVM was launched already: the submitter chose its catalog."""
+    if spark_session.launched_by_spark_submit():
+        yield
+        return
+    jars = spark_session.delta_jars_dir(config.spark.jars_dir)
+    with shared_catalog(config, jars) as server:
+        if server is not None:
+            out.write(f"{sharing_line(server)}\n")
+            out.flush()
+        yield
 
 
 def fair(config: AppConfig) -> AppConfig:
@@ -73,16 +91,20 @@ def follow(
         config = fair(load_config(config_file))
         buckets = config.bucket(bucket)
         captures = {} if no_capture else captures_of(config, buckets)  # lag: checkpoints
-        spark = spark_session.session_for(config, "dcp-cdc-follow")
-        with stop_signals(stop, check_now):
-            follower = Follower(
-                spark, config, buckets, out, stop, captures=captures, check_now=check_now
-            )
-            return follower.run()
+        with shared_catalog_while_following(config, out):
+            spark = spark_session.session_for(config, "dcp-cdc-follow")
+            with stop_signals(stop, check_now):
+                follower = Follower(
+                    spark, config, buckets, out, stop, captures=captures, check_now=check_now
+                )
+                return follower.run()
     target, config = fresh_workdir(workdir)
     config = fair(config)
     sim = dataclasses.replace(demo_simulation(config.buckets[0].name), ops=0)
-    with served_steadily(sim, rate) as (connection_string, user, password):
+    with (
+        served_steadily(sim, rate) as (connection_string, user, password),
+        shared_catalog_while_following(config, out),
+    ):
         out.write(
             f"serving bucket {sim.bucket!r} from {DEMO_NODES} simulated data nodes on 127.0.0.1, "
             f"{rate:g} live changes a second\n"

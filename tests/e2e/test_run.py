@@ -224,6 +224,10 @@ def thrift_server(demo: Demo, directory: Directory | None) -> Iterator[int]:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
         log.close()
+        # the catalog was shared while it served, through a metastore server it started and
+        # stopped on SIGTERM (pipelines.metastore_server)
+        assert "catalog: metastore server derby://127.0.0.1:" in log_path.read_text()
+        assert not (demo.workdir / "warehouse" / "metastore_db.server.json").exists()
 
 
 def _beeline(port: int, user: str, password: str, query: str) -> subprocess.CompletedProcess[str]:

@@ -4,13 +4,16 @@ connects, or says loudly that it does not; nothing is launched before that is se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import pipelines.metastore
 from dcp_cdc.config import (
     AppConfig,
     BucketConfig,
@@ -194,7 +197,15 @@ class Launch:
         self.commands: list[list[str]] = []
         self.properties: list[tuple[str, int]] = []  # (text, mode) while the server runs
 
+        self.sharing: list[str] = []  # warehouses whose catalog was shared while serving
+
+    @contextlib.contextmanager
+    def shared_catalog(self, config: AppConfig, jars: Path) -> Iterator[None]:
+        self.sharing.append(config.warehouse)
+        yield
+
     def __call__(self, command: list[str]) -> int:
+        assert self.sharing, "the Thrift server launched with its catalog not shared"
         self.commands.append(command)
         path = command[command.index("--properties-file") + 1]
         self.properties.append((Path(path).read_text(), stat.S_IMODE(os.stat(path).st_mode)))
@@ -205,6 +216,8 @@ class Launch:
 def launch(monkeypatch: pytest.MonkeyPatch) -> Launch:
     recorded = Launch()
     monkeypatch.setattr(subprocess, "call", recorded)
+    # the metastore server it would start for the local warehouse: tests/e2e run a real one
+    monkeypatch.setattr(pipelines.metastore, "shared_catalog", recorded.shared_catalog)
     return recorded
 
 
@@ -263,3 +276,20 @@ def test_an_ldap_server_is_launched_with_its_settings_and_no_secret_shown(
     assert SECRET in text and mode == 0o600  # credentials of [spark] conf: the owner's file only
     assert SECRET not in out + err + " ".join(command)
     assert not Path(command[command.index("--properties-file") + 1]).exists()  # removed after
+
+
+def test_sigterm_ends_the_command_through_its_cleanup() -> None:
+    import signal
+
+    from pipelines.commands.thrift_server import terminate_through_cleanup
+
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    with pytest.raises(SystemExit) as info, terminate_through_cleanup():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()  # the handler raises before this returns
+        finally:
+            cleaned.append(True)
+    assert info.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) == before
