@@ -1,6 +1,8 @@
 # dcp-cdc developer and CI entry points. Nothing here needs an activated venv.
 #
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
+#   make setup-s3   also the jars of a warehouse on S3 (s3a://): hadoop-aws, AWS SDK modules,
+#                   dcp-cdc's S3 log store (docs/object-storage.md)
 #   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
 #                   sockets) on two workers, about a minute: the inner loop while editing
 #   make test       ruff, mypy --strict on dcp_cdc and pipelines, then pytest over tests/
@@ -26,12 +28,14 @@ PY := $(VENV)/bin/python
 STAMPS := $(VENV)/.stamps
 JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
+S3_JARS_DIR := .cache/jars-s3
+S3_JARS_STAMP := $(S3_JARS_DIR)/.stamp
 PIP := $(PY) -m pip --disable-pip-version-check
 
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: help setup test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
+.PHONY: help setup setup-s3 test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
@@ -55,6 +59,14 @@ $(STAMPS)/editable: pyproject.toml dcp_cdc/_native.c $(STAMPS)/deps
 # The jars list depends on the pom and on what the installed pyspark ships (the lock).
 $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STAMPS)/deps
 	$(PY) build-support/jars/fetch_jars.py --dest $(JARS_DIR)
+	@mkdir -p $(@D) && touch $@
+
+# Only for a warehouse on S3: not part of setup, which stays light.
+setup-s3: setup $(S3_JARS_STAMP)
+
+$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py build-support/jars/s3/build_logstore.py $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java)
+	$(PY) build-support/jars/fetch_jars.py --pom build-support/jars/s3/pom.xml --dest $(S3_JARS_DIR) --require hadoop-aws
+	$(PY) build-support/jars/s3/build_logstore.py --dest $(S3_JARS_DIR) --delta-jars $(JARS_DIR)
 	@mkdir -p $(@D) && touch $@
 
 # The inner loop: no lint, no types, no JVM. Two workers: the tests are independent, and the
