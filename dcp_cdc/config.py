@@ -31,6 +31,7 @@ from pydantic import (
 from dcp_cdc.capture_config import CAPTURE_DIR, COLLECTION_PATTERN, CaptureConfig, CaptureDirs
 from dcp_cdc.config_base import ConfigModel
 from dcp_cdc.errors import ConfigError
+from dcp_cdc.storage_config import StorageConfig, unsafe_log_store
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -484,6 +485,7 @@ class AppConfig(ConfigModel):
     maintenance: MaintenanceConfig = MaintenanceConfig()
     follow: FollowConfig = FollowConfig()
     thrift: ThriftConfig = ThriftConfig()
+    storage: StorageConfig = StorageConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the jobs."""
 
@@ -506,6 +508,14 @@ class AppConfig(ConfigModel):
                 "shared Hive metastore (thrift://host:9083); the embedded Derby catalog only "
                 "lives in a local warehouse"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _several_writers_on_s3(self) -> AppConfig:
+        on_s3 = is_uri(self.warehouse) and self.warehouse.split(":", 1)[0] in ("s3a", "s3")
+        problem = unsafe_log_store(on_s3, self.storage, self.spark.conf)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
