@@ -12,8 +12,9 @@
 #                   kill -9 at every step; the capture agent through every fault, four server
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
-#                   by SIGTERM and started again; two Spark drivers committing to the same
-#                   tables on a moto S3 server, 20 rounds with each log store (needs setup-s3)
+#                   by SIGTERM and started again; on a moto S3 server (needs setup-s3):
+#                   ingest, apply, check and maintain, and two Spark drivers committing to
+#                   the same tables, 20 rounds with each log store
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
@@ -93,7 +94,7 @@ test-long: setup
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
 	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py $(PYTEST_ARGS)
-	DCP_CDC_S3_WRITERS=1 $(PY) -m pytest tests/s3/test_concurrent_writers.py $(PYTEST_ARGS)
+	DCP_CDC_S3=1 $(PY) -m pytest tests/s3 $(PYTEST_ARGS)
 
 # kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.
 kill-trials: setup

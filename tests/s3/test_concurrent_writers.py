@@ -5,8 +5,8 @@ tables on the moto S3 server in overlapping rounds; afterwards each table's log 
 commit per writer and round (labels ``w<id>-r<round>``) and versions 0..2×rounds. With Delta's
 single-driver log store the same run loses commits: the test of that shows the check can fail.
 
-``make test`` runs 5 rounds with the conditional-put store; ``DCP_CDC_S3_WRITERS=1``
-(``make test-long``) runs 20 rounds with each store.
+Two Spark JVMs for minutes: only under ``DCP_CDC_S3=1`` (``make test-long``), 20 rounds with
+each store; ``DCP_CDC_S3_ROUNDS`` changes the number.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ import pytest
 from tests.support.s3_server import MotoS3Server
 
 ROOT = Path(__file__).resolve().parents[2]
-LONG = os.environ.get("DCP_CDC_S3_WRITERS") == "1"
+ROUNDS = int(os.environ.get("DCP_CDC_S3_ROUNDS", "20"))
+pytestmark = pytest.mark.skipif(
+    os.environ.get("DCP_CDC_S3") != "1", reason="DCP_CDC_S3=1 (make test-long)"
+)
 WRITERS = 2
 TABLES = ("a", "b")
 
@@ -125,7 +128,7 @@ def _expected(rounds: int) -> list[str]:
 
 
 def test_conditional_put_keeps_every_commit(s3_server: MotoS3Server, tmp_path: Path) -> None:
-    rounds = 20 if LONG else 5
+    rounds = ROUNDS
     s3_server.create_bucket("lake")
     prefix, took = _run_writers(s3_server, tmp_path, "s3-conditional-put", rounds)
     for name in TABLES:
@@ -135,11 +138,10 @@ def test_conditional_put_keeps_every_commit(s3_server: MotoS3Server, tmp_path: P
     print(f"{WRITERS} writers × {rounds} rounds × {len(TABLES)} tables: {took:.1f} s")
 
 
-@pytest.mark.skipif(not LONG, reason="DCP_CDC_S3_WRITERS=1 (make test-long)")
 def test_single_driver_log_store_loses_commits(s3_server: MotoS3Server, tmp_path: Path) -> None:
     """The same run with Delta's S3SingleDriverLogStore: both writers report every commit
     done, yet the logs miss some, since two drivers wrote the same version."""
-    rounds = 20
+    rounds = ROUNDS
     s3_server.create_bucket("lake")
     prefix, took = _run_writers(s3_server, tmp_path, "single-driver", rounds)
     lost = 0
