@@ -155,3 +155,20 @@ def test_preflight_without_credentials_says_where_they_go(
     message = str(caught.value)
     assert "warehouse s3a://lake/w: no S3 credentials" in message
     assert "spark.hadoop.fs.s3a.access.key" in message and "AWS_ACCESS_KEY_ID" in message
+
+
+def test_a_job_session_stops_before_spark_when_the_bucket_is_missing(
+    s3: MotoS3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipelines import spark_session
+
+    def no_spark(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(spark_session, "build_spark_session", no_spark)
+    settings = "".join(f'"{k}" = "{v}"\n' for k, v in s3.spark_conf().items())
+    text = S3_WAREHOUSE.replace("cdc-lake", "missing-lake") + "[spark.conf]\n" + settings
+    s3.create_bucket("cdc-landing")
+    config = load_config(_config(tmp_path, text))
+    with pytest.raises(S3BucketNotFoundError, match=r"^warehouse s3a://missing-lake/warehouse"):
+        spark_session.session_for(config, "t")
