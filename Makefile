@@ -1,6 +1,8 @@
 # dcp-cdc developer and CI entry points. Nothing here needs an activated venv.
 #
 #   make setup      .venv from requirements.lock, the project installed editable, Delta jars
+#   make setup-s3   also the jars of a warehouse on S3 (s3a://): hadoop-aws, AWS SDK modules,
+#                   dcp-cdc's S3 log store (docs/object-storage.md)
 #   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
 #                   sockets) on two workers, about a minute: the inner loop while editing
 #   make test       ruff, mypy --strict on dcp_cdc and pipelines, then pytest over tests/ (2 workers)
@@ -11,7 +13,9 @@
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
 #                   by SIGTERM and started again, and dcp-cdc sql while it runs; the pipeline
-#                   DAG run by Airflow's scheduler
+#                   DAG run by Airflow's scheduler; on a moto S3 server (needs setup-s3):
+#                   ingest, apply, check and maintain, and two Spark drivers committing to
+#                   the same tables, 20 rounds with each log store
 #   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
 #                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
 #   make airflow-down  stop what airflow-up started (from another terminal)
@@ -30,13 +34,15 @@ PY := $(VENV)/bin/python
 STAMPS := $(VENV)/.stamps
 JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
+S3_JARS_DIR := .cache/jars-s3
+S3_JARS_STAMP := $(S3_JARS_DIR)/.stamp
 PIP := $(PY) -m pip --disable-pip-version-check
 
 PYTEST_ARGS ?=
 ARGS ?=
 
 .PHONY: airflow-up airflow-down
-.PHONY: help setup test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
+.PHONY: help setup setup-s3 test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
@@ -62,6 +68,14 @@ $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STA
 	$(PY) build-support/jars/fetch_jars.py --dest $(JARS_DIR)
 	@mkdir -p $(@D) && touch $@
 
+# Only for a warehouse on S3: not part of setup, which stays light.
+setup-s3: setup $(S3_JARS_STAMP)
+
+$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py build-support/jars/s3/build_logstore.py $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java)
+	$(PY) build-support/jars/fetch_jars.py --pom build-support/jars/s3/pom.xml --dest $(S3_JARS_DIR) --require hadoop-aws
+	$(PY) build-support/jars/s3/build_logstore.py --dest $(S3_JARS_DIR) --delta-jars $(JARS_DIR)
+	@mkdir -p $(@D) && touch $@
+
 # The inner loop: no lint, no types, no JVM. Two workers: the tests are independent, and the
 # slowest few (the agent's faults, the fuzzer) overlap instead of queueing.
 test-unit: setup
@@ -80,7 +94,7 @@ check: test
 # arrive one per run in a shuffled order (CI runs 3); both decoder faces over
 # 200,000 fuzzed inputs (make test runs 2,000); kill -9 of ingest and apply at every step; the
 # capture agent through each fault into silver, and 20 kill -9 of the agent (make test: 6).
-test-long: setup
+test-long: setup setup-s3
 	DCP_CDC_SEEDS=200 DCP_CDC_ARRIVAL_SEEDS=24 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
 	DCP_CDC_ARRIVAL_ALL=1 $(PY) -m pytest tests/spark/test_silver_arrival.py $(PYTEST_ARGS)
 	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
@@ -89,6 +103,7 @@ test-long: setup
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
 	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py tests/e2e/test_shared_catalog.py $(PYTEST_ARGS)
 	DCP_CDC_S3_KILLS=20 $(PY) -m pytest tests/unit/test_agent_s3.py -k kill_9 $(PYTEST_ARGS)
+	DCP_CDC_S3=1 $(PY) -m pytest tests/s3 $(PYTEST_ARGS)
 	DCP_CDC_AIRFLOW=1 $(PY) -m pytest tests/e2e/test_airflow_scheduler.py $(PYTEST_ARGS)
 
 # build-support/local_stack.py: see its --help and docs/airflow.md (Running under the scheduler).

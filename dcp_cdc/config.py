@@ -39,6 +39,7 @@ from dcp_cdc.capture_config import (
 )
 from dcp_cdc.config_base import ConfigModel
 from dcp_cdc.errors import ConfigError
+from dcp_cdc.storage_config import StorageConfig, unsafe_log_store
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -550,6 +551,7 @@ class AppConfig(ConfigModel):
     maintenance: MaintenanceConfig = MaintenanceConfig()
     follow: FollowConfig = FollowConfig()
     thrift: ThriftConfig = ThriftConfig()
+    storage: StorageConfig = StorageConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Log level of the jobs."""
 
@@ -585,6 +587,14 @@ class AppConfig(ConfigModel):
                 f"{self.warehouse!r} is not a local path to keep one in: add it to the address "
                 "(derby://HOST:PORT/ABSOLUTE/PATH on the server's machine)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _several_writers_on_s3(self) -> AppConfig:
+        on_s3 = is_uri(self.warehouse) and self.warehouse.split(":", 1)[0] in ("s3a", "s3")
+        problem = unsafe_log_store(on_s3, self.storage, self.spark.conf)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -57,3 +57,24 @@ class LandingChangedError(DcpError):
     """A capture file planned for an ingest run changed or vanished before the run wrote it:
     its bytes are not those the plan bound to (size and digest). Nothing of the run's write
     committed; the next attempt leaves the file out and reports it."""
+
+
+class S3SetupError(SparkSetupError):
+    """A session on S3 (``s3a://``) lacks its jars (``make setup-s3``)."""
+
+
+class ObjectStorageError(DcpError):
+    """The object store of the warehouse or landing cannot be used; the message names the
+    setting and location (never a secret)."""
+
+
+class S3CredentialsError(ObjectStorageError):
+    """No S3 credentials were found, or the endpoint refused them."""
+
+
+class S3BucketNotFoundError(ObjectStorageError):
+    """A bucket the configuration names does not exist at the endpoint."""
+
+
+class S3EndpointError(ObjectStorageError):
+    """The S3 endpoint does not answer, or answers something unexpected."""

@@ -39,6 +39,7 @@ from dcp_cdc.config import is_uri
 from pipelines.errors import SparkSetupError
 from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 from pipelines.metastore import catalog_service, hive_client_conf
+from pipelines.object_storage import on_s3, preflight, s3_jars, s3_session_conf
 from pipelines.shipping import py_files_for
 
 if TYPE_CHECKING:
@@ -205,6 +206,8 @@ def build_spark_session(
     extra_conf: Mapping[str, str] | None = None,
     metastore: str | None = None,
     jars_dir: str | None = None,
+    tables_on_s3: bool = False,
+    log_store: str = "s3-conditional-put",
 ) -> SparkSession:
     """A Delta-enabled session whose catalog and tables live under ``warehouse``.
 
@@ -212,15 +215,17 @@ def build_spark_session(
     ``spark.driver.extraJavaOptions`` are appended to the session's own. If this process
     already runs a session, it is returned (with ``extra_conf``'s runtime settings applied)
     provided it uses the same warehouse; a different warehouse raises :class:`SparkSetupError`.
-    Under ``spark-submit`` the submitter's master is kept (``master`` is ignored): the same
-    job runs locally or on a cluster by changing only how it is submitted.
+    A warehouse on S3 (or ``tables_on_s3``) adds the S3 jars and ``log_store``
+    (:func:`object_storage_jars`). Under ``spark-submit`` the submitter's master is kept
+    (``master`` is ignored): the same job runs locally or on a cluster by changing only how
+    it is submitted.
     """
     # here, not at the top: launch_conf and properties_text serve launchers that need no
     # pyspark (dcp-cdc spark-conf and thrift-server, the Airflow tasks' spark-submit)
     from pyspark.sql import SparkSession
 
     location = _warehouse_location(warehouse)
-    jars = find_delta_jars(jars_dir)
+    jars = find_delta_jars(jars_dir) + object_storage_jars(location, tables_on_s3)
     metastore = catalog_service(location, metastore)
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -245,6 +250,7 @@ def build_spark_session(
         jars=jars,
         metastore=metastore,
     )
+    conf = merge_conf(conf, object_storage_conf(location, tables_on_s3, log_store))
     conf = merge_conf(conf, extra_conf)
     if "spark.pyspark.python" in conf:
         # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only
@@ -271,6 +277,7 @@ def session_for(
     ``spark-submit``, the DAGs) comes through here. ``jvm_conf``: JVM options of the job
     (:func:`ingest_jvm_conf`), appended to ``[spark.conf]``'s; they apply only if this
     builds the JVM."""
+    check_object_storage(config)
     spark = build_spark_session(
         app_name,
         config.warehouse,
@@ -279,6 +286,7 @@ def session_for(
         extra_conf=merge_conf(config.spark.conf, jvm_conf),
         metastore=config.spark.metastore,
         jars_dir=config.spark.jars_dir,
+        log_store=config.storage.log_store,
     )
     ship_code(spark, config.spark.py_files)
     return spark
@@ -306,7 +314,8 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     be given for a session on ``config``'s catalog: the settings :func:`session_for` uses,
     including those that only work at JVM start (the Delta jars on the driver's class path,
     driver JVM options and memory). ``master=None``: the launcher's ``--master`` decides."""
-    jars = find_delta_jars(config.spark.jars_dir)
+    location = _warehouse_location(config.warehouse)
+    jars = find_delta_jars(config.spark.jars_dir) + object_storage_jars(location)
     conf = spark_conf(
         app_name,
         _warehouse_location(config.warehouse),
@@ -321,7 +330,33 @@ def launch_conf(config: AppConfig, app_name: str, *, master: str | None) -> dict
     # catalog from threads that do not see spark.jars (ClassNotFoundException: DeltaCatalog).
     # A path a cluster-mode driver does not have is ignored there, spark.jars ships the jars.
     conf["spark.driver.extraClassPath"] = os.pathsep.join(str(jar) for jar in jars)
+    conf = merge_conf(conf, object_storage_conf(location, False, config.storage.log_store))
     return merge_conf(conf, config.spark.conf)
+
+
+# Object storage (s3a://): the jars, settings and preflight of pipelines.object_storage.
+
+
+def object_storage_jars(location: str | Path, tables_on_s3: bool = False) -> list[Path]:
+    """The S3 jars (``make setup-s3``) for a warehouse on S3 or ``tables_on_s3``; else none.
+    Missing jars raise :class:`~pipelines.errors.S3SetupError` before Spark starts."""
+    return s3_jars() if tables_on_s3 or on_s3(location) else []
+
+
+def object_storage_conf(location: str | Path, tables_on_s3: bool, log_store: str) -> dict[str, str]:
+    """The S3A filesystem and the Delta log store ``log_store`` (``[storage] log_store``) for
+    a warehouse on S3 or ``tables_on_s3``; else nothing."""
+    return s3_session_conf(log_store) if tables_on_s3 or on_s3(location) else {}
+
+
+def check_object_storage(config: AppConfig) -> None:
+    """Before Spark starts: every S3 bucket of the warehouse and the landing locations answers
+    at the configured endpoint with the configured credentials (:func:`preflight`)."""
+    locations = {"warehouse": config.warehouse, "landing": config.landing}
+    for index, bucket in enumerate(config.buckets):
+        if bucket.landing:
+            locations[f"buckets[{index}].landing"] = bucket.landing
+    preflight(locations, config.spark.conf)
 
 
 THRIFT_SERVER_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"

@@ -10,6 +10,10 @@ whose artifact is already in ``pyspark/jars`` is dropped (Spark's own copy wins 
 anyway, and two versions of one library only invite trouble). What is left is copied flat into
 ``--dest`` with a ``MANIFEST.txt`` naming each jar's coordinates and what was skipped.
 ``pipelines.spark_session`` hands these files to ``spark.jars``.
+
+``make setup-s3`` runs it again on ``s3/pom.xml`` (Hadoop's S3A filesystem and the AWS SDK
+modules it calls) into ``.cache/jars-s3``, with ``--require hadoop-aws``: a set only sessions
+on ``s3a://`` storage load.
 """
 
 from __future__ import annotations
@@ -95,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=Path(".cache/jars"))
     parser.add_argument("--pom", type=Path, default=HERE / "pom.xml")
+    parser.add_argument(
+        "--require",
+        default="delta-spark_",
+        help="fail unless a kept jar's artifact id starts with this (default: delta-spark_)",
+    )
     args = parser.parse_args(argv)
 
     spark_jar_names = {p.name for p in pyspark_jars_dir().glob("*.jar")}
@@ -104,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         artifacts = resolve(args.pom.resolve(), Path(tmp) / "repo")
         kept = [a for a in artifacts if not shipped_by_spark(a.artifact_id, spark_jar_names)]
         skipped = [a for a in artifacts if a not in kept]
-        if not any(a.artifact_id.startswith("delta-spark_") for a in kept):
-            sys.exit(f"fetch_jars: Maven gave no delta-spark jar for {args.pom}")
+        if not any(a.artifact_id.startswith(args.require) for a in kept):
+            sys.exit(f"fetch_jars: Maven gave no {args.require}* jar for {args.pom}")
 
         # Build the new folder beside the old one and swap, so a failed run leaves no half set.
         fresh = Path(tmp) / "out"

@@ -26,6 +26,11 @@ def jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
         (folder / name).write_bytes(b"")
     monkeypatch.setenv(JARS_DIR_ENV, str(folder))
+    s3 = tmp_path / "jars-s3"  # what `make setup-s3` leaves, for a warehouse on S3
+    s3.mkdir()
+    for name in ("hadoop-aws-3.5.0.jar", "s3-2.35.4.jar", "dcp-cdc-s3-logstore.jar"):
+        (s3 / name).write_bytes(b"")
+    monkeypatch.setenv("DCP_CDC_S3_JARS_DIR", str(s3))
     return folder
 
 
@@ -68,6 +73,9 @@ def test_master_left_to_the_launcher_and_shared_metastore(jars: Path) -> None:
     assert conf["spark.hadoop.hive.metastore.uris"] == "thrift://hms:9083"
     assert "spark.hadoop.javax.jdo.option.ConnectionURL" not in conf
     assert "derby" not in conf["spark.driver.extraJavaOptions"]
+    # on S3: the S3 jars and the log store that keeps every commit with several writers
+    assert "dcp-cdc-s3-logstore.jar" in conf["spark.jars"] and "hadoop-aws" in conf["spark.jars"]
+    assert conf["spark.delta.logStore.s3a.impl"] == "dcpcdc.delta.S3ConditionalPutLogStore"
 
 
 def test_missing_jars_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
