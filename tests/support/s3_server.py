@@ -31,8 +31,8 @@ def _free_port() -> int:
 class MotoS3Server:
     """``with MotoS3Server() as s3: s3.create_bucket("lake")``; ``s3.endpoint`` is its URL."""
 
-    def __init__(self) -> None:
-        self.port = _free_port()
+    def __init__(self, port: int = 0) -> None:
+        self.port = port or _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server: Any = None
 
