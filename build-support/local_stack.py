@@ -46,7 +46,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PG_BIN = Path(os.environ.get("DCP_CDC_PG_BIN", "/usr/lib/postgresql/15/bin"))
 BIN = Path(sys.executable).parent
-JARS = Path(os.environ.get("DCP_CDC_JARS_DIR") or REPO / ".cache" / "jars")
 AIRFLOW_USER = "dcp"
 SPARK_CONN_ID = "dcp_cdc_spark"
 STATE_FILE = "stack.json"
@@ -312,9 +311,6 @@ class Stack:
                 {"conn_type": "spark", "host": host, "port": int(port)}
             ),
             "DCP_CDC_CONFIG": str(self.config),
-            # A spark-submit driver on a cluster master imports the code from the shipped zip
-            # ([spark] py_files), which has no checkout around it: name the checkout's jars.
-            **({"DCP_CDC_JARS_DIR": str(JARS)} if JARS.is_dir() else {}),
             # spark-submit's driver and the executors run this Python (it has the package)
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
