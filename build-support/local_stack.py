@@ -4,9 +4,9 @@
 
 1. PostgreSQL (``initdb`` on first use, ``pg_ctl start``): Airflow's metadata database. As
    root it runs as the ``postgres`` OS user (``runuser``): initdb refuses root. Airflow reaches
-   it through psycopg2 and, for its async sessions (the execution API), asyncpg.
-   ``--database sqlite`` uses one SQLite file instead (aiosqlite), as ``airflow standalone``
-   does: enough for one machine and one DAG run at a time.
+   it through psycopg2 and, for its async sessions (the execution API), asyncpg. This is
+   the default; ``--database sqlite`` uses one SQLite file instead (aiosqlite), as
+   ``airflow standalone`` does: a fallback for a machine without PostgreSQL.
 2. ``airflow db migrate``, then ``airflow api-server`` (the UI, the REST API ``/api/v2`` and the
    execution API ``/execution/`` that task processes report to), ``airflow dag-processor``
    (parses ``dags/``) and ``airflow scheduler`` (LocalExecutor).
@@ -46,7 +46,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PG_BIN = Path(os.environ.get("DCP_CDC_PG_BIN", "/usr/lib/postgresql/15/bin"))
 BIN = Path(sys.executable).parent
-JARS = Path(os.environ.get("DCP_CDC_JARS_DIR") or REPO / ".cache" / "jars")
 AIRFLOW_USER = "dcp"
 SPARK_CONN_ID = "dcp_cdc_spark"
 STATE_FILE = "stack.json"
@@ -312,9 +311,6 @@ class Stack:
                 {"conn_type": "spark", "host": host, "port": int(port)}
             ),
             "DCP_CDC_CONFIG": str(self.config),
-            # A spark-submit driver on a cluster master imports the code from the shipped zip
-            # ([spark] py_files), which has no checkout around it: name the checkout's jars.
-            **({"DCP_CDC_JARS_DIR": str(JARS)} if JARS.is_dir() else {}),
             # spark-submit's driver and the executors run this Python (it has the package)
             "PYSPARK_PYTHON": sys.executable,
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -367,20 +363,23 @@ def wait_healthy(base_url: str, api: Component, started: list[Component]) -> Non
 
 
 def database(asked: str) -> str:
-    """``postgres`` or ``sqlite``: ``auto`` is PostgreSQL when Airflow can reach it async."""
+    """``postgres`` (the default) or ``sqlite``, once what PostgreSQL needs is there."""
+    if asked != "postgres":
+        return asked
     # Airflow 3 opens the database async too (the execution API): PostgreSQL through asyncpg,
     # which is not a dependency of apache-airflow itself
-    asyncpg_missing = importlib.util.find_spec("asyncpg") is None
-    if asyncpg_missing and asked == "postgres":
+    if importlib.util.find_spec("asyncpg") is None:
         raise StackError(
             "Airflow on PostgreSQL needs the asyncpg package (pip install asyncpg, or "
             "apache-airflow[postgres]); without it use --database sqlite"
         )
-    if asked != "auto":
-        return asked
-    if asyncpg_missing:
-        print("metadata database: SQLite (PostgreSQL needs the asyncpg package)", flush=True)
-        return "sqlite"
+    missing = [name for name in ("initdb", "pg_ctl") if not (PG_BIN / name).is_file()]
+    if missing:
+        raise StackError(
+            f"PostgreSQL server programs not found: no {', '.join(missing)} in {PG_BIN} "
+            "(set DCP_CDC_PG_BIN to the folder that has them, e.g. "
+            "/usr/lib/postgresql/<version>/bin), or use --database sqlite"
+        )
     return "postgres"
 
 
@@ -490,9 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--dags", default=str(REPO / "dags"), help="the DAGs folder")
     start.add_argument(
         "--database",
-        choices=("auto", "postgres", "sqlite"),
-        default="auto",
-        help="Airflow's metadata database; auto: postgres if the asyncpg package is there",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="Airflow's metadata database (default postgres; sqlite: one file, a fallback "
+        "for a machine without PostgreSQL)",
     )
     start.add_argument("--api-port", type=int, default=8080, help="0: a free port")
     start.add_argument("--workers", type=int, default=2, help="Spark workers")

@@ -168,6 +168,26 @@ def launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def delta_jars_given(spark_jars: str | None) -> str | None:
+    """``spark_jars`` (a ``spark.jars`` value: paths or URLs, comma-separated) if it names a
+    delta-spark jar, else None."""
+    names = [Path(urlparse(jar.strip()).path).name for jar in (spark_jars or "").split(",")]
+    return spark_jars if any(name.startswith("delta-spark_") for name in names) else None
+
+
+def submitted_delta_jars() -> str | None:
+    """Under ``spark-submit``: the ``spark.jars`` its JVM was launched with, if they hold
+    delta-spark (the DAGs' and ``dcp-cdc spark-conf``'s launches do). Such a driver must not
+    look for jars itself: it may run the code from a shipped zip, with no checkout (and no
+    ``.cache/jars``) around it. None when not launched so, or launched without Delta."""
+    if not launched_by_spark_submit():
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # joins the submitter's JVM (PYSPARK_GATEWAY_PORT)
+    return delta_jars_given(SparkConf().get("spark.jars"))
+
+
 def _warehouse_location(warehouse: str | Path) -> str | Path:
     """A local warehouse as an absolute folder; a URI (``s3a://...``) as it is."""
     if isinstance(warehouse, str) and is_uri(warehouse) and not warehouse.startswith("file:"):
@@ -225,7 +245,10 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     location = _warehouse_location(warehouse)
-    jars = find_delta_jars(jars_dir) + object_storage_jars(location, tables_on_s3)
+    given = submitted_delta_jars()  # the launcher's jars (Delta's, and S3's if on S3)
+    jars = ([] if given else find_delta_jars(jars_dir)) + object_storage_jars(
+        location, tables_on_s3
+    )
     metastore = catalog_service(location, metastore)
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -251,6 +274,8 @@ def build_spark_session(
         metastore=metastore,
     )
     conf = merge_conf(conf, object_storage_conf(location, tables_on_s3, log_store))
+    if given:
+        conf["spark.jars"] = given
     conf = merge_conf(conf, extra_conf)
     if "spark.pyspark.python" in conf:
         # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only

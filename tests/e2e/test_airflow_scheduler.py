@@ -98,6 +98,7 @@ driver_memory = "1g"
         f"stack up {ready - started:.0f} s, DAG run {finished - ready:.0f} s, "
         f"all stopped {time.monotonic() - finished:.0f} s later (metadata on {used})"
     )
+    assert used == "postgres"  # a metadata database Airflow supports for the LocalExecutor
     assert states == dict.fromkeys(TASKS, "success"), f"{states}\n{logs}"
     assert run["state"] == "success" and run["run_type"] == "manual"
     assert list((work / "landing").glob("*.dcpcap"))

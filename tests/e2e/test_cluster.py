@@ -1,7 +1,8 @@
 """ingest → apply → check on a Spark standalone cluster whose executors do not have dcp-cdc.
 
 A master and a worker are started from pyspark's own ``spark-class`` (loopback only, work dir
-in a temporary folder). The executors' Python is a venv that sees the dependencies (a ``.pth``
+in a temporary folder) by ``build-support/local_stack.py``'s code
+(:mod:`tests.support.standalone_cluster`). The executors' Python is a venv that sees the dependencies (a ``.pth``
 line naming this interpreter's site-packages, so the editable install's own ``.pth`` there is
 not processed) but not the package: the code must come from ``[spark] py_files`` (``auto``),
 shipped by the session every entry point builds. The driver is ``dcp-cdc run --config``.
@@ -12,8 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.standalone_cluster import standalone_cluster
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
@@ -35,20 +36,6 @@ pytestmark = [
 ]
 CLI = Path(sys.executable).with_name("dcp-cdc")
 BUCKET = "travel-sample"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spark_class() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("pyspark")
-    assert spec is not None and spec.origin is not None
-    return Path(spec.origin).parent / "bin" / "spark-class"
 
 
 def _cluster_env() -> dict[str, str]:
@@ -88,84 +75,13 @@ def executor_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while text not in log.read_text(errors="replace"):
-        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert time.monotonic() < deadline, (
-            f"no {text!r} in {seconds} s: " + log.read_text()[-3000:]
-        )
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, executor_python: Path) -> Iterator[str]:
     """``spark://127.0.0.1:PORT`` of a master and one worker (1 core, 1 GiB)."""
     folder = tmp_path_factory.mktemp("cluster")
-    port = _free_port()
     env = _cluster_env() | {"PYSPARK_PYTHON": str(executor_python)}
-    master_url = f"spark://127.0.0.1:{port}"
-    started: list[subprocess.Popen[bytes]] = []
-    logs = []
-    try:
-        for name, args, ready in (
-            (
-                "master",
-                [
-                    "org.apache.spark.deploy.master.Master",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--webui-port",
-                    str(_free_port()),
-                ],
-                "I have been elected leader",
-            ),
-            (
-                "worker",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    master_url,
-                    "--host",
-                    "127.0.0.1",
-                    "--webui-port",
-                    str(_free_port()),
-                    "--cores",
-                    "1",
-                    "--memory",
-                    "1g",
-                    "--work-dir",
-                    str(folder / "work"),
-                ],
-                "Successfully registered with master",
-            ),
-        ):
-            log = folder / f"{name}.log"
-            logs.append(log.open("wb"))
-            process = subprocess.Popen(
-                [str(_spark_class()), *args],
-                stdout=logs[-1],
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=folder,
-                start_new_session=True,
-            )
-            started.append(process)
-            _wait_for(log, ready, process, 180)
+    with standalone_cluster(folder, env=env, workers=1, cores=1, memory="1g") as master_url:
         yield master_url
-    finally:
-        for process in reversed(started):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in reversed(started):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
-        for log in logs:
-            log.close()
 
 
 def _silver(warehouse: Path) -> dict[tuple[int, str], tuple[Any, ...]]:

@@ -100,7 +100,7 @@ class Stack:
 
 @contextmanager
 def local_stack(
-    folder: Path, *, config: Path, env: Mapping[str, str], database: str = "auto"
+    folder: Path, *, config: Path, env: Mapping[str, str], database: str = "postgres"
 ) -> Iterator[Stack]:
     """``local_stack.py up`` in ``folder`` until it is ready; SIGTERM (its ``down``) at the end,
     which stops every process it started."""

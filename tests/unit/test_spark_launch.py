@@ -110,3 +110,22 @@ def test_an_ingest_jvm_keeps_its_jit_at_c1_unless_told_otherwise() -> None:
     assert merged["spark.executor.extraJavaOptions"] == f"-Db=2 {C1_ONLY}"
     # C1 alone, with the code cache tiered compilation reserves (48 MiB: a MERGE fills it)
     assert C1_ONLY.split() == ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
+
+
+def test_a_launchers_delta_jars_are_recognised_as_paths_or_urls() -> None:
+    from pipelines.spark_session import delta_jars_given
+
+    given = "/j/delta-storage-4.4.0.jar,file:///j/delta-spark_2.13-4.4.0.jar"
+    assert delta_jars_given(given) == given
+    assert delta_jars_given("hdfs://nn:8020/lib/delta-spark_2.13-4.4.0.jar,/x/other.jar")
+    assert delta_jars_given("/j/delta-storage-4.4.0.jar,/j/my-delta-spark_fork.jar") is None
+    assert delta_jars_given("") is None and delta_jars_given(None) is None
+
+
+def test_a_driver_not_started_by_spark_submit_resolves_its_own_jars(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipelines.spark_session import submitted_delta_jars
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert submitted_delta_jars() is None  # and no JVM is started to find out
