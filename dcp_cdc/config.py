@@ -571,7 +571,9 @@ class AppConfig(ConfigModel):
         ):
             raise ValueError(
                 f"warehouse {self.warehouse!r} is not a local path: set spark.metastore to a "
-                "shared Hive metastore (thrift://host:9083); the embedded Derby catalog only "
+                "shared Hive metastore (thrift://host:9083) or to the Derby server `dcp-cdc "
+                "metastore start` runs, with the local path of its database "
+                "(derby://127.0.0.1:PORT/ABSOLUTE/PATH); the embedded Derby catalog only "
                 "lives in a local warehouse"
             )
         metastore = self.spark.metastore

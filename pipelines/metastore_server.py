@@ -213,10 +213,14 @@ def start(
     port: int | None = None,
     host: str = DEFAULT_HOST,
     jars: Path,
+    database: Path | None = None,
     timeout: float = 60.0,
 ) -> tuple[ServerRecord, bool]:
     """The server of ``warehouse``: the one that runs, else one started now on ``port`` (None:
-    a free port). Returns it and whether this call started it."""
+    a free port). Returns it and whether this call started it. ``warehouse`` is the folder of
+    the server's record, lock and log; ``database`` the catalog it serves, by default
+    ``<warehouse>/metastore_db`` (another path for a warehouse on object storage, whose
+    catalog lives on a local disk: ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"``)."""
     if not is_loopback(host):
         raise MetastoreError(
             f"the metastore server listens on loopback only (it checks no password), got "
@@ -224,8 +228,14 @@ def start(
             '"thrift://HOST:9083")'
         )
     warehouse = warehouse.resolve()
+    served = database.resolve() if database is not None else warehouse / METASTORE_DIR_NAME
     with _start_lock(warehouse, timeout):
         running = live_server(warehouse)
+        if running is not None and running.database != str(served):
+            raise MetastoreError(
+                f"the metastore server recorded in {record_path(warehouse)} serves "
+                f"{running.database}, not {served}: stop it first (`dcp-cdc metastore stop`)"
+            )
         if running is not None:
             if port is not None and running.port != port:
                 raise MetastoreError(
@@ -234,13 +244,13 @@ def start(
                     "(`dcp-cdc metastore stop`)"
                 )
             return running, False
-        record = _launch(warehouse, host, port, jars, timeout)
+        record = _launch(warehouse, served, host, port, jars, timeout)
     log.info("metastore: started %s (pid %d) for %s", record.address, record.pid, record.database)
     return record, True
 
 
 def _launch(
-    warehouse: Path, host: str, port: int | None, jars: Path, timeout: float
+    warehouse: Path, database: Path, host: str, port: int | None, jars: Path, timeout: float
 ) -> ServerRecord:
     """A new server process on ``warehouse``'s catalog, recorded once it accepts connections."""
     chosen = port if port is not None else _free_port(host)
@@ -301,7 +311,7 @@ def _launch(
         pid=process.pid,
         host=host,
         port=chosen,
-        database=str(warehouse / METASTORE_DIR_NAME),
+        database=str(database),
         started=f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}",
     )
     _write_record(warehouse, record)

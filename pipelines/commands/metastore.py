@@ -1,7 +1,8 @@
 """``dcp-cdc metastore start|stop|status``: the Derby network server through which several
 processes share a local warehouse's catalog (``dcp-cdc sql`` while ``dcp-cdc run --follow``
-runs, the Thrift server beside a job). ``start`` serves ``<warehouse>/metastore_db`` on
-127.0.0.1 and returns (the server runs detached, recorded beside the database); every Spark
+runs, the Thrift server beside a job). ``start`` serves ``<warehouse>/metastore_db`` (or the
+database ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"`` names: the way for a warehouse
+on object storage) on 127.0.0.1 and returns (the server runs detached, recorded beside the database); every Spark
 session of dcp-cdc on that warehouse then uses it. ``status`` exits 1 when no server answers.
 With ``[spark] metastore = "derby://127.0.0.1:PORT"`` in the configuration, the server
 listens on that port.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 from dcp_cdc.config import AppConfig, is_uri, metastore_address
 from dcp_cdc.errors import ConfigError
 from pipelines.commands.shared import catalog_config
+from pipelines.local_catalog import METASTORE_DIR_NAME
 
 if TYPE_CHECKING:
     from pipelines.metastore_server import ServerRecord
@@ -38,11 +40,13 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     from pipelines.spark_session import delta_jars_dir
 
     config = catalog_config(args)
-    warehouse = _served_warehouse(config)
+    warehouse, database = _served(config)
     jars = delta_jars_dir(config.spark.jars_dir)
     if args.action == "start":
         host, port = _listen_on(config, args.port)
-        record, started = metastore_server.start(warehouse, host=host, port=port, jars=jars)
+        record, started = metastore_server.start(
+            warehouse, host=host, port=port, jars=jars, database=database
+        )
         verb = "started" if started else "already running:"
         out.write(
             f"{verb} metastore server {record.address} (pid {record.pid}) for {record.database}\n"
@@ -78,21 +82,29 @@ def _status(record: ServerRecord, warehouse: Path, jars: Path, out: TextIO) -> i
     return 1
 
 
-def _served_warehouse(config: AppConfig) -> Path:
-    """The local warehouse whose catalog the server serves."""
-    location = config.warehouse.removeprefix("file://").removeprefix("file:")
+def _served(config: AppConfig) -> tuple[Path, Path]:
+    """The folder of the server's record, lock and log, and the database it serves: the
+    database ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"`` names (beside which the
+    record goes), else ``<warehouse>/metastore_db`` of a local warehouse. A warehouse on
+    object storage needs the path: its catalog is a local Derby database all the same."""
     metastore = config.spark.metastore
-    if metastore is not None and metastore_address(metastore).scheme == "thrift":
+    address = metastore_address(metastore) if metastore is not None else None
+    if metastore is not None and address is not None and address.scheme == "thrift":
         raise ConfigError(
             f"[spark] metastore = {metastore!r} is a Hive metastore, which dcp-cdc does not "
-            "run: `dcp-cdc metastore` serves a local warehouse's catalog (derby://)"
+            "run: `dcp-cdc metastore` serves a Derby catalog (derby://)"
         )
-    if is_uri(location):
+    if address is not None and address.database:
+        database = Path(address.database).resolve()
+        return database.parent, database
+    location = config.warehouse.removeprefix("file://").removeprefix("file:")
+    if is_uri(location):  # the configuration refuses it first (AppConfig._catalog_reachable)
         raise ConfigError(
-            f"warehouse {config.warehouse!r} is not a local folder: `dcp-cdc metastore` "
-            "serves the catalog of a local warehouse"
+            f"warehouse {config.warehouse!r} is not a local folder: name the catalog's path in "
+            '[spark] metastore = "derby://127.0.0.1:PORT/ABSOLUTE/PATH"'
         )
-    return Path(location).expanduser().resolve()
+    warehouse = Path(location).expanduser().resolve()
+    return warehouse, warehouse / METASTORE_DIR_NAME
 
 
 def _listen_on(config: AppConfig, port: int | None) -> tuple[str, int | None]:

@@ -116,6 +116,56 @@ def test_two_processes_starting_at_once_get_one_server(tmp_path: Path, warehouse
     assert all(f"{record.address} (pid {record.pid})" in out for out, _ in outputs)
 
 
+def test_a_warehouse_on_object_storage_is_served_from_the_path_its_setting_names(
+    tmp_path: Path,
+) -> None:
+    """A warehouse on S3 has no local folder for its catalog: ``[spark] metastore`` names the
+    Derby database's path, and the server runs there, recorded beside it."""
+    port = _free_port()
+    database = tmp_path / "catalog" / "metastore_db"
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'landing = "s3a://lake/landing"\nwarehouse = "s3a://lake/warehouse"\n'
+        '[[buckets]]\nname = "b"\n'
+        f'[spark]\nmetastore = "derby://127.0.0.1:{port}{database}"\n',
+        encoding="utf-8",
+    )
+    try:
+        started = _cli("metastore", "start", "--config", str(config), cwd=tmp_path, timeout=120)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.startswith(f"started metastore server derby://127.0.0.1:{port} ")
+        assert started.stdout.rstrip().endswith(f"for {database}")
+        record = metastore_server.read_record(database.parent)
+        assert record is not None and record.port == port and record.database == str(database)
+        assert _accepts(port)
+        status = _cli("metastore", "status", "--config", str(config), cwd=tmp_path)
+        assert status.returncode == 0 and status.stdout.startswith("running: "), status.stdout
+    finally:
+        stopped = _cli("metastore", "stop", "--config", str(config), cwd=tmp_path)
+    assert stopped.returncode == 0 and stopped.stdout.startswith("stopped "), stopped.stdout
+    assert not _accepts(port)
+
+    # without a path the catalog has no place: typed errors that name the setting
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace(str(database), ""), encoding="utf-8")
+    refused = _cli("metastore", "start", "--config", str(config), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout
+    assert "spark.metastore" in refused.stderr and "/ABSOLUTE/PATH" in refused.stderr
+    config.write_text(text.split("[spark]")[0], encoding="utf-8")
+    refused = _cli("metastore", "start", "--config", str(config), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout
+    assert "warehouse 's3a://lake/warehouse' is not a local path" in refused.stderr
+    assert "derby://127.0.0.1:PORT/ABSOLUTE/PATH" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 def test_a_server_killed_is_reported_and_cleared(tmp_path: Path, warehouse: Path) -> None:
     record, started = metastore_server.start(warehouse, jars=delta_jars_dir())
     assert started
