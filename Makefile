@@ -13,12 +13,16 @@
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
 #                   by SIGTERM and started again, and dcp-cdc sql while it runs; the pipeline
-#                   DAG run by Airflow's scheduler; on a moto S3 server (needs setup-s3):
+#                   DAG run by Airflow's scheduler; the production rehearsal (S3, the shared
+#                   catalog, the scheduler, the cluster, queries and maintenance beside the
+#                   DAG: tests/e2e/test_rehearsal.py); on a moto S3 server (needs setup-s3):
 #                   ingest, apply, check and maintain, and two Spark drivers committing to
 #                   the same tables, 20 rounds with each log store
 #   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
 #                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
 #   make airflow-down  stop what airflow-up started (from another terminal)
+#   make s3-up      an S3 API (moto's server, in memory) on 127.0.0.1:9000 with the bucket
+#                   `lake`, for a rehearsal on object storage (ARGS=...); Ctrl-C stops it
 #   make kill-trials  kill -9 of ingest and apply at random instants, 30 each (ARGS=...)
 #   make lock       re-resolve requirements.lock from pyproject.toml (needs PyPI)
 #
@@ -41,7 +45,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: airflow-up airflow-down
+.PHONY: airflow-up airflow-down s3-up
 .PHONY: help setup setup-s3 test-unit test test-long kill-trials check lint format typecheck run bench pyfiles wheel lock clean distclean
 
 help:
@@ -105,6 +109,7 @@ test-long: setup setup-s3
 	DCP_CDC_S3_KILLS=20 $(PY) -m pytest tests/unit/test_agent_s3.py -k kill_9 $(PYTEST_ARGS)
 	DCP_CDC_S3=1 $(PY) -m pytest tests/s3 $(PYTEST_ARGS)
 	DCP_CDC_AIRFLOW=1 $(PY) -m pytest tests/e2e/test_airflow_scheduler.py $(PYTEST_ARGS)
+	DCP_CDC_REHEARSAL=1 $(PY) -m pytest tests/e2e/test_rehearsal.py $(PYTEST_ARGS)
 
 # build-support/local_stack.py: see its --help and docs/airflow.md (Running under the scheduler).
 STACK_DIR ?= work/stack
@@ -113,6 +118,10 @@ airflow-up: setup
 
 airflow-down:
 	$(PY) build-support/local_stack.py down --dir $(STACK_DIR)
+
+# build-support/local_s3.py: docs/deployment.md.
+s3-up: setup
+	$(PY) build-support/local_s3.py up --bucket lake $(ARGS)
 
 # kill -9 of dcp-cdc ingest and apply at random instants, each run again and checked.
 kill-trials: setup

@@ -78,8 +78,12 @@ def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
 
 
 def optimize(spark: SparkSession, table: str) -> tuple[int, int]:
-    """OPTIMIZE ``table``; (files removed, files added)."""
-    rows = spark.sql(f"OPTIMIZE {table}").collect()
+    """OPTIMIZE ``table``; (files removed, files added). An apply or ingest that commits
+    while it compacts may win the race (the files it read were rewritten): it is tried again
+    on the new version, like every other write (:func:`delta_io.with_retry`)."""
+    rows = delta_io.with_retry(
+        f"OPTIMIZE {table}", lambda: spark.sql(f"OPTIMIZE {table}").collect()
+    )
     if not rows:
         return 0, 0
     metrics = rows[0]["metrics"]
