@@ -56,16 +56,7 @@ def s3_jars() -> list[Path]:
     """The jars of a session on S3: ``hadoop-aws``, the AWS SDK modules and the log store."""
     folder = s3_jars_dir()
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
-    names = {jar.name for jar in jars}
-    missing = [
-        what
-        for what, present in (
-            ("hadoop-aws-*.jar", any(n.startswith("hadoop-aws-") for n in names)),
-            ("s3-*.jar (AWS SDK)", any(n.startswith("s3-2") for n in names)),
-            (LOG_STORE_JAR, LOG_STORE_JAR in names),
-        )
-        if not present
-    ]
+    missing = missing_s3_jars(jar.name for jar in jars)
     if missing:
         raise S3SetupError(
             f"the jars of a warehouse on S3 (s3a://) are missing: expected "
@@ -74,6 +65,35 @@ def s3_jars() -> list[Path]:
             "that has them."
         )
     return jars
+
+
+def missing_s3_jars(names: Iterable[str]) -> list[str]:
+    """Which of the S3 jars none of the jar file ``names`` is."""
+    names = set(names)
+    return [
+        what
+        for what, present in (
+            ("hadoop-aws-*.jar", any(n.startswith("hadoop-aws-") for n in names)),
+            ("s3-*.jar (AWS SDK)", any(n.startswith("s3-2") for n in names)),
+            (LOG_STORE_JAR, LOG_STORE_JAR in names),
+        )
+        if not present
+    ]
+
+
+def check_submitted_s3_jars(spark_jars: str) -> None:
+    """A driver that ``spark-submit`` started on S3 uses the jars it was given (a driver may run
+    from a shipped zip, with no ``.cache/jars-s3`` beside it): they must hold the S3 jars, as
+    ``dcp-cdc spark-conf`` and the DAGs' launches give them."""
+    names = [uri.rstrip("/").rsplit("/", 1)[-1] for uri in spark_jars.split(",") if uri]
+    missing = missing_s3_jars(names)
+    if missing:
+        raise S3SetupError(
+            f"this driver was launched by spark-submit for a warehouse on S3 (s3a://) without "
+            f"the S3 jars in spark.jars: {', '.join(missing)} missing. Launch it with "
+            "`dcp-cdc spark-conf`'s properties (or the DAGs), which list them after "
+            "`make setup-s3`."
+        )
 
 
 def s3_session_conf(log_store: str) -> dict[str, str]:

@@ -39,7 +39,13 @@ from dcp_cdc.config import is_uri
 from pipelines.errors import SparkSetupError
 from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 from pipelines.metastore import catalog_service, hive_client_conf
-from pipelines.object_storage import on_s3, preflight, s3_jars, s3_session_conf
+from pipelines.object_storage import (
+    check_submitted_s3_jars,
+    on_s3,
+    preflight,
+    s3_jars,
+    s3_session_conf,
+)
 from pipelines.shipping import py_files_for
 
 if TYPE_CHECKING:
@@ -246,9 +252,12 @@ def build_spark_session(
 
     location = _warehouse_location(warehouse)
     given = submitted_delta_jars()  # the launcher's jars (Delta's, and S3's if on S3)
-    jars = ([] if given else find_delta_jars(jars_dir)) + object_storage_jars(
-        location, tables_on_s3
-    )
+    if given is None:
+        jars = find_delta_jars(jars_dir) + object_storage_jars(location, tables_on_s3)
+    else:  # no folder to look in: a submitted driver may run from a shipped zip
+        jars = []
+        if tables_on_s3 or on_s3(location):
+            check_submitted_s3_jars(given)
     metastore = catalog_service(location, metastore)
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -172,3 +172,17 @@ def test_a_job_session_stops_before_spark_when_the_bucket_is_missing(
     config = load_config(_config(tmp_path, text))
     with pytest.raises(S3BucketNotFoundError, match=r"^warehouse s3a://missing-lake/warehouse"):
         spark_session.session_for(config, "t")
+
+
+def test_a_submitted_driver_on_s3_needs_the_s3_jars_among_those_it_was_given() -> None:
+    given = (
+        "file:/x/.cache/jars/delta-spark_2.13-4.4.0.jar,file:/x/.cache/jars-s3/hadoop-aws-3.5.0.jar,"
+        "spark://127.0.0.1:4040/jars/s3-2.35.4.jar,file:/x/.cache/jars-s3/dcp-cdc-s3-logstore.jar"
+    )
+    object_storage.check_submitted_s3_jars(given)  # all there: no error
+    delta_only = given.split(",")[0]
+    with pytest.raises(S3SetupError, match=r"without the S3 jars in spark\.jars") as caught:
+        object_storage.check_submitted_s3_jars(delta_only)
+    said = str(caught.value)
+    assert "hadoop-aws-*.jar" in said and "dcp-cdc-s3-logstore.jar" in said
+    assert "dcp-cdc spark-conf" in said
