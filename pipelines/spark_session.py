@@ -255,7 +255,7 @@ def build_spark_session(
     if given is None:
         jars = find_delta_jars(jars_dir) + object_storage_jars(location, tables_on_s3)
     else:  # no folder to look in: a submitted driver may run from a shipped zip
-        jars = []
+        jars = [Path(urlparse(uri).path) for uri in given.split(",") if uri]
         if tables_on_s3 or on_s3(location):
             check_submitted_s3_jars(given)
     metastore = catalog_service(location, metastore)
