@@ -13,7 +13,7 @@ from dcp_cdc.naming import identifier
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["local.toml", "cluster.example.toml"])
+@pytest.mark.parametrize("name", ["local.toml", "cluster.example.toml", "rehearsal.example.toml"])
 def test_shipped_configurations_load(name: str) -> None:
     config = load_config(REPO / "conf" / name)
     assert config.buckets and config.landing and config.warehouse
