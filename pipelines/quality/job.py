@@ -68,6 +68,8 @@ log = logging.getLogger("dcp_cdc.quality")
 SUMMARY_NAME = "summary.html"
 SCREENSHOT_NAME = "summary.png"
 DOCS_NAME = "data_docs"
+UPLOAD_CHUNK_BYTES = 1 << 20
+"""How much of a report file one call hands the JVM when it is uploaded."""
 
 
 @dataclass(frozen=True)
@@ -369,13 +371,22 @@ def _append_results(
 
 
 def _upload(spark: SparkSession, local: Path, target: str) -> None:
-    """Copy the report folder to a Hadoop filesystem location (object storage)."""
+    """Copy the report folder to a Hadoop filesystem location (object storage), a file at a
+    time through the filesystem's output stream. Not ``copyFromLocalFile``: S3A's (hadoop-aws
+    3.5.0) runs each file's upload in its bounded thread pool and waits there for the PUT,
+    which needs the same pool, and a driver hung in it for good under the Airflow rehearsal."""
     jvm: Any = spark._jvm
-    dest = jvm.org.apache.hadoop.fs.Path(target)
-    fs = dest.getFileSystem(spark._jsc.hadoopConfiguration())
-    fs.delete(jvm.org.apache.hadoop.fs.Path(f"{target}/{DOCS_NAME}"), True)
-    for item in sorted(local.iterdir()):
-        fs.copyFromLocalFile(False, True, jvm.org.apache.hadoop.fs.Path(str(item)), dest)
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+    fs = hadoop_path(target).getFileSystem(spark._jsc.hadoopConfiguration())
+    fs.delete(hadoop_path(f"{target}/{DOCS_NAME}"), True)
+    for item in sorted(p for p in local.rglob("*") if p.is_file()):
+        out = fs.create(hadoop_path(f"{target}/{item.relative_to(local).as_posix()}"), True)
+        try:
+            with open(item, "rb") as handle:
+                while chunk := handle.read(UPLOAD_CHUNK_BYTES):
+                    out.write(chunk)
+        finally:
+            out.close()
 
 
 def prune_results(spark: SparkSession, config: AppConfig, bucket: BucketConfig) -> int:

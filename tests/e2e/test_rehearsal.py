@@ -279,6 +279,9 @@ def test_production_rehearsal(work: Path) -> None:
     assert any(k.endswith(".dcpcap") for k in _keys(s3, "landing/")), "no capture file on S3"
     assert not (work / "landing").exists() and not (work / "warehouse").exists()
     assert any("/_delta_log/" in k for k in _keys(s3, "warehouse/bronze.db/"))
+    report = _keys(s3, "warehouse/quality/")  # the check's report and data docs, uploaded
+    assert any(k.endswith("/summary.html") for k in report), report
+    assert any(k.endswith("/data_docs/index.html") for k in report), report
     # the catalog is the shared one: its Derby database is where the setting says
     assert (database / "service.properties").is_file()
 
