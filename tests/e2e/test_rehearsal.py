@@ -188,6 +188,8 @@ def _keys(s3: MotoS3Server, prefix: str) -> list[str]:
 def _download(s3: MotoS3Server, prefix: str, into: Path) -> None:
     client = s3.client()
     for key in _keys(s3, prefix):
+        if key.endswith("/"):  # a directory marker S3A leaves
+            continue
         target = into / key
         target.parent.mkdir(parents=True, exist_ok=True)
         client.download_file(LAKE, key, str(target))
