@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.airflow_stack import local_stack
+from tests.support.airflow_stack import local_stack, stack_settings
 
 pytestmark = [
     pytest.mark.e2e,
@@ -45,9 +45,6 @@ def work() -> Iterator[Path]:
 
 
 def test_the_scheduler_runs_the_pipeline_dag_on_a_standalone_cluster(work: Path) -> None:
-    import sys
-
-    from pipelines.spark_session import C1_ONLY
     from tests.support import delta_rs
     from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
@@ -57,32 +54,19 @@ def test_the_scheduler_runs_the_pipeline_dag_on_a_standalone_cluster(work: Path)
     ) as prod:
         prod.wait_workload()  # no live changes: the truth is the initial load
         config = work / "dcp-cdc.toml"
+        capture = {
+            "connection_string": prod.info["connection_string"],
+            "username": USER,
+            "password_env": PASSWORD_ENV,
+        }
         config.write_text(f"""
 landing = "{work / "landing"}"
 warehouse = "{work / "warehouse"}"
-[[buckets]]
-name = "travel-sample"
-[buckets.capture]
-connection_string = "{prod.info["connection_string"]}"
-username = "{USER}"
-password_env = "{PASSWORD_ENV}"
 [spark]
 shuffle_partitions = 2
-[spark.conf]
-"spark.cores.max" = "2"
-"spark.executor.cores" = "1"
-"spark.executor.memory" = "512m"
-"spark.driver.host" = "127.0.0.1"
-"spark.driver.bindAddress" = "127.0.0.1"
-"spark.pyspark.python" = "{sys.executable}"
-"spark.driver.extraJavaOptions" = "{C1_ONLY} -XX:+UseSerialGC"
-"spark.executor.extraJavaOptions" = "{C1_ONLY} -XX:+UseSerialGC"
-[airflow]
-schedule = ""
-retries = 0
-execution_timeout_minutes = 15
-driver_memory = "1g"
-""")
+[[buckets]]
+name = "travel-sample"
+{stack_settings(capture)}""")
         # the capture task's agent reads the password from the worker's environment
         env = os.environ | {PASSWORD_ENV: PASSWORD}
         with local_stack(work / "stack", config=config, env=env) as stack:

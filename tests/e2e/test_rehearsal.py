@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,8 @@ from typing import Any
 import pytest
 
 from pipelines import object_storage
-from tests.support.airflow_stack import Stack, local_stack
+from tests.support.airflow_stack import Stack, local_stack, stack_settings
+from tests.support.ports import free_port
 from tests.support.s3_server import MotoS3Server
 
 pytestmark = [
@@ -72,49 +72,23 @@ def work() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def _config(work: Path, s3: MotoS3Server, connection_string: str, metastore: str) -> Path:
-    from pipelines.spark_session import C1_ONLY
     from tests.support.capture_harness import PASSWORD_ENV, USER
 
+    capture = {"connection_string": connection_string, "username": USER}
+    capture["password_env"] = PASSWORD_ENV
     # The S3 settings without the keys: those come from the AWS environment.
-    s3_conf = {k: v for k, v in s3.spark_conf().items() if not k.endswith((".key", "key"))}
-    s3_lines = "\n".join(f'"{k}" = "{v}"' for k, v in s3_conf.items())
+    s3_conf = {k: v for k, v in s3.spark_conf().items() if not k.endswith("key")}
     path = work / "dcp-cdc.toml"
     path.write_text(f"""
 landing = "s3a://{LAKE}/landing"
 warehouse = "s3a://{LAKE}/warehouse"
-[[buckets]]
-name = "{BUCKET}"
-[buckets.capture]
-connection_string = "{connection_string}"
-username = "{USER}"
-password_env = "{PASSWORD_ENV}"
 [spark]
 shuffle_partitions = 2
 metastore = "{metastore}"
-[spark.conf]
-{s3_lines}
-"spark.cores.max" = "2"
-"spark.executor.cores" = "1"
-"spark.executor.memory" = "512m"
-"spark.driver.host" = "127.0.0.1"
-"spark.driver.bindAddress" = "127.0.0.1"
-"spark.pyspark.python" = "{sys.executable}"
-"spark.driver.extraJavaOptions" = "{C1_ONLY} -XX:+UseSerialGC"
-"spark.executor.extraJavaOptions" = "{C1_ONLY} -XX:+UseSerialGC"
-[airflow]
-schedule = ""
-retries = 0
-execution_timeout_minutes = 20
-driver_memory = "1g"
-""")
+[[buckets]]
+name = "{BUCKET}"
+{stack_settings(capture, s3_conf)}""")
     return path
 
 
@@ -225,7 +199,7 @@ def test_production_rehearsal(work: Path) -> None:
 
     started = time.monotonic()
     database = work / "catalog" / "metastore_db"
-    metastore = f"derby://127.0.0.1:{_free_port()}{database}"
+    metastore = f"derby://127.0.0.1:{free_port()}{database}"
     with (
         MotoS3Server() as s3,
         producer(work, bucket=BUCKET, nodes=2, vbuckets=16, docs=300, ops=0, seed=11) as prod,

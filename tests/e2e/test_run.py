@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import CONFIG_ENV
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 # the command of the code under test (the venv's dcp-cdc script runs what is installed)
@@ -85,12 +86,6 @@ def test_check_with_the_default_configuration_passes_on_the_demo(demo: Demo) -> 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Quality: PASSED" in demo.stdout
     assert "quality check of bucket 'travel-sample': passed" in done.stdout, done.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], log: Path, seconds: int) -> None:
@@ -167,7 +162,7 @@ def directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Directory | 
         capture_output=True,
         timeout=60,
     )
-    port = _free_port()
+    port = free_port()
     url = f"ldap://127.0.0.1:{port}"
     log = folder / "slapd.log"
     with log.open("w") as out:
@@ -188,7 +183,7 @@ def thrift_server(demo: Demo, directory: Directory | None) -> Iterator[int]:
     """``dcp-cdc thrift-server`` over the demo's warehouse (its Derby catalog: no other JVM
     may hold it) for the tests that follow, checking users against ``directory`` when there
     is one (else unauthenticated, on loopback)."""
-    port = _free_port()
+    port = free_port()
     config = demo.cwd / "thrift.toml"
     config.write_text(
         (REPO / "conf" / "local.toml").read_text().split("[thrift]")[0]

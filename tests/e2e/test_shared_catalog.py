@@ -24,6 +24,7 @@ from pipelines import metastore_server
 from pipelines.errors import CatalogError
 from pipelines.local_catalog import open_local_catalog, release
 from pipelines.spark_session import delta_jars_dir
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -121,7 +122,7 @@ def test_a_warehouse_on_object_storage_is_served_from_the_path_its_setting_names
 ) -> None:
     """A warehouse on S3 has no local folder for its catalog: ``[spark] metastore`` names the
     Derby database's path, and the server runs there, recorded beside it."""
-    port = _free_port()
+    port = free_port()
     database = tmp_path / "catalog" / "metastore_db"
     config = tmp_path / "c.toml"
     config.write_text(
@@ -157,13 +158,6 @@ def test_a_warehouse_on_object_storage_is_served_from_the_path_its_setting_names
     assert "warehouse 's3a://lake/warehouse' is not a local path" in refused.stderr
     assert "derby://127.0.0.1:PORT/ABSOLUTE/PATH" in refused.stderr
     assert "Traceback" not in refused.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def test_a_server_killed_is_reported_and_cleared(tmp_path: Path, warehouse: Path) -> None:

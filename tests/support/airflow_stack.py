@@ -23,6 +23,29 @@ SCRIPT = REPO / "build-support" / "local_stack.py"
 FINISHED = ("success", "failed")
 
 
+def stack_settings(capture: Mapping[str, str], spark_conf: Mapping[str, str] = {}) -> str:
+    """The TOML sections of a configuration whose DAG runs under :func:`local_stack`: the
+    bucket's capture section, jobs small enough for its two 1-core workers (plus
+    ``spark_conf``), and a DAG that runs only when triggered, with no retries."""
+    from pipelines.spark_session import C1_ONLY
+
+    conf = {
+        "spark.cores.max": "2",
+        "spark.executor.cores": "1",
+        "spark.executor.memory": "512m",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.extraJavaOptions": f"{C1_ONLY} -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": f"{C1_ONLY} -XX:+UseSerialGC",
+        **spark_conf,
+    }
+    lines = ["[buckets.capture]", *(f'{k} = "{v}"' for k, v in capture.items())]
+    lines += ["[spark.conf]", *(f'"{k}" = "{v}"' for k, v in conf.items())]
+    lines += ["[airflow]", 'schedule = ""', "retries = 0", "execution_timeout_minutes = 20"]
+    return "\n".join([*lines, 'driver_memory = "1g"', ""])
+
+
 @dataclass
 class AirflowApi:
     """Airflow's public REST API as the stack's admin user."""

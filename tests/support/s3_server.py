@@ -13,26 +13,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from types import TracebackType
 from typing import Any
+
+from tests.support.ports import free_port
 
 ACCESS_KEY = "dcp-cdc-test-access"
 SECRET_KEY = "dcp-cdc-test-secret"
 REGION = "us-east-1"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class MotoS3Server:
     """``with MotoS3Server() as s3: s3.create_bucket("lake")``; ``s3.endpoint`` is its URL."""
 
     def __init__(self, port: int = 0) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server: Any = None
 

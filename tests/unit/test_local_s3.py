@@ -10,21 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 UP = (sys.executable, str(ROOT / "build-support" / "local_s3.py"), "up")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def test_up_serves_the_buckets_it_prints_settings_for_and_stops_on_sigterm() -> None:
     import boto3
 
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [*UP, "--port", str(port), "--bucket", "lake", "--bucket", "landing"],
         stdout=subprocess.PIPE,

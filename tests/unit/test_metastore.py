@@ -17,6 +17,7 @@ from pipelines import cli
 from pipelines.errors import MetastoreError, MetastoreUnreachableError
 from pipelines.metastore import catalog_service, check_reachable, hive_client_conf
 from pipelines.spark_session import JARS_DIR_ENV, launch_conf
+from tests.support.ports import free_port
 
 BASE = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
 
@@ -25,14 +26,6 @@ def _config(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "c.toml"
     path.write_text(BASE + text, encoding="utf-8")
     return path
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @pytest.mark.parametrize(
@@ -133,7 +126,7 @@ def test_a_launcher_is_given_the_configured_derby_server(tmp_path: Path, jars: P
 def test_nothing_listening_fails_before_spark_naming_setting_and_address(
     tmp_path: Path, jars: Path, capsys: pytest.CaptureFixture[str], scheme: str
 ) -> None:
-    address = f"{scheme}://127.0.0.1:{_closed_port()}"
+    address = f"{scheme}://127.0.0.1:{free_port()}"
     path = _config(tmp_path, f'[spark]\nmetastore = "{address}"\n')
     started = time.monotonic()
     status = cli.main(["sql", "--config", str(path), "SHOW TABLES"])
@@ -152,12 +145,12 @@ def test_the_check_takes_any_endpoint_that_answers() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        check_reachable(f"thrift://127.0.0.1:{_closed_port()},thrift://127.0.0.1:{port}")
+        check_reachable(f"thrift://127.0.0.1:{free_port()},thrift://127.0.0.1:{port}")
         assert catalog_service(Path("/nowhere"), f"thrift://127.0.0.1:{port}") == (
             f"thrift://127.0.0.1:{port}"
         )
     with pytest.raises(MetastoreUnreachableError):
-        check_reachable(f"thrift://127.0.0.1:{_closed_port()}", timeout=1)
+        check_reachable(f"thrift://127.0.0.1:{free_port()}", timeout=1)
 
 
 def test_no_server_recorded_means_embedded(tmp_path: Path) -> None:
