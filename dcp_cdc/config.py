@@ -552,8 +552,15 @@ class AppConfig(ConfigModel):
     follow: FollowConfig = FollowConfig()
     thrift: ThriftConfig = ThriftConfig()
     storage: StorageConfig = StorageConfig()
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Log level of the jobs."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    """Log level. Unset: INFO for the jobs run by ``spark-submit`` or ``python -m`` and for
+    ``dcp-cdc capture``, WARNING for the other verbs (which print their summaries on stdout).
+    ``$DCP_CDC_LOG_LEVEL`` overrides it."""
+    log_format: Literal["text", "json"] = "text"
+    """How log lines are written on stderr: ``text`` (time, level, logger, message), or
+    ``json``, one JSON object per line with ``bucket``, ``vbucket`` and ``run_id`` where they
+    apply (docs/commands.md, "Logs"). Secrets are masked in both. ``$DCP_CDC_LOG_FORMAT``
+    overrides it."""
 
     @field_validator("landing", "warehouse")
     @classmethod

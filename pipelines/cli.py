@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from dcp_cdc.config import CONFIG_RULE
 from dcp_cdc.errors import DcpError
+from dcp_cdc.logs import configure_logging, current_format, from_environment
 
 Command = Callable[[argparse.Namespace, TextIO], int]
 
@@ -145,13 +145,22 @@ def _verb(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, *, log_level: str = "WARNING"
+) -> int:
+    """``dcp-cdc ARGS``; log lines on stderr from ``log_level`` up (a verb's configuration and
+    the environment may say otherwise: :mod:`dcp_cdc.logs`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_verb(argv)).parse_args(argv)
     try:
+        configure_logging(*from_environment(log_level, "text"))
         return int(args.func(args, out or sys.stdout))
     except DcpError as exc:
-        print(f"dcp-cdc {args.command}: error: {exc}", file=sys.stderr)
+        message = f"dcp-cdc {args.command}: error: {exc}"
+        if current_format() == "json":  # a log line like the others, for the log's reader
+            logging.getLogger("dcp_cdc.cli").error(message)
+        else:
+            print(message, file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `dcp-cdc decode x | head`
         return 0
@@ -159,12 +168,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
 
 def job_main(verb: str, argv: Sequence[str] | None = None) -> int:
     """A job's ``python -m`` and ``spark-submit`` entry point: ``dcp-cdc <verb> ARGS`` with
-    the jobs' log lines (level ``$DCP_CDC_LOG_LEVEL``, default INFO) on stderr."""
-    logging.basicConfig(
-        level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    return main([verb, *(sys.argv[1:] if argv is None else argv)])
+    the jobs' log lines (from INFO up, unless the configuration or ``$DCP_CDC_LOG_LEVEL`` says
+    otherwise) on stderr."""
+    return main([verb, *(sys.argv[1:] if argv is None else argv)], log_level="INFO")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.logs import log_context
 from pipelines import delta_io
 from pipelines.quality.job import prune_results
 from pipelines.silver.job import purge_tombstones
@@ -131,7 +132,11 @@ def run(
 ) -> list[MaintenanceSummary]:
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-maintenance")
-    return [maintain_bucket(session, config, b) for b in buckets]
+    summaries = []
+    for b in buckets:
+        with log_context(bucket=b.name):
+            summaries.append(maintain_bucket(session, config, b))
+    return summaries
 
 
 # ``python -m pipelines.maintenance`` and ``spark-submit pipelines/maintenance.py``: the ``maintain`` verb of the command line

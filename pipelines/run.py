@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from dcp_cdc.config import load_config
+from dcp_cdc.logs import configure_logging_from
 from pipelines import spark_session
 from pipelines.bronze.job import run as ingest
 from pipelines.catalog import bucket_overview
@@ -91,8 +92,10 @@ def run(
     number = iter(range(1, total + 1))
     if config_file:
         config = load_config(config_file)
+        configure_logging_from(config)
     else:
         target, config = fresh_workdir(workdir)
+        configure_logging_from(config)
         sim = demo_simulation(config.buckets[0].name)
         with Step(
             out,

@@ -432,7 +432,11 @@ class Placement:
         }
         for vb in sorted(self.pending - streaming - self.placing - self.settling):
             if self.stalled.get(vb, 0) >= 1:  # idle at two watches in a row
-                log.info("capture: vbucket %d is not streaming; placing it again", vb)
+                log.info(
+                    "capture: vbucket %d is not streaming; placing it again",
+                    vb,
+                    extra={"vbucket": vb},
+                )
                 self.stalled.pop(vb)
                 self.spawn(self.place(vb))
             else:

@@ -19,6 +19,7 @@ from dcp_cdc.agent.writer import checkpoint_name
 from dcp_cdc.capture_config import CAPTURE_DIR, ConnectionString, parse_connection_string
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
+from dcp_cdc.logs import register_secret
 
 Mode = Literal["until-now", "follow"]
 MAX_BACKOFF_S = 10.0
@@ -122,17 +123,19 @@ def settings_from_config(
 ) -> CaptureSettings:
     """:class:`CaptureSettings` of ``bucket`` (a :class:`~dcp_cdc.config.BucketConfig` with a
     ``capture`` section) in ``app`` (its :class:`~dcp_cdc.config.AppConfig`); the password
-    is read now."""
+    is read now, and masked in this process's log lines from then on."""
     cap = bucket.capture
     if cap is None:
         raise ConfigError(f"bucket {bucket.name!r} has no [buckets.capture] section")
     dirs = app.capture_dirs(bucket)
+    password = cap.password()
+    register_secret(password)
     return CaptureSettings(
         connection_string=cap.connection_string,
         connection=cap.connection,
         bucket=bucket.name,
         username=cap.username,
-        password=cap.password(),
+        password=password,
         landing=dirs.landing,
         staging=dirs.staging,
         state_dir=dirs.state,

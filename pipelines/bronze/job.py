@@ -53,6 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas
 from pipelines.bronze import store, transforms, writer
 from pipelines.bronze.decode import FileScan, decode_files, scan_files
@@ -123,7 +124,7 @@ def ingest_bucket(
         summary.skipped = list(dict.fromkeys(first.skipped + summary.skipped))
         summary.waiting = list(dict.fromkeys(first.waiting + summary.waiting))
     summary.seconds = time.perf_counter() - started
-    log.info(summary.render())
+    log.info(summary.render(), extra={"run_id": summary.run_id or None})
     return summary
 
 
@@ -204,7 +205,8 @@ class _Run:
             "planned",
         )
         self.hook("planned")
-        self.write(version, run_id, settled.kept, carries, ends, digests, [])
+        with log_context(run_id=run_id):
+            self.write(version, run_id, settled.kept, carries, ends, digests, [])
 
     # --- a run that did not finish -----------------------------------------------------
 
@@ -252,7 +254,8 @@ class _Run:
             store.log_rows(self.spark, self.names.ingest_log, closing, version, "changed")
             return
         carries, ends = stream_states(self.state, kept, scans)
-        self.write(version, run_id, kept, carries, ends, digests, closing)
+        with log_context(run_id=run_id):
+            self.write(version, run_id, kept, carries, ends, digests, closing)
 
     def close_committed(
         self,
@@ -634,7 +637,11 @@ def run(
     buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
     check_landing(config, buckets, config_file)  # so does a landing that is not there
     session = spark or session_for(config, "dcp-cdc-bronze", jvm_conf=ingest_jvm_conf(config))
-    return [ingest_bucket(session, config, b) for b in buckets]
+    summaries = []
+    for b in buckets:
+        with log_context(bucket=b.name):
+            summaries.append(ingest_bucket(session, config, b))
+    return summaries
 
 
 # ``python -m pipelines.bronze.job`` and ``spark-submit pipelines/bronze/job.py``: the ``ingest`` verb of the command line

@@ -26,10 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc apply``: one summary per bucket."""
-    from dcp_cdc.config import load_config
+    from pipelines.commands.shared import command_config
     from pipelines.silver import job
 
-    config = load_config(args.config)
+    config = command_config(args.config)
     for summary in job.run(config, args.bucket, collection=args.collection, rebuild=args.rebuild):
         out.write(summary.render() + "\n")
     return 0

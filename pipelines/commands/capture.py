@@ -8,11 +8,9 @@ checkpoint committed.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 from typing import TextIO
 
-from dcp_cdc.config import load_config
+from pipelines.commands.shared import command_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +39,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     from dcp_cdc.capture_config import parse_vbucket_range
     from dcp_cdc.errors import ConfigError
 
-    config = load_config(args.config)
+    config = command_config(args.config, log_level="INFO")
     buckets = [b for b in config.bucket(args.bucket) if b.capture is not None]
     if not buckets:
         where = f"bucket {args.bucket!r}" if args.bucket else "no bucket"
@@ -57,10 +55,6 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
             vbuckets = parse_vbucket_range(args.vbuckets)
         except ValueError as exc:
             raise ConfigError(f"--vbuckets: {exc}") from None
-    logging.basicConfig(
-        level=os.environ.get("DCP_CDC_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     settings = settings_from_config(config, buckets[0], vbuckets=vbuckets)
     summary = run(settings, mode="follow" if args.follow else "until-now")
     for line in summary.lines():

@@ -29,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc check``: one report per bucket; exit 1 naming every failed expectation of
     severity ``error``."""
-    from dcp_cdc.config import load_config
+    from pipelines.commands.shared import command_config
     from pipelines.quality import job
 
-    reports = job.run(load_config(args.config), args.bucket, screenshot=args.screenshot)
+    reports = job.run(command_config(args.config), args.bucket, screenshot=args.screenshot)
     for report in reports:
         out.write(report.render() + "\n")
     failed = job.failed_errors(reports)

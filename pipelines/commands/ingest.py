@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
-from dcp_cdc.config import load_config
+from pipelines.commands.shared import command_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,6 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc ingest``: one summary per bucket."""
     from pipelines.bronze import job  # pyspark: imported only when the verb runs
 
-    for summary in job.run(load_config(args.config), args.bucket, config_file=args.config):
+    for summary in job.run(command_config(args.config), args.bucket, config_file=args.config):
         out.write(summary.render() + "\n")
     return 0

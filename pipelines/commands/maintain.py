@@ -18,9 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc maintain``: one summary per bucket."""
-    from dcp_cdc.config import load_config
     from pipelines import maintenance
+    from pipelines.commands.shared import command_config
 
-    for summary in maintenance.run(load_config(args.config), args.bucket):
+    for summary in maintenance.run(command_config(args.config), args.bucket):
         out.write(summary.render() + "\n")
     return 0

@@ -10,13 +10,25 @@ from pathlib import Path
 from typing import TextIO
 
 from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.logs import configure_logging_from
+
+
+def command_config(
+    path: str | None, *, log_level: str | None = None, **overrides: object
+) -> AppConfig:
+    """The configuration a verb runs on (:func:`~dcp_cdc.config.load_config`), its log
+    settings applied (``log_level``: the level when neither the configuration nor the
+    environment names one; :func:`~dcp_cdc.logs.configure_logging_from`)."""
+    config = load_config(path, **overrides)
+    configure_logging_from(config, log_level)
+    return config
 
 
 def catalog_config(args: argparse.Namespace) -> AppConfig:
     """``--config`` (None: :data:`~dcp_cdc.config.CONFIG_RULE`, as for every verb), with
     ``--warehouse`` over its warehouse."""
     overrides = {"warehouse": str(Path(args.warehouse).resolve())} if args.warehouse else {}
-    return load_config(args.config, **overrides)
+    return command_config(args.config, **overrides)
 
 
 def print_table(out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

@@ -26,6 +26,7 @@ from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import CaptureSettings, settings_from_config
 from dcp_cdc.agent.writer import CheckpointStore, checkpoint_name
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.logs import LogFormat, configure_logging, current_format, log_context
 
 log = logging.getLogger("dcp_cdc.follow")
 
@@ -46,9 +47,9 @@ class AgentProcess:
         ctx = multiprocessing.get_context("spawn")  # no copy of the JVM gateway's threads
         self.name = f"the capture agent of bucket {settings.bucket!r}"
         self._outcome, self._sender = ctx.Pipe(duplex=False)
-        level = logging.getLogger().getEffectiveLevel()
+        logs = (logging.getLogger().getEffectiveLevel(), current_format())  # as this process's
         self._process = ctx.Process(
-            target=_agent_main, args=(settings, level, self._sender), name=self.name, daemon=True
+            target=_agent_main, args=(settings, logs, self._sender), name=self.name, daemon=True
         )
         self._error: BaseException | None = None
         self._stopping = False
@@ -91,13 +92,17 @@ class AgentProcess:
             raise self._error
 
 
-def _agent_main(settings: CaptureSettings, level: int, outcome: Connection) -> None:
-    """The child of :class:`AgentProcess`: follow until SIGTERM or an orphaning; the error
-    that ended it goes back through ``outcome`` (a picklable copy of it)."""
+def _agent_main(
+    settings: CaptureSettings, logs: tuple[int, LogFormat], outcome: Connection
+) -> None:
+    """The child of :class:`AgentProcess`: follow until SIGTERM or an orphaning, logging as
+    its parent does (``logs``: level and format); the error that ended it goes back through
+    ``outcome`` (a picklable copy of it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(*logs)
     try:
-        asyncio.run(_follow_until_stopped(settings, os.getppid()))
+        with log_context(bucket=settings.bucket):
+            asyncio.run(_follow_until_stopped(settings, os.getppid()))
     except BaseException as exc:
         try:
             copy = pickle.loads(pickle.dumps(exc))

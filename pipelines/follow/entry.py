@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from dcp_cdc.config import AppConfig, load_config
+from dcp_cdc.logs import configure_logging_from
 from pipelines import spark_session
 from pipelines.demo import (
     DEMO_NODES,
@@ -89,6 +90,7 @@ def follow(
     stop, check_now = threading.Event(), threading.Event()
     if config_file:
         config = fair(load_config(config_file))
+        configure_logging_from(config)
         buckets = config.bucket(bucket)
         captures = {} if no_capture else captures_of(config, buckets)  # lag: checkpoints
         with shared_catalog_while_following(config, out):
@@ -100,6 +102,7 @@ def follow(
                 return follower.run()
     target, config = fresh_workdir(workdir)
     config = fair(config)
+    configure_logging_from(config)
     sim = dataclasses.replace(demo_simulation(config.buckets[0].name), ops=0)
     with (
         served_steadily(sim, rate) as (connection_string, user, password),

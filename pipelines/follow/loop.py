@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.logs import log_context
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.agent import AgentProcess, checkpoint_of
 from pipelines.follow.progress import Batch, BucketProgress, status_line
@@ -92,7 +93,8 @@ class Follower:
             for agent in agents:
                 agent.check()
             for b in self.buckets:
-                self.micro_batch(self.progress[b.name])
+                with log_context(bucket=b.name):
+                    self.micro_batch(self.progress[b.name])
                 if self.stop.is_set():
                     break
             every = self.config.follow.check_every_s
@@ -156,7 +158,8 @@ class Follower:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "quality")
         try:
             for b in self.buckets:
-                report = check_bucket(self.spark, self.config, b, at=at[b.name])
+                with log_context(bucket=b.name):  # this thread's own context
+                    report = check_bucket(self.spark, self.config, b, at=at[b.name])
                 met = sum(1 for o in report.outcomes if o.success)
                 verdict = "PASSED" if report.passed else "FAILED"
                 failed = "".join(f", {k} failed" for k in report.failed_errors)

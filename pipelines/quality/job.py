@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
+from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas, tables
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
@@ -355,7 +356,7 @@ def check_bucket(
     report.report_path = f"{target}/{SUMMARY_NAME}"
     report.data_docs_path = f"{target}/{DOCS_NAME}/index.html"
     report.seconds = time.perf_counter() - started
-    log.info(report.render())
+    log.info(report.render(), extra={"run_id": run_id})
     return report
 
 
@@ -415,7 +416,11 @@ def run(
     checks(config.quality)  # unknown severity overrides fail before Spark starts
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-quality")
-    return [check_bucket(session, config, b, screenshot=screenshot) for b in buckets]
+    reports = []
+    for b in buckets:
+        with log_context(bucket=b.name):
+            reports.append(check_bucket(session, config, b, screenshot=screenshot))
+    return reports
 
 
 def failed_errors(reports: Sequence[QualityReport]) -> list[str]:

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
+from dcp_cdc.logs import log_context
 from pipelines import tables
 from pipelines.silver import state, store, transforms
 from pipelines.silver.registry import (
@@ -276,9 +277,13 @@ def run(
 ) -> list[ApplySummary]:
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-silver")
-    return [
-        apply_bucket(session, config, b, collection=collection, rebuild=rebuild) for b in buckets
-    ]
+    summaries = []
+    for b in buckets:
+        with log_context(bucket=b.name):
+            summaries.append(
+                apply_bucket(session, config, b, collection=collection, rebuild=rebuild)
+            )
+    return summaries
 
 
 # ``python -m pipelines.silver.job`` and ``spark-submit pipelines/silver/job.py``: the ``apply`` verb of the command line
