@@ -1,11 +1,11 @@
 """``dcp-cdc metastore start|stop|status``: the Derby network server through which several
 processes share a local warehouse's catalog (``dcp-cdc sql`` while ``dcp-cdc run --follow``
-runs, the Thrift server beside a job). ``start`` serves ``<warehouse>/metastore_db`` (or the
-database ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"`` names: the way for a warehouse
-on object storage) on 127.0.0.1 and returns (the server runs detached, recorded beside the database); every Spark
-session of dcp-cdc on that warehouse then uses it. ``status`` exits 1 when no server answers.
-With ``[spark] metastore = "derby://127.0.0.1:PORT"`` in the configuration, the server
-listens on that port.
+runs, the Thrift server beside a job). ``start`` serves ``<warehouse>/metastore_db``, or the
+database ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"`` names (the way for a warehouse
+on object storage), on 127.0.0.1 and returns (the server runs detached, recorded beside the
+database); every Spark session of dcp-cdc on that warehouse then uses it. ``status`` exits 1
+when no server answers. With ``[spark] metastore = "derby://127.0.0.1:PORT"`` in the
+configuration, the server listens on that port.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _served(config: AppConfig) -> tuple[Path, Path]:
     object storage needs the path: its catalog is a local Derby database all the same."""
     metastore = config.spark.metastore
     address = metastore_address(metastore) if metastore is not None else None
-    if metastore is not None and address is not None and address.scheme == "thrift":
+    if address is not None and address.scheme == "thrift":
         raise ConfigError(
             f"[spark] metastore = {metastore!r} is a Hive metastore, which dcp-cdc does not "
             "run: `dcp-cdc metastore` serves a Derby catalog (derby://)"
