@@ -132,23 +132,34 @@ def parse_vbucket_range(text: str) -> tuple[int, int]:
 class CaptureConfig(ConfigModel):
     """The capture agent of this bucket (``dcp-cdc capture``): a DCP consumer that records the
     bucket's changes into capture files in its landing folder. The password is never written
-    here: ``password_env`` or ``password_file`` says where it is read from, when it is used."""
+    here: ``password_env`` or ``password_file`` says where it is read from, when it is used.
+    With a client certificate (``tls_cert_file`` and ``tls_key_file``) the nodes authenticate
+    the user the certificate maps to, and no password is set."""
 
     connection_string: str
     """``couchbase://host1,host2`` or ``couchbases://...`` (TLS): the cluster's data nodes to
     start from, each ``host`` or ``host:port`` (default 11210, 11207 with TLS; IPv6 in
     brackets). The agent learns the other nodes from the cluster map."""
-    username: Annotated[str, Field(min_length=1)]
-    """The user the agent authenticates as; it needs the Data DCP Reader role on the bucket."""
+    username: str | None = Field(default=None, min_length=1)
+    """The user the agent authenticates as; it needs the Data DCP Reader role on the bucket.
+    Required, unless a client certificate names the user (then it only labels messages)."""
     password_env: str | None = None
     """The environment variable holding the password (exactly one of ``password_env`` and
-    ``password_file``)."""
+    ``password_file``; neither with a client certificate)."""
     password_file: str | None = None
     """A file holding the password (one trailing newline is ignored); relative to the
     configuration file's folder."""
     tls_ca_file: str | None = None
     """With ``couchbases://``: the PEM file of the CA that signed the cluster's certificates
     (default: the system's trust store); relative to the configuration file's folder."""
+    tls_cert_file: str | None = None
+    """With ``couchbases://``: a client certificate (PEM; its chain may follow it) the agent
+    presents to every node (mutual TLS). The node authenticates the user the certificate maps
+    to (the cluster's client-certificate settings), so no password is set. Relative to the
+    configuration file's folder."""
+    tls_key_file: str | None = None
+    """The private key of ``tls_cert_file`` (PEM, not encrypted; keep it ``chmod 600``);
+    relative to the configuration file's folder."""
     buffer_bytes: Annotated[int, Field(ge=1 << 16, le=1 << 30)] = 16 << 20
     """DCP flow control: the bytes a node may send before the agent acknowledges them
     (``connection_buffer_size``). The agent's memory is about this × the number of nodes."""
@@ -222,9 +233,9 @@ class CaptureConfig(ConfigModel):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("tls_ca_file")
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
     @classmethod
-    def _ca_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+    def _tls_file(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
         connection = info.data.get("connection_string")
@@ -254,7 +265,25 @@ class CaptureConfig(ConfigModel):
         return value
 
     @model_validator(mode="after")
-    def _one_secret_source(self) -> CaptureConfig:
+    def _credentials(self) -> CaptureConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                "tls_cert_file, tls_key_file: set both (the client certificate and its "
+                "private key) or neither"
+            )
+        if self.client_certificate:
+            if self.password_env is not None or self.password_file is not None:
+                raise ValueError(
+                    "password_env, password_file: not used with a client certificate "
+                    "(tls_cert_file): the nodes authenticate the user the certificate maps "
+                    "to, and a connection so authenticated takes no password; remove them"
+                )
+            return self
+        if self.username is None:
+            raise ValueError(
+                "username: required (the user the agent authenticates as), unless a client "
+                "certificate (tls_cert_file, tls_key_file) authenticates the agent"
+            )
         if (self.password_env is None) == (self.password_file is None):
             raise ValueError(
                 "password_env, password_file: set exactly one (the environment variable or "
@@ -276,6 +305,11 @@ class CaptureConfig(ConfigModel):
         return self._connection.tls
 
     @property
+    def client_certificate(self) -> bool:
+        """True when the agent authenticates by a client certificate (mutual TLS)."""
+        return self.tls_cert_file is not None
+
+    @property
     def seed_nodes(self) -> tuple[HostPort, ...]:
         """The connection string's ``(host, port)`` pairs, default ports filled in."""
         return self._connection.seeds
@@ -287,6 +321,11 @@ class CaptureConfig(ConfigModel):
     def password(self) -> str:
         """The password, read now from ``password_env`` or ``password_file``. A
         :class:`ConfigError` names the variable or the file, never the secret."""
+        if self.password_env is None and self.password_file is None:
+            raise ConfigError(
+                "capture password: none is set (a client certificate, tls_cert_file, "
+                "authenticates the agent)"
+            )
         if self.password_env is not None:
             value = os.environ.get(self.password_env)
             if value is None:

@@ -748,7 +748,14 @@ def load_config(path: str | Path | None, **overrides: object) -> AppConfig:
             bucket["landing"] = _anchored(bucket["landing"], folder)
         capture = bucket.get("capture") if isinstance(bucket, dict) else None
         if isinstance(capture, dict):
-            for key in ("password_file", "tls_ca_file", "state_dir", "staging_dir"):
+            for key in (
+                "password_file",
+                "tls_ca_file",
+                "tls_cert_file",
+                "tls_key_file",
+                "state_dir",
+                "staging_dir",
+            ):
                 if key in capture:
                     capture[key] = _anchored(capture[key], folder)
     thrift = raw.get("thrift")

@@ -33,7 +33,10 @@ class CaptureSettings:
     connection_string: str
     bucket: str
     username: str
+    """The user to authenticate as; with a client certificate only a label for messages
+    (``""``: the configuration names none)."""
     password: str = field(repr=False)
+    """``""`` with a client certificate: none is sent."""
     landing: Path | str
     """A local folder, or an object store's ``s3://bucket/prefix`` (``s3a://`` too)."""
     staging: Path
@@ -46,6 +49,11 @@ class CaptureSettings:
     collections: tuple[str, ...] | None = None
     """``scope.collection`` names; None = every collection."""
     tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    """With ``couchbases://``: the client certificate (PEM) presented to every node; the
+    node authenticates the user it maps to, and SASL is skipped."""
+    tls_key_file: Path | None = None
+    """The private key (PEM, not encrypted) of ``tls_cert_file``."""
     buffer_bytes: int = 16 << 20
     noop_interval_s: int = 120
     rotate_bytes: int = 64 << 20
@@ -67,6 +75,15 @@ class CaptureSettings:
     def __post_init__(self) -> None:
         if self.connection is None:
             object.__setattr__(self, "connection", parse_connection_string(self.connection_string))
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("tls_cert_file, tls_key_file: set both or neither")
+        if self.client_certificate and not self.cluster.tls:
+            raise ConfigError("tls_cert_file: a client certificate needs couchbases://")
+
+    @property
+    def client_certificate(self) -> bool:
+        """True when the agent authenticates by a client certificate (mutual TLS)."""
+        return self.tls_cert_file is not None
 
     @property
     def cluster(self) -> ConnectionString:
@@ -123,18 +140,21 @@ def settings_from_config(
 ) -> CaptureSettings:
     """:class:`CaptureSettings` of ``bucket`` (a :class:`~dcp_cdc.config.BucketConfig` with a
     ``capture`` section) in ``app`` (its :class:`~dcp_cdc.config.AppConfig`); the password
-    is read now, and masked in this process's log lines from then on."""
+    is read now (none with a client certificate), and masked in this process's log lines from
+    then on."""
     cap = bucket.capture
     if cap is None:
         raise ConfigError(f"bucket {bucket.name!r} has no [buckets.capture] section")
     dirs = app.capture_dirs(bucket)
-    password = cap.password()
-    register_secret(password)
+    password = ""
+    if not cap.client_certificate:
+        password = cap.password()
+        register_secret(password)
     return CaptureSettings(
         connection_string=cap.connection_string,
         connection=cap.connection,
         bucket=bucket.name,
-        username=cap.username,
+        username=cap.username or "",
         password=password,
         landing=dirs.landing,
         staging=dirs.staging,
@@ -143,6 +163,8 @@ def settings_from_config(
         vbuckets=vbuckets if vbuckets is not None else cap.vbucket_range(),
         collections=tuple(cap.collections) if cap.collections else None,
         tls_ca_file=Path(cap.tls_ca_file) if cap.tls_ca_file else None,
+        tls_cert_file=Path(cap.tls_cert_file) if cap.tls_cert_file else None,
+        tls_key_file=Path(cap.tls_key_file) if cap.tls_key_file else None,
         buffer_bytes=cap.buffer_bytes,
         noop_interval_s=cap.noop_interval_s,
         rotate_bytes=cap.rotate_bytes,

@@ -85,7 +85,6 @@ def test_tls_ranges_collections_and_relative_paths(tmp_path: Path) -> None:
         (GOOD + "buffer_bytes = 1\n", "buffer_bytes", "greater than or equal"),
         (GOOD + "noop_interval_s = 0\n", "noop_interval_s", "greater than or equal"),
         (GOOD + "colour = 1\n", "colour", "Extra inputs"),
-        (GOOD.replace('username = "dcp"\n', ""), "username", "Field required"),
     ],
 )
 def test_a_bad_value_names_the_field_and_the_file(
@@ -98,6 +97,68 @@ def test_a_bad_value_names_the_field_and_the_file(
     assert str(path) in text
     where = "buckets[0].capture" + ("" if "," in field else f".{field}")
     assert where in text and field in text and message in text, text
+
+
+MTLS = (
+    'connection_string = "couchbases://n1"\ntls_ca_file = "ca.pem"\n'
+    'tls_cert_file = "tls/client.pem"\ntls_key_file = "tls/client.key"\n'
+)
+
+
+def _tls_files(tmp_path: Path) -> None:
+    (tmp_path / "tls").mkdir(exist_ok=True)
+    for name in ("ca.pem", "tls/client.pem", "tls/client.key"):
+        (tmp_path / name).write_text("-----BEGIN-----\n")
+
+
+def test_a_client_certificate_takes_no_password_and_no_user(tmp_path: Path) -> None:
+    """Mutual TLS: the nodes authenticate the user the certificate maps to; the settings
+    carry the files (relative to the configuration's folder) and no password is read."""
+    from dcp_cdc.agent.settings import settings_from_config
+
+    _tls_files(tmp_path)
+    config = load_config(write(tmp_path, MTLS))
+    capture = config.buckets[0].capture
+    assert capture is not None and capture.client_certificate and capture.username is None
+    assert capture.tls_cert_file == str(tmp_path / "tls" / "client.pem")
+    assert capture.tls_key_file == str(tmp_path / "tls" / "client.key")
+    settings = settings_from_config(config, config.buckets[0])
+    assert (settings.username, settings.password) == ("", "")
+    assert settings.tls_cert_file == tmp_path / "tls" / "client.pem"
+    assert settings.tls_key_file == tmp_path / "tls" / "client.key"
+    assert settings.client_certificate
+    with pytest.raises(ConfigError, match="a client certificate, tls_cert_file, authenticates"):
+        capture.password()
+    named = load_config(write(tmp_path, MTLS + 'username = "dcp"\n')).buckets[0].capture
+    assert named is not None and named.username == "dcp"
+
+
+@pytest.mark.parametrize(
+    ("capture", "where", "message"),
+    [
+        (MTLS.replace('tls_key_file = "tls/client.key"\n', ""), "", "set both"),
+        (MTLS.replace('tls_cert_file = "tls/client.pem"\n', ""), "", "set both"),
+        (
+            MTLS.replace("couchbases://", "couchbase://").replace('tls_ca_file = "ca.pem"\n', ""),
+            ".tls_cert_file",
+            "not couchbases://",
+        ),
+        (MTLS.replace("client.key", "none.key"), ".tls_key_file", "none.key is not a file"),
+        (MTLS.replace("client.pem", "none.pem"), ".tls_cert_file", "none.pem is not a file"),
+        (MTLS + 'password_env = "CB_PW"\n', "", "not used with a client certificate"),
+        (MTLS + 'password_file = "pw"\n', "", "password_env, password_file: not used"),
+        (GOOD.replace('username = "dcp"\n', ""), "", "username: required"),
+    ],
+)
+def test_client_certificate_settings_are_checked(
+    tmp_path: Path, capture: str, where: str, message: str
+) -> None:
+    _tls_files(tmp_path)
+    path = write(tmp_path, capture)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    text = str(info.value)
+    assert str(path) in text and f"buckets[0].capture{where}" in text and message in text, text
 
 
 def test_capture_needs_a_local_or_s3_landing(tmp_path: Path) -> None:
