@@ -169,6 +169,12 @@ class TlsError(CaptureConnectionError):
     """The TLS handshake failed: an untrusted or mismatched certificate, a bad CA file."""
 
 
+class ClientCertificateError(TlsError):
+    """A node refused the agent's client certificate (mutual TLS), or its absence: the
+    cluster requires one and none was set, does not trust its issuer, or maps it to no user.
+    Names the node and what it said; never the key."""
+
+
 class CheckpointError(DcpError):
     """A capture checkpoint that cannot be read or does not fit the capture it resumes."""
 

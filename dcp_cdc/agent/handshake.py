@@ -1,7 +1,8 @@
 """The first part of a capture agent's DCP connection, sans-I/O: the requests we send with the
 handler of each reply (:meth:`Handshake._command`), and the handshake itself: HELLO, SASL
-(PLAIN over TLS, else SCRAM via :mod:`dcp_cdc.scram`), SELECT_BUCKET, GET_CLUSTER_CONFIG,
-DCP_OPEN and the DCP_CONTROLs (docs/protocol/dcp.md §4), which ends in :class:`Ready`.
+(PLAIN over TLS, else SCRAM via :mod:`dcp_cdc.scram`; none with a client certificate),
+SELECT_BUCKET, GET_CLUSTER_CONFIG, DCP_OPEN and the DCP_CONTROLs (docs/protocol/dcp.md §4),
+which ends in :class:`Ready`.
 
 :class:`~dcp_cdc.agent.consumer.ConsumerConnection` extends :class:`Handshake` with the
 streams; the seam is the ``ready`` flag: nothing here knows a vbucket. None of these frames
@@ -38,6 +39,10 @@ class ConsumerSettings:
     tls: bool
     """PLAIN is used only over TLS; otherwise SCRAM-SHA512 > SHA256 > SHA1."""
     connection_name: str
+    client_certificate: bool = False
+    """The TLS connection presented a client certificate: the node authenticated the user
+    the certificate maps to, so no SASL is sent (a node refuses SASL on such a connection:
+    it would change the connection's user)."""
     buffer_bytes: int = 16 << 20
     """connection_buffer_size. BUFFER_ACK once 20 % of it is consumed (kv_engine's
     recommended-apis.md suggests 20 %; gocbcore acks at 50 %, java-dcp-client at 80 %)."""
@@ -136,7 +141,8 @@ class Handshake:
             key=self.settings.connection_name.encode(),
             value=b"".join(int(f).to_bytes(2, "big") for f in wanted),
         )
-        self._command("sasl_list_mechs", self._mechs_reply, ClientOpcode.SASL_LIST_MECHS)
+        if not self.settings.client_certificate:  # else the node knows the user already
+            self._command("sasl_list_mechs", self._mechs_reply, ClientOpcode.SASL_LIST_MECHS)
 
     def _hello_reply(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "HELLO")
@@ -148,6 +154,8 @@ class Handshake:
         for feature, name in _HELLO_FEATURES.items():
             if name and feature in accepted:
                 self._features.append(name)
+        if self.settings.client_certificate:  # DCP_OPEN's flags depend on HELLO's reply
+            self._select_bucket()
 
     def _mechs_reply(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "SASL_LIST_MECHS")
@@ -233,15 +241,29 @@ class Handshake:
 
     def _bucket_reply(self, status: int, extras: bytes, value: bytes) -> None:
         if status == Status.EACCESS:
+            hint = ""
+            if self.settings.client_certificate:
+                hint = (
+                    " (does the cluster authenticate by client certificates, and has that "
+                    "user the Data DCP Reader role on the bucket?)"
+                )
             raise AuthenticationError(
                 self.settings.node,
-                f"user {self.settings.username!r} may not access bucket {self.settings.bucket!r}",
+                f"{self._who()} may not access bucket {self.settings.bucket!r}{hint}",
             )
         if status != Status.SUCCESS:
             raise ProtocolError(
                 f"SELECT_BUCKET {self.settings.bucket!r} failed on {self.settings.node}: "
                 f"{status_name(status)}"
             )
+
+    def _who(self) -> str:
+        """The user, as messages name it."""
+        s = self.settings
+        if not s.client_certificate:
+            return f"user {s.username!r}"
+        named = f" ({s.username!r} by the configuration)" if s.username else ""
+        return f"the user of the client certificate{named}"
 
     def _first_config(self, status: int, extras: bytes, value: bytes) -> None:
         self._check(status, "GET_CLUSTER_CONFIG")

@@ -32,9 +32,10 @@ from dcp_cdc.agent.handshake import ConsumerSettings
 from dcp_cdc.agent.landing_store import LandingStore
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import MAX_BACKOFF_S, CaptureSettings, CaptureSummary
+from dcp_cdc.agent.tls import closed_after_handshake, tls_failure
 from dcp_cdc.agent.writer import SessionWriter, rfc3339
 from dcp_cdc.capture_config import HostPort
-from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError, ProtocolError, TlsError
+from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,8 @@ class Node:
                     server_hostname=self.endpoint.host if self.agent.ssl_context else None,
                     limit=READ_BYTES * 4,
                 )
-        except ssl.SSLCertVerificationError as exc:
-            raise TlsError(node, f"certificate verification failed: {exc.verify_message}") from None
         except ssl.SSLError as exc:
-            raise TlsError(node, f"TLS handshake failed: {exc.reason or exc}") from None
+            raise tls_failure(node, exc, client_certificate=s.client_certificate) from None
         except TimeoutError:
             raise CaptureConnectionError(
                 node, f"no connection within {s.connect_timeout_s:g} s"
@@ -155,6 +154,7 @@ class Node:
                 username=s.username,
                 password=s.password,
                 tls=self.agent.tls,
+                client_certificate=s.client_certificate,
                 connection_name=f"dcp-cdc:{s.agent_id}:{self.agent.next_session_id(self.index)}",
                 buffer_bytes=s.buffer_bytes,
                 noop_interval_s=s.noop_interval_s,
@@ -163,10 +163,15 @@ class Node:
         deadline = time.monotonic() + s.connect_timeout_s
         reader = self.reader
         assert reader is not None
+        answered = False  # a node that refuses a client certificate ends before any reply
         while True:
             try:
                 await self._send()
             except ConnectionLostError as exc:
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    raise self._tls_refusal(exc.__cause__) from None
+                if self.agent.tls and not answered:
+                    raise self._closed_after_tls("closed the connection") from None
                 raise CaptureConnectionError(node, f"handshake: {exc.cause}") from None
             event = self.conn.next_event()
             if isinstance(event, Ready):
@@ -181,16 +186,33 @@ class Node:
                 raise CaptureConnectionError(
                     node, f"handshake not finished within {s.connect_timeout_s:g} s"
                 ) from None
+            except ssl.SSLError as exc:
+                raise self._tls_refusal(exc) from None
             except OSError as exc:
+                if self.agent.tls and not answered:
+                    raise self._closed_after_tls("reset the connection") from None
                 raise CaptureConnectionError(node, f"handshake: {exc.strerror or exc}") from None
             if not data:
+                if self.agent.tls and not answered:
+                    raise self._closed_after_tls("closed the connection")
                 raise CaptureConnectionError(
                     node, "the node closed the connection in the handshake"
                 )
+            answered = True
             try:
                 self.conn.receive_data(data)
             except ProtocolError as exc:
                 raise CaptureConnectionError(node, str(exc)) from None
+
+    def _tls_refusal(self, exc: ssl.SSLError) -> CaptureConnectionError:
+        return tls_failure(
+            self.label, exc, client_certificate=self.agent.settings.client_certificate
+        )
+
+    def _closed_after_tls(self, what: str) -> CaptureConnectionError:
+        return closed_after_handshake(
+            self.label, what, client_certificate=self.agent.settings.client_certificate
+        )
 
     async def _send(self) -> None:
         assert self.conn is not None and self.writer is not None
@@ -204,8 +226,8 @@ class Node:
                 raise ConnectionLostError(
                     self.label, "the node does not read what we send"
                 ) from None
-            except OSError as exc:
-                raise ConnectionLostError(self.label, str(exc)) from None
+            except OSError as exc:  # the cause kept: the handshake tells a TLS refusal by it
+                raise ConnectionLostError(self.label, str(exc)) from exc
 
     def new_session(self) -> None:
         """A fresh session of files (the writer task switches to it in queue order)."""

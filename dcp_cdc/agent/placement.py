@@ -58,6 +58,7 @@ from dcp_cdc.agent.landing_store import open_landing
 from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
+from dcp_cdc.agent.tls import client_context
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
 from dcp_cdc.capture_config import HostPort
 from dcp_cdc.errors import (
@@ -91,13 +92,7 @@ class Placement:
         self.seeds = cs.seeds
         self.tls = cs.tls
         self.scheme = cs.scheme
-        self.ssl_context: ssl.SSLContext | None = None
-        if cs.tls:
-            try:
-                cafile = str(settings.tls_ca_file) if settings.tls_ca_file else None
-                self.ssl_context = ssl.create_default_context(cafile=cafile)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"tls_ca_file {settings.tls_ca_file}: {exc}") from None
+        self.ssl_context: ssl.SSLContext | None = client_context(settings) if cs.tls else None
         self.summary = CaptureSummary(mode)
         self.landing = open_landing(settings.landing, settings.s3)
         self.map: ClusterMap | None = None

@@ -259,6 +259,20 @@ def test_no_plain_without_tls_and_plain_with_it() -> None:
     assert "pencil" not in repr(tls.settings)
 
 
+def test_with_a_client_certificate_no_sasl_and_the_bucket_after_hello() -> None:
+    """The node authenticated the certificate's user in the TLS handshake: HELLO alone, then
+    (once its reply says XATTR is on) SELECT_BUCKET and the rest; no password is sent."""
+    conn = ConsumerConnection(settings(tls=True, client_certificate=True, password=""))
+    assert conn.data_to_send() == HELLO
+    conn.receive_data(res(0x1F, 0x10001, value=H("00060012")))  # XATTR, COLLECTIONS
+    out = conn.data_to_send()
+    assert out.startswith(req(0x89, 0x10002, key=b"travel"))  # SELECT_BUCKET
+    assert req(0xB5, 0x10003) in out  # GET_CLUSTER_CONFIG
+    # DCP_OPEN: PRODUCER | INCLUDE_XATTRS | INCLUDE_DELETE_TIMES
+    assert out.endswith(req(0x50, 0x10004, key=NAME.encode(), extras=H("0000000000000025")))
+    assert all(op not in out for op in (b"\x80\x20", b"\x80\x21", b"\x80\x22"))  # no SASL
+
+
 def ready(**changes: object) -> ConsumerConnection:
     conn = ConsumerConnection(settings(**changes))
     run_handshake(conn, handshake(), "whole")
