@@ -31,15 +31,6 @@ _REFUSALS = {
 _SET_ONE = "set tls_cert_file and tls_key_file (mutual TLS)"
 
 
-class _EncryptedKey(Exception):
-    """The private key asks for a passphrase (raised from the passphrase callback, so that
-    OpenSSL never prompts on a terminal)."""
-
-
-def _no_passphrase() -> bytes:
-    raise _EncryptedKey
-
-
 def client_context(settings: CaptureSettings) -> ssl.SSLContext:
     """The TLS context of every connection to a data node: the nodes' certificates checked
     against ``tls_ca_file`` (else the system's trust store), and the client certificate
@@ -52,13 +43,15 @@ def client_context(settings: CaptureSettings) -> ssl.SSLContext:
     cert, key = settings.tls_cert_file, settings.tls_key_file
     if cert is None or key is None:
         return context
-    try:
-        context.load_cert_chain(cert, key, password=_no_passphrase)
-    except _EncryptedKey:
+
+    def encrypted() -> bytes:  # asked for a passphrase: an error, never a terminal prompt
         raise ConfigError(
             f"tls_key_file {key}: the key is encrypted; the agent reads a PEM key without a "
             "passphrase (keep the file chmod 600)"
-        ) from None
+        )
+
+    try:
+        context.load_cert_chain(cert, key, password=encrypted)
     except ssl.SSLError as exc:  # OpenSSL's reason only: never the file's contents
         if exc.reason == "KEY_VALUES_MISMATCH":
             raise ConfigError(
