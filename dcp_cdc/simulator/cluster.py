@@ -95,6 +95,10 @@ class ProducerCluster:
     def credential(self, mechanism: str) -> Callable[[str], StoredCredential | None]:
         return lambda user: self._credentials.get(user, {}).get(mechanism)
 
+    def has_user(self, user: str) -> bool:
+        """True when ``user`` is one of the cluster's users (a client certificate's user must be)."""
+        return user in self._passwords
+
     def plain_ok(self, user: str, password: str) -> bool:
         return user in self._passwords and self._passwords[user] == password
 

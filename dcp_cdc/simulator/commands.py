@@ -106,6 +106,9 @@ class ProducerCommands:
         self._ctrl: list[bytes] = []
         self.features: set[int] = set()
         self.user: str | None = None
+        self.by_certificate = False
+        """Authenticated by a client certificate (:meth:`authenticate_by_certificate`): SASL
+        is refused, as kv_engine does, since it would change the connection's user."""
         self.bucket_selected = False
         self.dcp_name: str | None = None
         self.open_flags = 0
@@ -264,13 +267,28 @@ class ProducerCommands:
         body = json.dumps({"version": 1, "revision": 1, "errors": errors}).encode()
         self._reply(req, Status.SUCCESS, value=body, datatype=Datatype.JSON)
 
+    def authenticate_by_certificate(self, user: str) -> None:
+        """The TLS handshake's client certificate mapped to ``user``: the connection is that
+        user's from its first request, and SASL is refused."""
+        self.user = user
+        self.by_certificate = True
+
+    def _sasl_refused(self, req: tuple[int, ...]) -> bool:
+        if self.by_certificate:
+            self._reply(req, Status.NOT_SUPPORTED)
+        return self.by_certificate
+
     def _mechanisms(self) -> list[str]:
         return [*MECHANISMS, *(["PLAIN"] if self.tls else [])]
 
     def _list_mechs(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if self._sasl_refused(req):
+            return
         self._reply(req, Status.SUCCESS, value=" ".join(self._mechanisms()).encode())
 
     def _sasl_auth(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if self._sasl_refused(req):
+            return
         mech = key.decode("ascii", "replace")
         if mech == "PLAIN":
             if not self.tls:
@@ -296,6 +314,8 @@ class ProducerCommands:
         self._reply(req, Status.AUTH_CONTINUE, value=server_first)
 
     def _sasl_step(self, req: tuple[int, ...], extras: bytes, key: bytes, value: bytes) -> None:
+        if self._sasl_refused(req):
+            return
         scram = self._scram
         self._scram = None
         if scram is None:

@@ -18,6 +18,9 @@ for MS milliseconds, then back on its ports), ``slow_seqnos MS`` (GET_ALL_VB_SEQ
 late), ``changes N``, ``truth``, and ``steady RATE`` / ``halt`` (a steady workload of RATE
 changes a second, its ticks appended to ``--ticks-out``, until halted). ``--bulk-docs N
 --body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
+``--tls-cert C --tls-key K`` adds a TLS port to every node; ``--tls-client-ca CA`` then asks
+for client certificates (mutual TLS) and maps each to a user by ``--client-cert-auth``
+(:mod:`dcp_cdc.simulator.tls`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.model import Collection, Scope
 from dcp_cdc.simulator.producer import ProducerConnection
 from dcp_cdc.simulator.state import SimConfig, Simulation
+from dcp_cdc.simulator.tls import ClientCertAuth, TlsSession, server_context
 from dcp_cdc.simulator.truth import write_truth
 
 HOST = "127.0.0.1"
@@ -55,12 +59,15 @@ below what consumers already hold (``failover(..., back=N)``)."""
 
 
 class _NodeProtocol(asyncio.Protocol):
-    """One client connection: socket bytes to and from the sans-I/O connection."""
+    """One client connection: socket bytes to and from the sans-I/O connection; on a TLS port
+    through a :class:`~dcp_cdc.simulator.tls.TlsSession`, the connection made once its
+    handshake is done (and its client certificate, if any, accepted)."""
 
     def __init__(self, server: ProducerServer, node: int, tls: bool) -> None:
         self.server = server
         self.node = node
         self.tls = tls
+        self.session: TlsSession | None = None
         self.conn: ProducerConnection | None = None
         self.transport: asyncio.Transport | None = None
         self.paused = False
@@ -69,10 +76,63 @@ class _NodeProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.conn = ProducerConnection(self.server.cluster, self.node, tls=self.tls)
         self.server.protocols.add(self)
+        if self.tls:
+            assert self.server.tls_context is not None
+            self.session = TlsSession(self.server.tls_context)
+        else:
+            self.conn = ProducerConnection(self.server.cluster, self.node)
+
+    def _write(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self.session is None:
+            self.transport.write(data)
+            return
+        self.session.send(data)
+        self.transport.write(self.session.to_send())
+
+    def _tls_received(self, data: bytes) -> bytes | None:
+        """The plaintext of ``data``; None when the connection ends (a refused handshake,
+        whose alert is sent first, or a refused client certificate)."""
+        session, transport = self.session, self.transport
+        assert session is not None and transport is not None
+        was_established = session.established
+        try:
+            plain = session.receive(data)
+        except ssl.SSLError:
+            transport.write(session.to_send())  # the alert, as an OpenSSL server sends it
+            self._close()
+            return None
+        out = session.to_send()
+        if out:
+            transport.write(out)
+        if session.established and not was_established and not self._accept():
+            self._close()  # as kv_engine: no reply, the connection closes
+            return None
+        return plain
+
+    def _accept(self) -> bool:
+        """The handshake is done: the connection, authenticated as the user its client
+        certificate maps to, if it presented one. False: the certificate maps to no rule, or
+        to a user the cluster does not have."""
+        assert self.session is not None
+        cert, auth = self.session.peer_certificate(), self.server.client_certs
+        user = None
+        if cert is not None and auth is not None:
+            user = auth.user_of(cert)
+            if user is None or not self.server.cluster.has_user(user):
+                return False
+        self.conn = ProducerConnection(self.server.cluster, self.node, tls=True)
+        if user is not None:
+            self.conn.authenticate_by_certificate(user)
+        return True
 
     def data_received(self, data: bytes) -> None:
+        if self.session is not None:
+            plain = self._tls_received(data)
+            if not plain:
+                return
+            data = plain
         assert self.conn is not None
         try:
             self.conn.receive_data(data)
@@ -98,7 +158,7 @@ class _NodeProtocol(asyncio.Protocol):
         while not self.paused and conn.has_work:
             out = conn.data_to_send()
             if out:
-                transport.write(out)
+                self._write(out)
             if conn.closed:
                 if conn.reset:
                     self.reset()
@@ -145,6 +205,7 @@ class ProducerServer:
         nodes: int = 4,
         users: Mapping[str, str] | None = None,
         tls_context: ssl.SSLContext | None = None,
+        client_certs: ClientCertAuth | None = None,
         refuse_optional_controls: bool = False,
         bulk_docs: int = 0,
         body_bytes: int = 64,
@@ -162,7 +223,14 @@ class ProducerServer:
         )
         if bulk_docs:
             self.cluster.add_bulk(bulk_docs, body_bytes)
+        if client_certs is not None:
+            if tls_context is None:
+                raise ValueError("client certificates need a TLS context")
+            client_certs.apply(tls_context)
         self.tls_context = tls_context
+        self.client_certs = client_certs
+        """Client-certificate authentication on the TLS ports; None: a certificate is
+        neither asked for nor read."""
         self.protocols: set[_NodeProtocol] = set()
         self._servers: list[asyncio.AbstractServer] = []
         self._listeners: dict[int, list[asyncio.AbstractServer]] = {}
@@ -201,11 +269,10 @@ class ProducerServer:
         listeners: list[asyncio.AbstractServer] = [srv]
         self.cluster.ports[node] = srv.sockets[0].getsockname()[1]
         if self.tls_context is not None:
-            tsrv = await loop.create_server(
+            tsrv = await loop.create_server(  # TLS by the protocol's own TlsSession
                 lambda node=node: _NodeProtocol(self, node, True),  # type: ignore[misc]
                 HOST,
                 self.cluster.tls_ports[node] or 0,
-                ssl=self.tls_context,
             )
             listeners.append(tsrv)
             self.cluster.tls_ports[node] = tsrv.sockets[0].getsockname()[1]
@@ -412,8 +479,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         help="the steady workload's ticks, a JSON line each: [wall time, high seqno per vbucket]",
     )
-    p.add_argument("--tls-cert", type=Path)
-    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--tls-cert", type=Path, help="the nodes' certificate (PEM): TLS ports too")
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    p.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        help="client certificates (mutual TLS): the CA that signs them; a certificate maps "
+        "to a user of --users by --client-cert-auth",
+    )
+    p.add_argument(
+        "--client-cert-auth",
+        default='{"state": "mandatory", "prefixes": [{"path": "subject.cn"}]}',
+        help="as Couchbase's /settings/clientCertAuth: state enable|mandatory and the rules "
+        "(path subject.cn|san.dnsname|san.email|san.uri, prefix, delimiter) that map a "
+        "certificate to a user",
+    )
     p.add_argument("--users", action="append", default=[], help="user:password (repeatable)")
     p.add_argument("--refuse-optional-controls", action="store_true")
     p.add_argument(
@@ -427,6 +507,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.bulk_docs and args.truth_out:
         p.error("--truth-out: no truth is written for a bucket with --bulk-docs")
+    if args.tls_client_ca and not args.tls_cert:
+        p.error("--tls-client-ca: client certificates need TLS (--tls-cert, --tls-key)")
+    if args.tls_client_ca:
+        try:
+            args.client_certs = ClientCertAuth.from_json(args.tls_client_ca, args.client_cert_auth)
+        except ValueError as exc:
+            p.error(f"--client-cert-auth: {exc}")
+    else:
+        args.client_certs = None
     return args
 
 
@@ -512,10 +601,7 @@ async def _control(
 
 async def _serve(args: argparse.Namespace) -> int:
     users = dict(u.split(":", 1) for u in args.users) or None
-    ctx = None
-    if args.tls_cert:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    ctx = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     config = SimConfig(
         scenario=args.scenario,
         seed=args.seed,
@@ -529,6 +615,7 @@ async def _serve(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         users=users,
         tls_context=ctx,
+        client_certs=args.client_certs,
         refuse_optional_controls=args.refuse_optional_controls,
         bulk_docs=args.bulk_docs,
         body_bytes=args.body_bytes,
