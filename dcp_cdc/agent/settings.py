@@ -111,6 +111,13 @@ class CaptureSummary:
     reconnects: int = 0
     rollbacks: int = 0
     moves: int = 0
+    frames_received: int = 0
+    """Frames read from the nodes' connections (after their handshakes)."""
+    bytes_received: int = 0
+    bytes_durable: int = 0
+    """Bytes of the files published (headers included)."""
+    stream_ends: dict[str, int] = field(default_factory=dict)
+    """STREAM_END reason (``ok``, ``closed``, ..., ``unknown``) → how many."""
     done: list[int] = field(default_factory=list)
     """vbuckets that reached their end seqno (``until-now``), or were there already."""
     filter_empty: list[int] = field(default_factory=list)
