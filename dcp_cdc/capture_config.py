@@ -5,6 +5,7 @@ connection string (parsed here, once: the agent reads the result) and the folder
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
 import tempfile
@@ -33,6 +34,17 @@ COLLECTION_PATTERN = rf"^{_COLLECTION_NAME}\.{_COLLECTION_NAME}$"
 _COLLECTION = re.compile(COLLECTION_PATTERN)
 _MANAGER_PORTS = {8091, 18091}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$")
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+"""Listen addresses that stand for every interface."""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class HostPort(NamedTuple):
@@ -196,6 +208,21 @@ class CaptureConfig(ConfigModel):
     """Seconds a node that went away (a restart, an upgrade, a failover) is tried again,
     with a growing pause and jitter between attempts, before the capture gives up on it and
     exits with an error. The node's vbuckets wait meanwhile; the others go on."""
+    metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
+    """Serve the agent's Prometheus metrics (``/metrics``) and its health (``/healthz``,
+    ``/readyz``) over HTTP on this port (docs/metrics.md). Default: off. Buckets whose
+    agents share a host need different ports."""
+    metrics_host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
+    """The address ``metrics_port`` listens on: the loopback interface by default, so that
+    only this host reaches it; ``0.0.0.0`` (or ``::``) for every interface, e.g. in a
+    container scraped from outside it. The endpoint has no authentication."""
+    lag_poll_s: Annotated[float, Field(ge=0.1, le=3600)] = 10.0
+    """Seconds between the agent's requests for every node's high seqnos
+    (GET_ALL_VB_SEQNOS): the cluster's side of the lag the agent reports per vbucket."""
+    stall_after_s: Annotated[float, Field(ge=0.1, le=86400)] = 300.0
+    """A vbucket whose position has not moved for this many seconds while the cluster has
+    newer seqnos for it is stalled: the agent logs it, counts it in its metrics, and
+    ``/readyz`` fails until it moves again."""
 
     @model_validator(mode="before")
     @classmethod
@@ -243,6 +270,13 @@ class CaptureConfig(ConfigModel):
             raise ValueError("set, but the connection string is not couchbases://")
         if not Path(value).expanduser().is_file():
             raise ValueError(f"{value} is not a file")
+        return value
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _metrics_host(cls, value: str) -> str:
+        if not (_is_ip(value) or _HOSTNAME.match(value)):
+            raise ValueError(f"expected an IP address or a host name, got {value!r}")
         return value
 
     @field_validator("vbuckets")

@@ -32,6 +32,7 @@ from pydantic import (
 from dcp_cdc.capture_config import (
     CAPTURE_DIR,
     COLLECTION_PATTERN,
+    WILDCARD_HOSTS,
     CaptureConfig,
     CaptureDirs,
     default_staging,
@@ -632,6 +633,26 @@ class AppConfig(ConfigModel):
                     f"buckets[{index}].capture.state_dir: {state!r} is neither a local path "
                     "nor s3:// (s3a://)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_ports_apart(self) -> AppConfig:
+        """Agents of several buckets run on one host in follow mode: their metrics ports
+        must not meet."""
+        taken: dict[int, tuple[int, str]] = {}
+        for index, bucket in enumerate(self.buckets):
+            capture = bucket.capture
+            if capture is None or capture.metrics_port is None:
+                continue
+            port, host = capture.metrics_port, capture.metrics_host
+            if port in taken:
+                other, other_host = taken[port]
+                if host == other_host or WILDCARD_HOSTS.intersection((host, other_host)):
+                    raise ValueError(
+                        f"buckets[{index}].capture.metrics_port: {port} on {host} is "
+                        f"buckets[{other}]'s too; give each agent its own port"
+                    )
+            taken.setdefault(port, (index, host))
         return self
 
     def bucket(self, name: str | None) -> list[BucketConfig]:

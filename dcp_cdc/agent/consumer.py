@@ -143,6 +143,10 @@ class ConsumerConnection(Handshake):
         self._vbs: dict[int, _Vb] = {}
         self._positions: dict[int, VbPosition] = {}
         self._dirty: set[int] = set()
+        self._cas = [0] * 0x10000
+        """The CAS of the change that completed each vbucket's last snapshot (0: none yet)."""
+        self.frames_received = 0
+        """Whole frames processed by :meth:`receive_data` (every kind, replies included)."""
         # flow control (docs/protocol/dcp.md §7.6)
         self._fc_in_capture = 0  # flow-controlled bytes in self._capture, not yet taken
         self._takes: deque[list[int]] = deque()  # [bytes left to consume, fc bytes] per take
@@ -211,6 +215,21 @@ class ConsumerConnection(Handshake):
             )
         self._dirty.clear()
         return dict(self._positions)
+
+    def newest_cas(self, vbucket: int) -> int:
+        """The CAS of the change that completed ``vbucket``'s last snapshot on this connection
+        (0 before one did): docs/protocol/dcp.md §1.5 reads it as the time the active node saw
+        that change. Taken once a snapshot, from the item at its end; a snapshot that ends
+        without one (its last seqno deduplicated, filtered out, or a seqno-advanced) keeps
+        the CAS before it."""
+        return self._cas[vbucket]
+
+    @property
+    def flow_control_unacked(self) -> int:
+        """Flow-controlled bytes received and not acknowledged yet (docs/protocol/dcp.md
+        §7.6): what the node counts against ``buffer_bytes``. Those not taken, taken but not
+        yet consumed, and consumed but below the acknowledgement threshold."""
+        return self._fc_in_capture + sum(take[1] for take in self._takes) + self._ack_pending
 
     def streaming(self) -> frozenset[int]:
         """vbuckets with a stream requested, open or closing on this connection."""
@@ -337,11 +356,12 @@ class ConsumerConnection(Handshake):
         if self._rest:
             data = self._rest + data
         n = len(data)
-        pos = run = fc = 0
+        pos = run = fc = frames = 0
         unpack = HEAD_SEQNO.unpack_from
         kinds = KINDS
         pend = self._pending_end
         cons = self._consistent
+        cas_at = self._cas
         dirty = self._dirty
         capture = self._capture
         try:
@@ -365,6 +385,9 @@ class ConsumerConnection(Handshake):
                             cons[vb] = p
                             pend[vb] = NO_SNAPSHOT
                             dirty.add(vb)
+                            cas = U64.unpack_from(data, pos + 16)[0]
+                            if cas:  # a seqno-advanced has none
+                                cas_at[vb] = cas
                         else:
                             self._odd_item(vb, seqno, op, ext_len, blen)
                 elif kind == KIND_MARKER:
@@ -399,10 +422,12 @@ class ConsumerConnection(Handshake):
                     fc = 0
                     self._slow(data[pos:end], magic, op)
                 pos = end
+                frames += 1
         finally:
             if run < pos:
                 capture.append(data[run:pos])
             self._fc_in_capture += fc
+            self.frames_received += frames
             self._rest = data[pos:] if pos < n else b""
 
     # --- the fast path's helpers (once per snapshot, stream end, ...) ----------------------

@@ -273,10 +273,14 @@ class Node:
                     raise ConnectionLostError(self.label, exc.strerror or str(exc)) from None
                 if not data:
                     raise ConnectionLostError(self.label, "the node closed the connection")
+                counted = conn.frames_received
                 try:
                     conn.receive_data(data)
                 except ProtocolError as exc:
                     raise CaptureConnectionError(self.label, str(exc)) from None
+                summary = self.agent.summary  # plain ints, read by a metrics scrape
+                summary.frames_received += conn.frames_received - counted
+                summary.bytes_received += len(data)
                 capture = conn.take_capture()
                 if capture:
                     await self.queue.put(_Frames(capture, conn.positions()))
@@ -329,9 +333,11 @@ class Node:
         round. A publish that fails raises (the run fails) and commits nothing."""
         if self.session is None:
             return
+        size = self.session.file_bytes
         path = await asyncio.to_thread(self.session.close_file)
         if path is not None:
             self.agent.summary.files.append(path)
+            self.agent.summary.bytes_durable += size
         self.agent.commit({vb: p for vb, p in self.last_positions.items() if vb in self.owned})
 
     async def flush(self, *, new_session: bool = False, last: bool = False) -> None:

@@ -28,6 +28,11 @@ The end of a run: each session still connected records its node's high seqnos an
 failover logs of our vbuckets there (:meth:`Placement.record_cluster_state`) before its last
 file closes.
 
+Lag: every ``lag_poll_s`` (and when a node connects) each node is asked for its high seqnos
+(:meth:`Placement.ask_high_seqnos`); against them a :class:`~dcp_cdc.agent.progress.LagTracker`
+knows how far behind each vbucket is, and logs a vbucket that stays behind without moving for
+``stall_after_s`` (what ``/readyz`` reports, :mod:`dcp_cdc.agent.progress`).
+
 The sockets, the session files and the tasks around them are one :class:`~dcp_cdc.agent.node.Node`
 each; this module only decides.
 """
@@ -57,6 +62,7 @@ from dcp_cdc.agent.consumer_events import (
 from dcp_cdc.agent.landing_store import open_landing
 from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
 from dcp_cdc.agent.positions import VbPosition
+from dcp_cdc.agent.progress import LagTracker, watch_lag
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
 from dcp_cdc.agent.tls import client_context
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
@@ -79,6 +85,7 @@ WATCH_S = 2.0
 """How often the run looks for vbuckets that nothing streams (:meth:`Placement.watch`)."""
 WAITING_LOG_S = 60.0
 """``until-now`` with no vbucket done for this long logs what each one waits for."""
+_END_REASONS = frozenset(StreamEndReason)
 
 
 class Placement:
@@ -121,6 +128,9 @@ class Placement:
         self._last_start = 0.0
         self._counter = 0
         self.backoff = Backoff(settings)
+        self.lag = LagTracker(settings.stall_after_s)
+        self.last_commit = time.monotonic()
+        """When the checkpoint was last committed, or the run started (monotonic)."""
 
     # --- small services ---
 
@@ -143,6 +153,7 @@ class Placement:
             return
         self.store.commit(positions, updated_at=rfc3339(time.time()))
         self.durable.update(positions)
+        self.last_commit = time.monotonic()
 
     def fail(self, exc: BaseException) -> None:
         if self.failure is None:
@@ -207,6 +218,8 @@ class Placement:
         stored = self.store.load()
         self.durable = {vb: stored[vb] for vb in self.vbuckets if vb in stored}
         self.pending = set(self.vbuckets)
+        at_start = {vb: p.seqno for vb, p in self.durable.items()}
+        self.lag.start({vb: at_start.get(vb, 0) for vb in self.vbuckets}, time.monotonic())
 
     def refresh_map(self, config: dict[str, Any], dialled: str) -> None:
         if not config:
@@ -260,9 +273,9 @@ class Placement:
                 raise CaptureConnectionError(
                     node.label, "no collections manifest within the connect timeout"
                 ) from None
-        if self.mode == "until-now":
-            node.conn.request_high_seqnos()
-            await node._send()
+        # until-now: its vbuckets' ends; either mode: the lag's other side, from the start
+        node.conn.request_high_seqnos()
+        await node._send()
         return node
 
     def owner(self, vb: int) -> HostPort | None:
@@ -404,10 +417,10 @@ class Placement:
                 await self.send_or_lose(node)
 
     async def ask_high_seqnos(self) -> None:
-        """``until-now``, every :data:`WATCH_S` of a run still streaming: the high seqnos
-        again from every node, so that an end a failover made unreachable is lowered (a
-        stream ended and reopened after a failover rolls back only when it was past the
-        branch point)."""
+        """The high seqnos again from every node: every ``lag_poll_s`` (the lag), and in
+        ``until-now`` every :data:`WATCH_S` of a run still streaming, so that an end a
+        failover made unreachable is lowered (a stream ended and reopened after a failover
+        rolls back only when it was past the branch point)."""
         for node in list(self.nodes.values()):
             if node.conn is None or node.dead or not node.conn.ready:
                 continue
@@ -442,6 +455,12 @@ class Placement:
         if self.mode == "until-now" and time.monotonic() - self.waiting_since > WAITING_LOG_S:
             self.waiting_since = time.monotonic()
             log.info("capture: still waiting for %s", self.waiting(streaming))
+
+    async def poll_high_seqnos(self) -> None:
+        """Every ``lag_poll_s``, the high seqnos of every node: the lag's other side."""
+        while not self.stopping:
+            await asyncio.sleep(self.settings.lag_poll_s)
+            await self.ask_high_seqnos()
 
     def waiting(self, streaming: set[int]) -> str:
         """``until-now``: each vbucket not done yet, where it is and what it waits for."""
@@ -549,6 +568,7 @@ class Placement:
                 node.conn.request_high_seqnos()
                 await node._send()
         elif isinstance(event, ClusterStateRecorded):
+            self.lag.cluster(event.high_seqnos)
             node.recorded.set()
         elif isinstance(event, NotMyVbucket):
             self.spawn(self.move_away(node, event.vbucket))
@@ -561,27 +581,36 @@ class Placement:
         elif isinstance(event, ClusterConfig):
             self.refresh_map(event.config, node.endpoint.host)
         elif isinstance(event, HighSeqnos):
-            for vb, seqno in event.seqnos.items():
-                # the end is the high seqno at the start; only a failover lowers it
-                self.end_seqnos[vb] = min(self.end_seqnos.get(vb, seqno), seqno)
-            await self.reached()
-            streaming = node.conn.streaming() if node.conn else frozenset()
-            for vb in sorted(node.owned):
-                if vb in self.pending and vb not in streaming:
-                    if vb in event.seqnos:
-                        # stays owned here: its frames queued on this node are still to be
-                        # committed, and an opener that finds it streaming already (a reopen
-                        # won the race) stands down without giving it back
-                        self.spawn(self.open_on(node, vb))
-                    else:  # not active here any more: the map moved on
-                        node.owned.discard(vb)
-                        self.spawn(self.place(vb, delay=self.settings.backoff_s))
+            self.lag.cluster(event.seqnos)
+            if self.mode == "until-now":
+                await self.until_now_ends(node, event)
         elif isinstance(event, CollectionsManifest):
             self.collection_ids = _collection_ids(event.manifest, self.settings.collections or ())
             self.manifest_ready.set()
 
+    async def until_now_ends(self, node: Node, event: HighSeqnos) -> None:
+        """``until-now``: a node's high seqnos are the ends of its vbuckets (lowered by a
+        failover, never raised), and open the streams that waited for them."""
+        for vb, seqno in event.seqnos.items():
+            # the end is the high seqno at the start; only a failover lowers it
+            self.end_seqnos[vb] = min(self.end_seqnos.get(vb, seqno), seqno)
+        await self.reached()
+        streaming = node.conn.streaming() if node.conn else frozenset()
+        for vb in sorted(node.owned):
+            if vb in self.pending and vb not in streaming:
+                if vb in event.seqnos:
+                    # stays owned here: its frames queued on this node are still to be
+                    # committed, and an opener that finds it streaming already (a reopen
+                    # won the race) stands down without giving it back
+                    self.spawn(self.open_on(node, vb))
+                else:  # not active here any more: the map moved on
+                    node.owned.discard(vb)
+                    self.spawn(self.place(vb, delay=self.settings.backoff_s))
+
     async def on_stream_end(self, node: Node, event: StreamEnded) -> None:
         vb, reason = event.vbucket, event.reason
+        name = event.reason_name if reason in _END_REASONS else "unknown"  # bounded labels
+        self.summary.stream_ends[name] = self.summary.stream_ends.get(name, 0) + 1
         if reason == StreamEndReason.OK and self.mode == "until-now":
             self.vb_done(vb)
         elif reason == StreamEndReason.CLOSED and self.stopping:
@@ -606,6 +635,7 @@ class Placement:
         # until-now: the end seqnos come from each node's GET_ALL_VB_SEQNOS (node_for)
         for vb in self.vbuckets:
             self.spawn(self.place(vb))
+        self.spawn(self.poll_high_seqnos())
         stop_wait = asyncio.create_task(self.stop.wait())
         try:
             while self.failure is None and not self.stop.is_set():
@@ -619,6 +649,7 @@ class Placement:
                 wake.cancel()
                 await self.reached()
                 self.watch()
+                watch_lag(self, time.monotonic())
                 if not woken and self.mode == "until-now":
                     await self.ask_high_seqnos()
         finally:

@@ -65,6 +65,14 @@ class CaptureSettings:
     reconnect_timeout_s: float = 60.0
     """How long a node that went away is tried again before the capture gives up: a node
     that restarts or fails over within this time costs a pause, not the run."""
+    metrics_port: int | None = None
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on this port (0: any free port, which
+    the log names); None: no endpoint."""
+    metrics_host: str = "127.0.0.1"
+    lag_poll_s: float = 10.0
+    """Seconds between two requests for every node's high seqnos (the lag's other end)."""
+    stall_after_s: float = 300.0
+    """A vbucket behind the cluster whose position has not moved for this long is stalled."""
     s3: S3Options | None = field(default=None, repr=False, compare=False)
     """How ``s3://`` locations are reached (endpoint, keys, region); None: the AWS
     environment alone."""
@@ -120,6 +128,13 @@ class CaptureSummary:
     reconnects: int = 0
     rollbacks: int = 0
     moves: int = 0
+    frames_received: int = 0
+    """Frames read from the nodes' connections (after their handshakes)."""
+    bytes_received: int = 0
+    bytes_durable: int = 0
+    """Bytes of the files published (headers included)."""
+    stream_ends: dict[str, int] = field(default_factory=dict)
+    """STREAM_END reason (``ok``, ``closed``, ..., ``unknown``) → how many."""
     done: list[int] = field(default_factory=list)
     """vbuckets that reached their end seqno (``until-now``), or were there already."""
     filter_empty: list[int] = field(default_factory=list)
@@ -171,5 +186,9 @@ def settings_from_config(
         rotate_seconds=cap.rotate_seconds,
         connect_timeout_s=cap.connect_timeout_s,
         reconnect_timeout_s=cap.reconnect_timeout_s,
+        metrics_port=cap.metrics_port,
+        metrics_host=cap.metrics_host,
+        lag_poll_s=cap.lag_poll_s,
+        stall_after_s=cap.stall_after_s,
         s3=S3Options.from_spark_conf(app.spark.conf),
     )

@@ -99,6 +99,11 @@ class SessionWriter:
         self._failed: Exception | None = None
 
     @property
+    def file_bytes(self) -> int:
+        """Bytes of the open file so far, its header included (0 when none is open)."""
+        return self._size if self._fh is not None else 0
+
+    @property
     def open_bytes(self) -> int:
         """Frame bytes in the open file (0 when none is open)."""
         return self._frame_bytes

@@ -1,7 +1,7 @@
 """The test producer's cluster (:class:`ProducerCluster`): what every node of the test DCP
 server shares: the simulated bucket, the vbucket map (its revision grows on every change), the
 users, and the faults a test asks for (failovers to a new branch, rebalances, dropped cursors,
-dropped collections, cut connections, slow replies).
+dropped collections, cut connections, slow replies, stalled vbuckets).
 
 It reaches the connections only through :class:`ClusterClient` (end a stream, push a new map,
 queue a change), so that it does not import the connection
@@ -81,6 +81,8 @@ class ProducerCluster:
         that receives one is reset (:meth:`cut_after_requests`)."""
         self.seqnos_delay_s = 0.0
         """GET_ALL_VB_SEQNOS replies wait this long (:meth:`slow_seqnos`)."""
+        self.stalled: set[int] = set()
+        """vbuckets whose streams send nothing for now (:meth:`stall`)."""
         sim.feed = self
 
     # --- users -----------------------------------------------------------------------------
@@ -261,6 +263,34 @@ class ProducerCluster:
         """GET_ALL_VB_SEQNOS replies wait ``seconds`` (a loaded node): a consumer's stream
         openers wait on them while its other streams go on and end."""
         self.seqnos_delay_s = max(0.0, seconds)
+
+    def stall(self, vbid: int, changes: int = 0) -> int:
+        """``vbid``'s streams stop sending while the vbucket goes on taking changes: a stuck
+        stream on a node that is otherwise well (its other vbuckets flow, it answers NOOPs,
+        and GET_ALL_VB_SEQNOS reports the growing high seqno). ``changes`` updates are made
+        in the vbucket now. A stream's end (a close, a failover) still goes out. Returns
+        the vbucket's high seqno."""
+        if not 0 <= vbid < len(self.vbmap):
+            raise ValueError(f"stall: vbucket {vbid} is not one of 0..{len(self.vbmap) - 1}")
+        self.stalled.add(vbid)
+        return self.update_docs(vbid, changes)
+
+    def unstall(self, vbid: int) -> None:
+        """``vbid``'s streams send again, what it took meanwhile first."""
+        self.stalled.discard(vbid)
+
+    def update_docs(self, vbid: int, changes: int) -> int:
+        """``changes`` updates of the live documents of ``vbid`` (in turn); returns its high
+        seqno."""
+        vb = self.bucket.vbuckets[vbid]
+        keys = [k for k, d in vb.docs.items() if not d.deleted and self._live(k[0])]
+        if changes and not keys:
+            raise ValueError(f"vbucket {vbid} has no live document to update")
+        for i in range(changes):
+            cid, key = keys[i % len(keys)]
+            self.sim.write_doc(cid, key)
+            self.bucket.tick()
+        return vb.high_seqno
 
     def cut_node(self, node: int) -> int:
         """Every connection to ``node`` dies inside its next snapshot (after the marker and

@@ -120,6 +120,8 @@ class ProducerConnection(ProducerCommands):
         return bool(self._data) or any(self._stream_has_work(s) for s in self.streams.values())
 
     def _stream_has_work(self, s: ProducerStream) -> bool:
+        if s.vbid in self.cluster.stalled and not s.ended:
+            return False
         return bool(s.frames or s.backfilling or (s.pending and not s.ended))
 
     # --- streams (docs/protocol/dcp.md §4.4, §6) ---------------------------------------------------------------
@@ -304,7 +306,7 @@ class ProducerConnection(ProducerCommands):
             vbid = rotation[0]
             rotation.rotate(-1)
             stream = self.streams.get(vbid)
-            if stream is None:
+            if stream is None or (vbid in self.cluster.stalled and not stream.ended):
                 continue
             if not stream.frames and not stream.ended:
                 stream.frames.extend(self._next_chunk(stream))

@@ -3,7 +3,7 @@
 :class:`ProducerServer` binds ``nodes`` ports on 127.0.0.1 (and TLS ports with a certificate),
 loads the simulated bucket, serves it through :class:`~dcp_cdc.simulator.producer.ProducerConnection`
 and runs a live workload while it serves. Faults are methods (``failover``, ``rebalance``,
-``too_slow``, ``drop_collection``, ``cut_node``); the truth is written with
+``too_slow``, ``drop_collection``, ``cut_node``, ``stall``); the truth is written with
 :func:`dcp_cdc.simulator.truth.write_truth`. Use it in-process (``async with ProducerServer(...)``)
 or as a command::
 
@@ -15,8 +15,10 @@ which serves until SIGTERM; a line-based control port (in the port file) takes
 hold), ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``, ``cut_node NODE``,
 ``cut_requests NODE N`` (a reset at the Nth stream request), ``restart_node NODE MS`` (down
 for MS milliseconds, then back on its ports), ``slow_seqnos MS`` (GET_ALL_VB_SEQNOS replies
-late), ``changes N``, ``truth``, and ``steady RATE`` / ``halt`` (a steady workload of RATE
-changes a second, its ticks appended to ``--ticks-out``, until halted). ``--bulk-docs N
+late), ``stall VB [N]`` (VB's streams send nothing while it takes changes, N of them now;
+answers its high seqno) and ``unstall VB``, ``changes N``, ``truth``, and ``steady RATE`` /
+``halt`` (a steady workload of RATE changes a second, its ticks appended to ``--ticks-out``,
+until halted). ``--bulk-docs N
 --body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
 ``--tls-cert C --tls-key K`` adds a TLS port to every node; ``--tls-client-ca CA`` then asks
 for client certificates (mutual TLS) and maps each to a user by ``--client-cert-auth``
@@ -448,6 +450,17 @@ class ProducerServer:
         self.kick()
         return n
 
+    def stall(self, vbid: int, changes: int = 0) -> int:
+        """``vbid``'s streams stop sending while it takes changes (``changes`` of them now);
+        returns its high seqno. :meth:`unstall` lets them go."""
+        high = self.cluster.stall(vbid, changes)
+        self.kick()
+        return high
+
+    def unstall(self, vbid: int) -> None:
+        self.cluster.unstall(vbid)
+        self.kick()
+
     # --- truth -------------------------------------------------------------------------------
 
     def write_truth(self, out: Path) -> Path:
@@ -587,6 +600,11 @@ async def _control(
         return f"ok {server.too_slow(args[0])}"
     if cmd == "drop_collection" and len(args) == 1:
         server.drop_collection(args[0])
+        return "ok"
+    if cmd == "stall" and len(args) in (1, 2):  # VB [CHANGES]
+        return f"ok {server.stall(*args)}"
+    if cmd == "unstall" and len(args) == 1:
+        server.unstall(args[0])
         return "ok"
     if cmd == "cut_node" and len(args) == 1:
         return f"ok {server.cut_node(args[0])}"

@@ -364,6 +364,31 @@ def test_positions_move_at_snapshot_ends_only(mode: str) -> None:
     assert conn.streaming() == frozenset()
 
 
+@pytest.mark.parametrize("mode", ["whole", "bytewise", "trailing"])
+def test_frames_are_counted_and_a_snapshot_end_keeps_its_cas(mode: str) -> None:
+    conn = opened_stream()
+    before = conn.frames_received
+    assert conn.newest_cas(VB) == 0
+    steps: list[tuple[bytes, int]] = [
+        (MARKER_4_6, 0),
+        (MUTATION_4, 0),  # inside the snapshot: not its end
+        (DELETION_5, 0),
+        (EXPIRATION_6, 0x17A8B0D8E6F60000),  # the end of 4..6: its CAS, written above
+        (marker(7, 12), 0x17A8B0D8E6F60000),
+        (SEQNO_ADVANCED_12, 0x17A8B0D8E6F60000),  # an end with CAS 0 keeps the one before
+        (NOOP, 0x17A8B0D8E6F60000),
+    ]
+    frames = [frame for frame, _ in steps]
+    feed_each(
+        conn,
+        frames,
+        mode,
+        lambda i: conn.newest_cas(VB) == steps[i][1] or pytest.fail(f"after frame {i}"),
+    )
+    assert conn.frames_received - before == 7
+    assert conn.newest_cas(VB + 1) == 0
+
+
 def test_position_uuid_is_the_branch_of_the_seqno() -> None:
     conn = opened_stream()
     conn.receive_data(MARKER_4_6 + MUTATION_4 + DELETION_5 + EXPIRATION_6)
@@ -391,18 +416,23 @@ def test_noop_is_answered_and_recorded_in_wire_order() -> None:
 
 def test_buffer_ack_once_a_fifth_of_the_buffer_is_consumed() -> None:
     conn = opened_stream()  # buffer 1000 bytes: ack at 200
+    assert conn.flow_control_unacked == 0
     conn.receive_data(MARKER_4_6 + NOOP + MUTATION_4 + DELETION_5)  # 44 + 68 + 51 counted
+    assert conn.flow_control_unacked == 163, "a NOOP is not flow controlled"
     first = conn.take_capture()
     conn.consumed(len(first))
     assert conn.data_to_send() == NOOP_REPLY  # 163 < 200: no ack yet
+    assert conn.flow_control_unacked == 163
     conn.receive_data(EXPIRATION_6)  # + 50 = 213
     second = conn.take_capture()
     assert conn.data_to_send() == b"", "nothing is acked before the writer has it"
     conn.consumed(len(second) - 1)
     assert conn.data_to_send() == b""
+    assert conn.flow_control_unacked == 213
     conn.consumed(1)
     ack = H("805d00000400000000000004000000000000000000000000000000d5")  # 213
     assert conn.data_to_send() == ack
+    assert conn.flow_control_unacked == 0
     assert conn.take_capture() == ack
     with pytest.raises(AgentUsageError):
         conn.consumed(len(ack) + 1)

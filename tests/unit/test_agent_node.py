@@ -26,6 +26,7 @@ class _Core:
 
     def __init__(self) -> None:
         self.read = 0
+        self.frames_received = 0
 
     def streaming(self) -> frozenset[int]:
         return frozenset() if self.read else frozenset({1})
@@ -47,7 +48,7 @@ def _node(failures: list[BaseException]) -> Node:
     owner: Any = SimpleNamespace(
         settings=SimpleNamespace(noop_interval_s=30.0, rotate_seconds=60.0),
         stopping=True,
-        summary=SimpleNamespace(bytes_captured=0),
+        summary=SimpleNamespace(bytes_captured=0, frames_received=0, bytes_received=0),
         spawn=lambda coro: coro.close(),
         fail=failures.append,
     )

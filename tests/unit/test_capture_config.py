@@ -36,6 +36,8 @@ def test_a_capture_section_loads_with_its_defaults(tmp_path: Path) -> None:
         10.0,
         None,
     )
+    assert (capture.metrics_port, capture.metrics_host) == (None, "127.0.0.1")
+    assert (capture.lag_poll_s, capture.stall_after_s) == (10.0, 300.0)
     dirs = config.capture_dirs(bucket)
     assert dirs.landing == tmp_path / "landing"
     assert dirs.staging == dirs.state == tmp_path / "landing" / ".dcp-cdc-capture"
@@ -85,6 +87,11 @@ def test_tls_ranges_collections_and_relative_paths(tmp_path: Path) -> None:
         (GOOD + "buffer_bytes = 1\n", "buffer_bytes", "greater than or equal"),
         (GOOD + "noop_interval_s = 0\n", "noop_interval_s", "greater than or equal"),
         (GOOD + "colour = 1\n", "colour", "Extra inputs"),
+        (GOOD + "metrics_port = 0\n", "metrics_port", "greater than or equal to 1"),
+        (GOOD + 'metrics_host = "a b"\n', "metrics_host", "an IP address or a host name"),
+        (GOOD + "lag_poll_s = 0\n", "lag_poll_s", "greater than or equal"),
+        (GOOD + "stall_after_s = 0\n", "stall_after_s", "greater than or equal"),
+        (GOOD.replace('username = "dcp"\n', ""), "username", "Field required"),
     ],
 )
 def test_a_bad_value_names_the_field_and_the_file(
@@ -159,6 +166,28 @@ def test_client_certificate_settings_are_checked(
         load_config(path)
     text = str(info.value)
     assert str(path) in text and f"buckets[0].capture{where}" in text and message in text, text
+
+
+def test_agents_of_several_buckets_listen_on_their_own_metrics_ports(tmp_path: Path) -> None:
+    def two(first: str, second: str) -> Path:
+        path = tmp_path / "two.toml"
+        path.write_text(
+            f"{HEAD}[buckets.capture]\n{GOOD}{first}"
+            f'[[buckets]]\nname = "beer"\n[buckets.capture]\n{GOOD}{second}'
+        )
+        return path
+
+    config = load_config(two("metrics_port = 9464\n", "metrics_port = 9465\n"))
+    assert [b.capture.metrics_port for b in config.buckets if b.capture] == [9464, 9465]
+    load_config(two('metrics_port = 9464\nmetrics_host = "10.0.0.1"\n', "metrics_port = 9464\n"))
+    for other in ("", 'metrics_host = "::"\n'):
+        with pytest.raises(ConfigError, match=r"buckets\[1\]\.capture\.metrics_port: 9464 on"):
+            load_config(
+                two(
+                    'metrics_port = 9464\nmetrics_host = "0.0.0.0"\n',
+                    f"metrics_port = 9464\n{other}",
+                )
+            )
 
 
 def test_capture_needs_a_local_or_s3_landing(tmp_path: Path) -> None:
@@ -293,6 +322,8 @@ def test_the_agent_takes_the_configurations_parse_of_the_connection_string(
     monkeypatch.setattr(agent_settings, "parse_connection_string", no_second_parse)
     settings = settings_from_config(config, bucket)
     assert settings.cluster is bucket.capture.connection
+    assert (settings.metrics_port, settings.metrics_host) == (None, "127.0.0.1")
+    assert (settings.lag_poll_s, settings.stall_after_s) == (10.0, 300.0)
     assert settings.cluster.seeds == (("n1", 11210), ("n2", 12000))
     monkeypatch.undo()
     # settings built by hand (tests, the demo) are parsed when they are made

@@ -248,3 +248,27 @@ def test_bulk_documents_join_the_backfill_in_seqno_order(cluster: ProducerCluste
     last = [f for f in out if f[1] == Opcode.DCP_MUTATION][-1]
     assert struct.unpack_from(">Q", last[4])[0] == bulk.seqno(1, 10)
     assert out[-1][1] == Opcode.DCP_STREAM_END and out[-1][4] == struct.pack(">I", 0)
+
+
+def test_a_stalled_vbucket_sends_nothing_while_its_high_seqno_grows(
+    cluster: ProducerCluster,
+) -> None:
+    conn, _ = handshake(cluster, node=0)
+    assert cluster.owner(0) == cluster.owner(1) == 0
+    conn.receive_data(stream_req(0, opaque=7))
+    conn.data_to_send()  # the reply and the backfill
+    before = cluster.bucket.vbuckets[0].high_seqno
+    high = cluster.stall(0, changes=3)
+    assert high == before + 3 == cluster.bucket.vbuckets[0].high_seqno
+    assert not conn.has_work and conn.data_to_send() == b""
+    conn.receive_data(stream_req(1, opaque=8))  # the node's other vbuckets flow
+    sent = frames(conn.data_to_send())
+    assert sent[0][1:4] == (Opcode.DCP_STREAM_REQ, Status.SUCCESS, 8)
+    assert sent[1:] and {f[2] for f in sent[1:]} == {1}
+    conn.receive_data(req(ClientOpcode.GET_ALL_VB_SEQNOS, opaque=9, extras=struct.pack(">I", 1)))
+    (reply,) = frames(conn.data_to_send())
+    assert dict(struct.iter_unpack(">HQ", reply[6]))[0] == high  # reported all the same
+    cluster.unstall(0)
+    sent = frames(conn.data_to_send())
+    seqnos = [struct.unpack_from(">Q", f[4])[0] for f in sent if f[1] == Opcode.DCP_MUTATION]
+    assert {f[2] for f in sent} == {0} and max(seqnos) == high

@@ -224,3 +224,17 @@ def test_a_later_workload_without_manifest_keeps_the_manifest() -> None:
     assert grown == before + 3  # scope, collection, max TTL
     assert after == grown
     assert names.count("tenant-b%1") == 1
+
+
+def test_the_control_port_stalls_and_unstalls_a_vbucket() -> None:
+    from dcp_cdc.simulator.server import _control
+
+    async def run() -> None:
+        async with _server(nodes=1) as server:
+            high = server.sim.bucket.vbuckets[3].high_seqno
+            assert await _control(server, None, "stall 3 4") == f"ok {high + 4}"
+            assert server.cluster.stalled == {3}
+            assert await _control(server, None, "unstall 3") == "ok"
+            assert server.cluster.stalled == set()
+
+    asyncio.run(run())
