@@ -36,6 +36,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
+from pipelines.freshness import ChangeTimes
 from pipelines.silver import state, store, transforms
 from pipelines.silver.registry import (
     collection_properties,
@@ -50,6 +51,21 @@ from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
+
+
+STEPS = (
+    "tables",
+    "read_states",
+    "unconsumed",
+    "walk",
+    "registry",
+    "rollbacks_drops",
+    "merge",
+    "history",
+    "save_states",
+)
+"""The steps of a run, as :attr:`ApplySummary.steps` names them: a fixed set, so that metrics
+may use them as a label."""
 
 
 @dataclass
@@ -68,7 +84,10 @@ class ApplySummary:
     """vbucket -> the consistent seqno silver reached in it, for the vbuckets this run walked."""
     seconds: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
-    """Seconds of each step, in the order they ran (where a run's time goes)."""
+    """Seconds of each step (:data:`STEPS`), in the order they ran (where a run's time goes)."""
+    change_times: ChangeTimes | None = None
+    """The CAS times of the changes this run committed and when its MERGEs had committed them
+    (freshness); None when it committed none."""
 
     def step(self, name: str, since: float) -> float:
         """Record the step that ran from ``since`` until now; returns now."""
@@ -137,16 +156,20 @@ def apply_bucket(
     try:
         # One job for the control rows and the collections changed (a row of kind
         # ``change`` or ``ended_change`` per collection, with nothing else, comes with the
-        # control rows).
+        # control rows), and the CAS times of the changes summed up (freshness).
         is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
         changed = walked.where(is_version).select("kind", "collection_id").distinct()
+        times = transforms.change_times(walked.where(F.col("kind") == "change"))
         found = [
             r.asDict(recursive=True)
             for r in walked.where(~is_version)
             .unionByName(changed, allowMissingColumns=True)
+            .unionByName(times, allowMissingColumns=True)
             .collect()
         ]
         at = summary.step("walk", at)
+        times_row = next(r for r in found if r["kind"] == transforms.CHANGE_TIMES)
+        found = [r for r in found if r["kind"] != transforms.CHANGE_TIMES]
         controls = [r for r in found if r["kind"] not in transforms.VERSION_KINDS]
         change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
         version_cids = {r["collection_id"] for r in found if r["kind"] in transforms.VERSION_KINDS}
@@ -202,6 +225,7 @@ def apply_bucket(
         )
         summary.changes = sum(summary.tables.values())
         at = summary.step("merge", at)
+        summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
         if bucket.history:
             summary.history = store.apply_history(
                 spark,

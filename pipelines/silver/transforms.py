@@ -20,6 +20,7 @@ from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
+from pipelines.freshness import ACCURACY, PROBABILITIES
 from pipelines.silver.walk import CHANGE_OF, VbState, position_of, walk
 
 WALK_OPS = [
@@ -241,6 +242,30 @@ def modified_at(cas: str) -> Column:
     (negative as a long)."""
     mask = ~HLC_COUNTER_MASK
     return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
+
+
+CHANGE_TIMES = "change_times"
+"""The kind of the one row :func:`change_times` adds to the walk's collected rows."""
+
+
+def change_times(changes: DataFrame) -> DataFrame:
+    """One row of kind :data:`CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
+    summed up for freshness (:class:`pipelines.freshness.ChangeTimes`): ``cas_count`` (changes
+    with a CAS time), ``cas_sum`` and ``cas_quantiles`` at
+    :data:`pipelines.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
+    nanoseconds, its counter bits masked off, as :func:`modified_at` reads them). An
+    aggregate, so the job that collects the walk's control rows computes it in passing."""
+    mask = ~HLC_COUNTER_MASK
+    seconds = F.expr(f"CASE WHEN cas > 0 THEN (cas & {mask}) / 1e9 END")
+    return (
+        changes.select(seconds.alias("cas_s"))
+        .agg(
+            F.count("cas_s").alias("cas_count"),
+            F.sum("cas_s").alias("cas_sum"),
+            F.percentile_approx("cas_s", list(PROBABILITIES), ACCURACY).alias("cas_quantiles"),
+        )
+        .withColumn("kind", F.lit(CHANGE_TIMES))
+    )
 
 
 def projection_query(
