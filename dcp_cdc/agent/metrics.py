@@ -43,11 +43,12 @@ Check = Callable[[], str | None]
 
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
-    """One metric: its exposed name (``_total`` on counters), type, labels besides ``bucket``
-    and ``agent``, and meaning (its HELP text)."""
+    """One metric: its exposed name (``_total`` on counters), type, labels besides those every
+    metric of its set has (a capture run's: ``bucket`` and ``agent``), and meaning (its HELP
+    text). Follow mode's and the batch runs' metrics (``pipelines``) are declared with it too."""
 
     name: str
-    kind: Literal["counter", "gauge"]
+    kind: Literal["counter", "gauge", "histogram"]
     labels: tuple[str, ...]
     help: str
 
@@ -227,15 +228,18 @@ class Readiness:
 class Monitoring:
     """What one process serves: a Prometheus registry (the process's own CPU, memory and
     file descriptors, and the capture runs attached) and the readiness checks. One per
-    process; a capture run attaches itself (:meth:`attach`), so several runs (follow mode's
-    buckets, later) share it, each labelled by its bucket and agent id."""
+    process; a capture run attaches itself (:meth:`attach`), so several runs share it, each
+    labelled by its bucket and agent id. A process that runs no capture (follow mode's, whose
+    agents serve their own) says ``capture=False`` and registers its own collectors."""
 
-    def __init__(self, *, process_metrics: bool = True) -> None:
+    def __init__(self, *, process_metrics: bool = True, capture: bool = True) -> None:
         self.registry = CollectorRegistry()
         if process_metrics:
             ProcessCollector(registry=self.registry)
         self.capture = CaptureCollector()
-        self.registry.register(self.capture)
+        self._serves_capture = capture  # a process that runs no capture lists none of its metrics
+        if capture:
+            self.registry.register(self.capture)
         self.readiness = Readiness()
 
     @contextlib.contextmanager
@@ -247,6 +251,8 @@ class Monitoring:
             now = report()
             return "not started: no node answered yet" if now is None else now.not_ready()
 
+        if not self._serves_capture:
+            raise AgentUsageError("this Monitoring was made without capture runs (capture=False)")
         self.capture.add(name, report)
         self.readiness.add(f"capture:{name}", check)
         try:

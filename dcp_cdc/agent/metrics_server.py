@@ -39,12 +39,24 @@ TEXT = "text/plain; charset=utf-8"
 
 class MetricsServer:
     """``/metrics``, ``/healthz`` and ``/readyz`` of ``monitoring`` on ``host:port`` (port 0:
-    any free port, :attr:`port` once started)."""
+    any free port, :attr:`port` once started). ``role`` starts its log line, ``setting`` names
+    the port's setting in the error of a port that cannot be bound (the capture agent's by
+    default; follow mode serves its own)."""
 
-    def __init__(self, monitoring: Monitoring, host: str, port: int) -> None:
+    def __init__(
+        self,
+        monitoring: Monitoring,
+        host: str,
+        port: int,
+        *,
+        role: str = "capture",
+        setting: str = "capture.metrics_port",
+    ) -> None:
         self.monitoring = monitoring
         self.host = host
         self.port = port
+        self.role = role
+        self.setting = setting
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -55,11 +67,10 @@ class MetricsServer:
             )
         except OSError as exc:
             raise ConfigError(
-                f"capture.metrics_port: cannot listen on {self.host}:{self.port} "
-                f"({exc.strerror or exc})"
+                f"{self.setting}: cannot listen on {self.host}:{self.port} ({exc.strerror or exc})"
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("capture: metrics and health on http://%s/metrics", self.address)
+        log.info("%s: metrics and health on http://%s/metrics", self.role, self.address)
 
     @property
     def address(self) -> str:
