@@ -47,6 +47,14 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def listen_host(value: str) -> str:
+    """``value`` if it is an IP address or a host name to listen on (a ``metrics_host``),
+    else ValueError (pydantic names the field)."""
+    if not (_is_ip(value) or _HOSTNAME.match(value)):
+        raise ValueError(f"expected an IP address or a host name, got {value!r}")
+    return value
+
+
 class HostPort(NamedTuple):
     """A data node's address."""
 
@@ -275,9 +283,7 @@ class CaptureConfig(ConfigModel):
     @field_validator("metrics_host")
     @classmethod
     def _metrics_host(cls, value: str) -> str:
-        if not (_is_ip(value) or _HOSTNAME.match(value)):
-            raise ValueError(f"expected an IP address or a host name, got {value!r}")
-        return value
+        return listen_host(value)
 
     @field_validator("vbuckets")
     @classmethod

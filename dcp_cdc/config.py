@@ -37,6 +37,7 @@ from dcp_cdc.capture_config import (
     CaptureDirs,
     default_staging,
     is_object_store,
+    listen_host,
 )
 from dcp_cdc.config_base import ConfigModel
 from dcp_cdc.errors import ConfigError
@@ -262,6 +263,57 @@ class FollowConfig(ConfigModel):
     """Seconds between quality checks while following (0: only on demand, ``SIGUSR1``). A
     check runs beside the micro-batches (in a thread, Spark's fair scheduler sharing the
     cores), reading every table as of one moment between two of them."""
+    metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
+    """Serve follow mode's Prometheus metrics (``/metrics``: micro-batch and step seconds,
+    rows merged, freshness, quality) and its health (``/healthz``, ``/readyz``) over HTTP on
+    this port (docs/metrics.md). Default: off. The capture agents it runs serve their own
+    (``buckets.capture.metrics_port``), in their own processes."""
+    metrics_host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
+    """The address ``metrics_port`` listens on: the loopback interface by default; ``0.0.0.0``
+    (or ``::``) for every interface. The endpoint has no authentication."""
+    unready_after_failed_batches: Annotated[int, Field(ge=1, le=1000)] = 3
+    """A bucket whose micro-batches failed this many times in a row fails ``/readyz`` until
+    one succeeds (a failed micro-batch is tried again at the next interval)."""
+    stop_after_failed_batches: Annotated[int, Field(ge=1, le=100_000)] = 10
+    """Follow mode gives up, stopping its agents and exiting with the last error, when a
+    bucket's micro-batches failed this many times in a row (1: at the first failure), so that
+    a supervisor restarts it."""
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _metrics_host(cls, value: str) -> str:
+        return listen_host(value)
+
+    @model_validator(mode="after")
+    def _unready_before_stopping(self) -> FollowConfig:
+        if self.unready_after_failed_batches > self.stop_after_failed_batches:
+            raise ValueError(
+                f"unready_after_failed_batches ({self.unready_after_failed_batches}) is above "
+                f"stop_after_failed_batches ({self.stop_after_failed_batches}): follow mode "
+                "would stop before it is unready"
+            )
+        return self
+
+
+class PushgatewayConfig(ConfigModel):
+    """Batch runs (``dcp-cdc ingest``, ``apply``, ``check``, ``run``, and so the Airflow
+    tasks) push their metrics to a Prometheus Pushgateway when they end (docs/metrics.md)."""
+
+    url: str | None = None
+    """The Pushgateway, ``http://host:9091`` (or ``https://``). Default: none, nothing is
+    pushed. A push that fails is logged and does not fail the run."""
+    job: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "dcp_cdc"
+    """The ``job`` label of the pushed groups (each run's group is this, its bucket and its
+    verb)."""
+    timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    """Seconds a push may take."""
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"expected http://host:port or https://host:port, got {value!r}")
+        return value
 
 
 Severity = Literal["error", "warn"]
@@ -551,6 +603,7 @@ class AppConfig(ConfigModel):
     airflow: AirflowConfig = AirflowConfig()
     maintenance: MaintenanceConfig = MaintenanceConfig()
     follow: FollowConfig = FollowConfig()
+    pushgateway: PushgatewayConfig = PushgatewayConfig()
     thrift: ThriftConfig = ThriftConfig()
     storage: StorageConfig = StorageConfig()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
@@ -637,9 +690,11 @@ class AppConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _metrics_ports_apart(self) -> AppConfig:
-        """Agents of several buckets run on one host in follow mode: their metrics ports
-        must not meet."""
-        taken: dict[int, tuple[int, str]] = {}
+        """Agents of several buckets, and follow mode itself, run on one host in follow mode:
+        their metrics ports must not meet."""
+        taken: dict[int, tuple[str, str]] = {}
+        if self.follow.metrics_port is not None:
+            taken[self.follow.metrics_port] = ("follow", self.follow.metrics_host)
         for index, bucket in enumerate(self.buckets):
             capture = bucket.capture
             if capture is None or capture.metrics_port is None:
@@ -650,9 +705,9 @@ class AppConfig(ConfigModel):
                 if host == other_host or WILDCARD_HOSTS.intersection((host, other_host)):
                     raise ValueError(
                         f"buckets[{index}].capture.metrics_port: {port} on {host} is "
-                        f"buckets[{other}]'s too; give each agent its own port"
+                        f"{other}'s too; give each agent, and follow mode, its own port"
                     )
-            taken.setdefault(port, (index, host))
+            taken.setdefault(port, (f"buckets[{index}]", host))
         return self
 
     def bucket(self, name: str | None) -> list[BucketConfig]:

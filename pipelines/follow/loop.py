@@ -1,9 +1,17 @@
 """The loop of follow mode (:class:`Follower`): a micro-batch of each bucket every
-``follow.interval_s``, the capture agents alongside, quality checks in a thread beside.
+``follow.interval_s``, the capture agents alongside, quality checks in a thread beside, and,
+with ``follow.metrics_port``, its metrics and health served over HTTP.
+
+A micro-batch that fails is logged and tried again at the next interval: it is a batch run,
+so the next one finishes what the failed one left (an ingest's open plan, an apply's walk).
+A bucket whose micro-batches failed ``follow.unready_after_failed_batches`` times in a row
+fails ``/readyz``; at ``follow.stop_after_failed_batches`` follow mode gives up, raising the
+last error, for a supervisor to restart it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +27,12 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.logs import log_context
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.agent import AgentProcess, checkpoint_of
+from pipelines.follow.metrics import FollowMetrics, monitoring_for, serving
 from pipelines.follow.progress import Batch, BucketProgress, status_line
 from pipelines.quality.job import check_bucket, pinned_versions
 from pipelines.silver.job import applied_positions, apply_bucket
+
+log = logging.getLogger("dcp_cdc.follow")
 
 
 def _no_hook(point: str) -> None:
@@ -44,6 +55,8 @@ class Follower:
     """Called between the steps of an ingest (tests stop a run in the middle of a batch)."""
     on_batch: Callable[[Batch, BucketProgress], None] | None = None
     progress: dict[str, BucketProgress] = field(default_factory=dict)
+    metrics: FollowMetrics | None = None
+    """What a scrape of ``follow.metrics_port`` reads (made by :meth:`run` when not given)."""
     failed_check: bool = False
     _checking: threading.Thread | None = None
     _check_error: BaseException | None = None
@@ -51,6 +64,11 @@ class Follower:
 
     def run(self) -> int:
         """Micro-batches until ``stop``; 0, or 1 when the latest quality check failed."""
+        names = [b.name for b in self.buckets]
+        with serving(self.config.follow, monitoring_for(self._metrics(), names)):
+            return self._run()
+
+    def _run(self) -> int:
         agents = [AgentProcess(s) for s in self.captures.values()]
         for settings in self.captures.values():
             # what the agent makes first when it starts: the first micro-batch may come before
@@ -94,7 +112,7 @@ class Follower:
                 agent.check()
             for b in self.buckets:
                 with log_context(bucket=b.name):
-                    self.micro_batch(self.progress[b.name])
+                    self.attempt(self.progress[b.name])
                 if self.stop.is_set():
                     break
             every = self.config.follow.check_every_s
@@ -112,6 +130,32 @@ class Follower:
         total = sum(p.batches for p in self.progress.values())
         self._say(f"stopped after {total} micro-batches; a restart carries on from here")
 
+    def attempt(self, progress: BucketProgress) -> Batch | None:
+        """A micro-batch; one that fails is logged, counted and left for the next interval
+        (None), unless it is the ``follow.stop_after_failed_batches``-th in a row: then its
+        error is raised."""
+        try:
+            return self.micro_batch(progress)
+        except Exception as exc:
+            settings = self.config.follow
+            in_a_row = self._metrics().batch_failed(progress.bucket.name, exc)
+            log.error(
+                "micro-batch of bucket %s failed (%d in a row)",
+                progress.bucket.name,
+                in_a_row,
+                exc_info=True,
+            )
+            what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            self._say(
+                f"{time.strftime('%H:%M:%S')} {progress.bucket.name}: batch "
+                f"{progress.batches + 1} FAILED ({in_a_row} in a row; not ready from "
+                f"{settings.unready_after_failed_batches}, stopping at "
+                f"{settings.stop_after_failed_batches}): {what}"
+            )
+            if in_a_row >= settings.stop_after_failed_batches:
+                raise
+            return None
+
     def micro_batch(self, progress: BucketProgress) -> Batch:
         """Ingest what landed; apply when bronze holds frames silver has not consumed."""
         started_wall, started = time.time(), time.perf_counter()
@@ -119,6 +163,7 @@ class Follower:
         ingest_s = time.perf_counter() - started
         progress.unapplied |= bool(ingested.files or ingested.resumed)
         apply_s = 0.0
+        applied = None
         if progress.unapplied:
             applied = apply_bucket(self.spark, self.config, progress.bucket)
             apply_s = time.perf_counter() - started - ingest_s
@@ -129,6 +174,9 @@ class Follower:
         progress.as_of = started_wall
         now = time.time()
         progress.window.append((now, ingested.frames))
+        times = applied.change_times if applied is not None else None
+        if times is not None:
+            progress.freshness.append(times)
         batch = Batch(
             progress.bucket.name,
             progress.batches,
@@ -136,11 +184,23 @@ class Follower:
             ingest_s,
             apply_s,
             files=ingested.files,
+            apply_steps=dict(applied.steps) if applied is not None else {},
+            merged=dict(applied.tables) if applied is not None else {},
+            change_times=times,
+            lag=progress.lag(),
         )
+        self._metrics().batch_done(batch, ended_at=now)
         self._say(status_line(progress, batch, now))
         if self.on_batch is not None:
             self.on_batch(batch, progress)
         return batch
+
+    def _metrics(self) -> FollowMetrics:
+        """:attr:`metrics`, made on first use unless given."""
+        if self.metrics is None:
+            unready = self.config.follow.unready_after_failed_batches
+            self.metrics = FollowMetrics([b.name for b in self.buckets], unready_after=unready)
+        return self.metrics
 
     def start_check(self) -> None:
         """The quality suites of every bucket, in a thread beside the micro-batches: each
@@ -160,6 +220,7 @@ class Follower:
             for b in self.buckets:
                 with log_context(bucket=b.name):  # this thread's own context
                     report = check_bucket(self.spark, self.config, b, at=at[b.name])
+                self._metrics().quality_checked(b.name, report.passed)
                 met = sum(1 for o in report.outcomes if o.success)
                 verdict = "PASSED" if report.passed else "FAILED"
                 failed = "".join(f", {k} failed" for k in report.failed_errors)

@@ -231,3 +231,41 @@ def test_a_bad_document_variant_is_named(tmp_path: Path) -> None:
     path.write_text(_BUCKET + '[silver]\ndocument_variant = "sometimes"\n')
     with pytest.raises(ConfigError, match=r"silver\.document_variant"):
         load_config(path)
+
+
+HEAD = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[follow]\nmetrics_host = "a b"\n', "follow.metrics_host"),
+        (
+            "[follow]\nunready_after_failed_batches = 5\nstop_after_failed_batches = 4\n",
+            "follow: .*would stop before it is unready",
+        ),
+        ('[pushgateway]\nurl = "pushgateway:9091"\n', "pushgateway.url: .*expected http://"),
+        ('[pushgateway]\njob = "dcp-cdc"\n', "pushgateway.job"),
+        (
+            '[follow]\nmetrics_port = 9464\n[buckets.capture]\nconnection_string = "couchbase://h"'
+            '\nusername = "u"\npassword_env = "P"\nmetrics_port = 9464\n',
+            r"buckets\[0\]\.capture\.metrics_port: 9464 on 127.0.0.1 is follow's too",
+        ),
+    ],
+)
+def test_metrics_settings_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "metrics.toml"
+    path.write_text(HEAD + text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_metrics_are_off_unless_set(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.toml"
+    path.write_text(HEAD)
+    config = load_config(path)
+    assert config.follow.metrics_port is None and config.pushgateway.url is None
+    path.write_text(HEAD + '[follow]\nmetrics_port = 9470\n[pushgateway]\nurl = "http://pg:9091"\n')
+    config = load_config(path)
+    assert (config.follow.metrics_port, config.follow.metrics_host) == (9470, "127.0.0.1")
+    assert config.pushgateway.url == "http://pg:9091" and config.pushgateway.job == "dcp_cdc"

@@ -80,7 +80,8 @@ def test_the_lag_is_what_the_agent_captured_beyond_what_silver_applied(tmp_path:
     assert progress.lag() == (5, 1)
     progress.as_of = 1000.0
     progress.window.extend([(995.0, 300), (1004.0, 200)])
-    line = status_line(progress, Batch("b", 3, 200, 0.4, 1.1, files=2), now=1005.0)
+    batch = Batch("b", 3, 200, 0.4, 1.1, files=2, lag=progress.lag())
+    line = status_line(progress, batch, now=1005.0)
     assert "b: batch 3, 200 frames in 2 files (ingest 0.4 s, apply 1.1 s)" in line
     assert "lag 5 seqnos in 1 vbuckets" in line
     assert "50 events/s" in line  # 500 frames in the last 10 s
