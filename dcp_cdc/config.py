@@ -311,8 +311,13 @@ class PushgatewayConfig(ConfigModel):
     @field_validator("url")
     @classmethod
     def _http(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"expected http://host:port or https://host:port, got {value!r}")
+        if value is None:
+            return None
+        if not re.match(r"^https?://[^/\s@]+(/\S*)?$", value):
+            # not echoed: credentials written into the URL must not reach the message
+            raise ValueError(
+                "expected http://host:port or https://host:port, without a user or password"
+            )
         return value
 
 

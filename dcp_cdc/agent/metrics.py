@@ -48,7 +48,7 @@ class MetricSpec:
     text). Follow mode's and the batch runs' metrics (``pipelines``) are declared with it too."""
 
     name: str
-    kind: Literal["counter", "gauge", "histogram"]
+    kind: Literal["counter", "gauge", "histogram", "summary"]
     labels: tuple[str, ...]
     help: str
 

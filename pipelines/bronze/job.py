@@ -55,6 +55,7 @@ from pyspark.sql import types as T
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas
+from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.bronze import store, transforms, writer
 from pipelines.bronze.decode import FileScan, decode_files, scan_files
 from pipelines.bronze.plan import (
@@ -633,14 +634,21 @@ def run(
     config_file: object = None,
 ) -> list[IngestSummary]:
     """Ingest every configured bucket (or one); builds the Spark session if none is given.
-    ``config_file``: where ``config`` was read from, named by configuration errors."""
+    ``config_file``: where ``config`` was read from, named by configuration errors. Each
+    bucket's run pushes its metrics when ``[pushgateway] url`` is set."""
     buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
     check_landing(config, buckets, config_file)  # so does a landing that is not there
     session = spark or session_for(config, "dcp-cdc-bronze", jvm_conf=ingest_jvm_conf(config))
     summaries = []
     for b in buckets:
-        with log_context(bucket=b.name):
-            summaries.append(ingest_bucket(session, config, b))
+        with log_context(bucket=b.name), pushed(config.pushgateway, "ingest", b.name) as report:
+            summary = ingest_bucket(session, config, b)
+            report(
+                RunMetrics(
+                    steps={"ingest": summary.seconds}, frames=summary.frames, files=summary.files
+                )
+            )
+            summaries.append(summary)
     return summaries
 
 

@@ -39,6 +39,7 @@ from pyspark.sql import types as T
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas, tables
+from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
 from pipelines.quality.branches import (
@@ -412,14 +413,17 @@ def run(
     spark: SparkSession | None = None,
     screenshot: bool = False,
 ) -> list[QualityReport]:
-    """Check every configured bucket (or one); builds the Spark session if none is given."""
+    """Check every configured bucket (or one); builds the Spark session if none is given.
+    Each bucket's check pushes its metrics when ``[pushgateway] url`` is set."""
     checks(config.quality)  # unknown severity overrides fail before Spark starts
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-quality")
     reports = []
     for b in buckets:
-        with log_context(bucket=b.name):
-            reports.append(check_bucket(session, config, b, screenshot=screenshot))
+        with log_context(bucket=b.name), pushed(config.pushgateway, "check", b.name) as report:
+            checked = check_bucket(session, config, b, screenshot=screenshot)
+            report(RunMetrics(steps={"check": checked.seconds}, quality_passed=checked.passed))
+            reports.append(checked)
     return reports
 
 

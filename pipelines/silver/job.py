@@ -36,6 +36,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
+from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.freshness import ChangeTimes
 from pipelines.silver import state, store, transforms
 from pipelines.silver.registry import (
@@ -299,14 +300,22 @@ def run(
     rebuild: bool = False,
     spark: SparkSession | None = None,
 ) -> list[ApplySummary]:
+    """Apply every configured bucket (or one); builds the Spark session if none is given.
+    Each bucket's run pushes its metrics when ``[pushgateway] url`` is set."""
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-silver")
     summaries = []
     for b in buckets:
-        with log_context(bucket=b.name):
-            summaries.append(
-                apply_bucket(session, config, b, collection=collection, rebuild=rebuild)
+        with log_context(bucket=b.name), pushed(config.pushgateway, "apply", b.name) as report:
+            summary = apply_bucket(session, config, b, collection=collection, rebuild=rebuild)
+            report(
+                RunMetrics(
+                    steps={f"apply_{step}": s for step, s in summary.steps.items()},
+                    merged=summary.tables,
+                    change_times=summary.change_times,
+                )
             )
+            summaries.append(summary)
     return summaries
 
 
