@@ -84,6 +84,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "Micro-batches failed in a row now; 0 after one that completed",
     ),
     MetricSpec(
+        "dcp_cdc_follow_ready",
+        "gauge",
+        (),
+        "1 while the bucket's readiness check passes, 0 while its micro-batches fail in a row",
+    ),
+    MetricSpec(
         "dcp_cdc_follow_batch_duration_seconds",
         "histogram",
         (),
@@ -254,7 +260,7 @@ class FollowMetrics(Collector):
             families[spec.name] = kind(spec.name, spec.help, labels=labels)
         with self._lock:
             for name, b in self._buckets.items():
-                _add(families, name, b)
+                _add(families, name, b, self.unready_after)
         yield from families.values()
 
 
@@ -262,6 +268,7 @@ def _add(
     families: dict[str, CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily],
     name: str,
     b: _Bucket,
+    unready_after: int,
 ) -> None:
     """One bucket's samples into ``families``."""
 
@@ -278,6 +285,7 @@ def _add(
     value("dcp_cdc_follow_batches_total", b.batches)
     value("dcp_cdc_follow_failed_batches_total", b.failed)
     value("dcp_cdc_follow_consecutive_failed_batches", b.failed_in_a_row)
+    value("dcp_cdc_follow_ready", 1 if b.failed_in_a_row < unready_after else 0)
     histogram("dcp_cdc_follow_batch_duration_seconds", b.batch_seconds)
     for step, h in sorted(b.step_seconds.items()):
         histogram("dcp_cdc_follow_step_duration_seconds", h, step)

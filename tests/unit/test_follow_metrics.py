@@ -82,6 +82,7 @@ def test_the_exposition_after_two_batches_and_a_check() -> None:
     expected = {
         ("dcp_cdc_follow_batches_total", ()): 2,
         ("dcp_cdc_follow_failed_batches_total", ()): 0,
+        ("dcp_cdc_follow_ready", ()): 1,
         ("dcp_cdc_follow_ingested_frames_total", ()): 1000,
         ("dcp_cdc_follow_ingested_files_total", ()): 4,
         ("dcp_cdc_follow_merged_rows_total", (("table", TABLE),)): 42,
@@ -128,6 +129,8 @@ def test_a_bucket_is_unready_after_failures_in_a_row_until_a_batch_completes() -
     ]
     exposition = monitoring.exposition()[0].decode()
     assert value(exposition, "dcp_cdc_follow_consecutive_failed_batches", bucket="b") == 2
+    assert value(exposition, "dcp_cdc_follow_ready", bucket="b") == 0
+    assert value(exposition, "dcp_cdc_follow_ready", bucket="c") == 1
     assert value(exposition, "dcp_cdc_follow_failed_batches_total", bucket="b") == 2
     metrics.batch_done(batch(1))
     assert monitoring.ready()[0]
