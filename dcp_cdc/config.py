@@ -277,7 +277,8 @@ class FollowConfig(ConfigModel):
     stop_after_failed_batches: Annotated[int, Field(ge=1, le=100_000)] = 10
     """Follow mode gives up, stopping its agents and exiting with the last error, when a
     bucket's micro-batches failed this many times in a row (1: at the first failure), so that
-    a supervisor restarts it."""
+    a supervisor restarts it. An error no retry cures (the configuration, credentials, a table
+    or bucket that is not there) ends follow mode at the first failure."""
 
     @field_validator("metrics_host")
     @classmethod

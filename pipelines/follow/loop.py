@@ -4,6 +4,8 @@ with ``follow.metrics_port``, its metrics and health served over HTTP.
 
 A micro-batch that fails is logged and tried again at the next interval: it is a batch run,
 so the next one finishes what the failed one left (an ingest's open plan, an apply's walk).
+An error no retry cures (:data:`FATAL`: the configuration, credentials, a bucket or table
+that is not there, a landing changed under bronze) ends follow mode at once.
 A bucket whose micro-batches failed ``follow.unready_after_failed_batches`` times in a row
 fails ``/readyz``; at ``follow.stop_after_failed_batches`` follow mode gives up, raising the
 last error, for a supervisor to restart it.
@@ -24,8 +26,17 @@ from pyspark.sql import SparkSession
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines.bronze.job import ingest_bucket
+from pipelines.errors import (
+    CatalogError,
+    CollectionNameError,
+    LandingChangedError,
+    S3BucketNotFoundError,
+    S3CredentialsError,
+    TableLocationError,
+)
 from pipelines.follow.agent import AgentProcess, checkpoint_of
 from pipelines.follow.metrics import FollowMetrics, monitoring_for, serving
 from pipelines.follow.progress import Batch, BucketProgress, status_line
@@ -33,6 +44,18 @@ from pipelines.quality.job import check_bucket, pinned_versions
 from pipelines.silver.job import applied_positions, apply_bucket
 
 log = logging.getLogger("dcp_cdc.follow")
+
+FATAL: tuple[type[Exception], ...] = (
+    ConfigError,
+    CatalogError,
+    TableLocationError,
+    CollectionNameError,
+    LandingChangedError,
+    S3CredentialsError,
+    S3BucketNotFoundError,
+)
+"""Errors of a micro-batch that the next attempt would meet again: a person has to act, so
+follow mode ends with them at once instead of retrying."""
 
 
 def _no_hook(point: str) -> None:
@@ -132,8 +155,8 @@ class Follower:
 
     def attempt(self, progress: BucketProgress) -> Batch | None:
         """A micro-batch; one that fails is logged, counted and left for the next interval
-        (None), unless it is the ``follow.stop_after_failed_batches``-th in a row: then its
-        error is raised."""
+        (None), unless it is the ``follow.stop_after_failed_batches``-th in a row or one of
+        :data:`FATAL`: then its error is raised."""
         try:
             return self.micro_batch(progress)
         except Exception as exc:
@@ -152,7 +175,7 @@ class Follower:
                 f"{settings.unready_after_failed_batches}, stopping at "
                 f"{settings.stop_after_failed_batches}): {what}"
             )
-            if in_a_row >= settings.stop_after_failed_batches:
+            if isinstance(exc, FATAL) or in_a_row >= settings.stop_after_failed_batches:
                 raise
             return None
 

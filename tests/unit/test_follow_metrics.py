@@ -256,8 +256,15 @@ def test_the_loop_serves_its_metrics_and_fails_readyz_while_batches_fail(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
 
 
-def test_the_loop_gives_up_after_stop_after_failed_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("error", "attempts"),
+    [
+        (RuntimeError("the executor was lost"), 2),  # transient: tried again, up to the limit
+        (ConfigError("landing /nowhere does not exist"), 1),  # no retry cures it: at once
+    ],
+)
+def test_the_loop_gives_up_after_stop_after_failed_batches_or_at_a_fatal_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, attempts: int
 ) -> None:
     config = AppConfig(
         landing=str(tmp_path / "landing"),
@@ -270,15 +277,15 @@ def test_the_loop_gives_up_after_stop_after_failed_batches(
     )  # fmt: skip
 
     def ingest(*args: object, **kw: object) -> IngestSummary:
-        raise ConfigError("landing /nowhere does not exist")
+        raise error
 
     monkeypatch.setattr(loop, "ingest_bucket", ingest)
     monkeypatch.setattr(loop, "applied_positions", lambda spark, bucket: {})
     out = io.StringIO()
     follower = Follower(cast(SparkSession, None), config, config.buckets, out, threading.Event())
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(type(error), match=str(error)):
         follower.run()
-    assert out.getvalue().count("FAILED") == 2
+    assert out.getvalue().count("FAILED") == attempts
     assert follower.metrics is not None and follower.metrics.not_ready("b")
 
 
