@@ -125,9 +125,14 @@ def plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+SCREEN_WORST = 3
+"""How many of a lag's worst vbuckets the screen names (the JSON object has them all)."""
+
+
 def _worst(found: Lag) -> str:
-    text = ", ".join(f"{vb} ({n:,})" for vb, n in found.worst)
-    return text + (", ..." if found.vbuckets > len(found.worst) else "")
+    shown = found.worst[:SCREEN_WORST]
+    text = ", ".join(f"{vb} ({n:,})" for vb, n in shown)
+    return text + (", ..." if found.vbuckets > len(shown) else "")
 
 
 def _row(stage: Stage, found: Lag | None, now: dt.datetime) -> list[str]:

@@ -146,7 +146,7 @@ def test_more_vbuckets_behind_than_named_end_in_dots() -> None:
     before = Stage("capture", {vb: 10 for vb in range(8)})
     text = screen([BucketStatus("b", (before, Stage("bronze", {})))], NOW)
     assert (
-        "  bronze          0       0      80                8  0 (10), 1 (10), 2 (10), 3 (10), 4 (10), ...\n"
+        "  bronze          0       0      80                8  0 (10), 1 (10), 2 (10), ...\n"
         in text
     )
 
