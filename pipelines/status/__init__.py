@@ -6,7 +6,7 @@ log) and silver (its stream state); how far each is behind the one before it, wh
 last moved, how old silver's newest change is, and the last quality check.
 
 The modules: :mod:`~pipelines.status.lag` (the stages and their lags: pure, no Spark),
-:mod:`~pipelines.status.render` (the screen and the JSON object), and
-:mod:`~pipelines.status.read` (where the positions come from: small tables, the checkpoint,
-the cluster).
+:mod:`~pipelines.status.render` (the screen and the JSON object),
+:mod:`~pipelines.status.agent_side` (the checkpoint and the cluster: no Spark) and
+:mod:`~pipelines.status.read` (the small tables, and one bucket's status in order).
 """

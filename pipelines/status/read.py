@@ -8,9 +8,9 @@ metadata, never a scan of bronze's events or of silver's collection tables.
   last file (the end seqno of the last snapshot marker of each vbucket; a session's end
   state carries those of its earlier files), the highest per vbucket over sessions;
 - quality: the results of the newest run (its rows alone);
-- capture: the agent's checkpoint (a small JSON document, local or in an object store);
-- cluster: the data nodes' high seqnos, asked with the capture section's settings
-  (:mod:`dcp_cdc.agent.high_seqnos`).
+- capture and cluster: the agent's checkpoint (a small JSON document, local or in an object
+  store) and the data nodes' high seqnos, asked with the capture section's settings
+  (:mod:`pipelines.status.agent_side`, no Spark).
 
 The stages are read from silver back to the cluster: while the pipeline runs, a stage read
 later can only have moved further, so a stage never reads ahead of the one before it because
@@ -31,21 +31,13 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dcp_cdc.agent.landing_store import join_location
-from dcp_cdc.agent.s3_store import S3Options
-from dcp_cdc.agent.writer import CheckpointStore, checkpoint_name
-from dcp_cdc.capture_config import CaptureConfig
 from dcp_cdc.config import AppConfig, BucketConfig
-from dcp_cdc.errors import DcpError
 from dcp_cdc.protocol import cas_time
 from pipelines import tables
-from pipelines.follow.agent import checkpoint_of
 from pipelines.spark_session import session_for
+from pipelines.status.agent_side import capture_stage, cluster_stage, not_asked
 from pipelines.status.lag import BucketStatus, QualityResult, Stage, snapshot_ends
 from pipelines.tables import BucketTables
-
-DEFAULT_AGENT: str = CaptureConfig.model_fields["agent_id"].default
-"""The agent id of a capture section that names none."""
 
 
 def _micros(value: int | None) -> dt.datetime | None:
@@ -145,50 +137,6 @@ def last_quality(
     )
 
 
-def capture_stage(config: AppConfig, bucket: BucketConfig) -> Stage:
-    """The capture agent's checkpoint: its positions and its last commit. Without a capture
-    section, the checkpoint a default agent keeps in the landing's capture folder, when there
-    is one (an agent run with other settings, or ``dcp-cdc run``'s demo)."""
-    location = checkpoint_of(config, bucket, None)
-    note = None
-    if location is None:
-        state = config.capture_dirs(bucket).state
-        location = join_location(state, checkpoint_name(bucket.name, DEFAULT_AGENT))
-        note = "no [buckets.capture] section: the default agent's checkpoint in the landing"
-    store = CheckpointStore(
-        location,
-        bucket=bucket.name,
-        bucket_uuid=None,
-        s3=S3Options.from_spark_conf(config.spark.conf),
-    )
-    try:
-        positions = {vb: p.seqno for vb, p in store.load().items()}
-    except DcpError as exc:
-        return Stage("capture", None, note=str(exc))
-    if not positions:
-        if bucket.capture is None:
-            return Stage("capture", None, note="no [buckets.capture] section, no checkpoint")
-        return Stage("capture", None, note=f"no checkpoint yet at {location} (dcp-cdc capture)")
-    moved = dt.datetime.fromisoformat(store.updated_at) if store.updated_at else None
-    return Stage("capture", positions, moved, note)
-
-
-def cluster_stage(config: AppConfig, bucket: BucketConfig) -> Stage:
-    """The high seqnos of the agent's vbuckets, asked of the cluster's data nodes; a cluster
-    that cannot be reached (or refuses the login) is a note, not an error."""
-    from dcp_cdc.agent.high_seqnos import high_seqnos
-    from dcp_cdc.agent.settings import settings_from_config
-
-    if bucket.capture is None:
-        return Stage("cluster", None, note="not asked: no [buckets.capture] section names it")
-    try:
-        answer = high_seqnos(settings_from_config(config, bucket))
-    except DcpError as exc:
-        return Stage("cluster", None, note=f"unreachable: {exc}")
-    note = "; ".join(answer.problems) or None
-    return Stage("cluster", answer.seqnos, answer.asked_at, note)
-
-
 def bucket_status(
     spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, cluster: bool = True
 ) -> BucketStatus:
@@ -198,11 +146,7 @@ def bucket_status(
     bronze = bronze_stage(spark, names)
     quality = last_quality(spark, config, names)
     capture = capture_stage(config, bucket)
-    asked = (
-        cluster_stage(config, bucket)
-        if cluster
-        else Stage("cluster", None, note="not asked (--no-cluster)")
-    )
+    asked = cluster_stage(config, bucket) if cluster else not_asked("--no-cluster")
     return BucketStatus(bucket.name, (asked, capture, bronze, silver), newest, quality)
 
 
