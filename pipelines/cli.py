@@ -46,6 +46,7 @@ MODULES = {
     "spark-conf": "pipelines.commands.spark_conf",
     "thrift-server": "pipelines.commands.thrift_server",
     "metastore": "pipelines.commands.metastore",
+    "status": "pipelines.commands.status",
 }
 
 
@@ -122,6 +123,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         ("sql", "run a SQL query against the catalog", [catalog]),
         ("tables", "bronze, silver and quality tables with row counts", [catalog]),
         ("maintain", "OPTIMIZE, VACUUM, tombstone purge, retention", [job, bucket]),
+        (
+            "status",
+            "per bucket: each stage's lag behind the one before, the last quality check",
+            [catalog, bucket],
+        ),
         (
             "spark-conf",
             "the catalog's Spark settings for spark-sql, pyspark, spark-submit",

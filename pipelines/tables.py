@@ -139,6 +139,15 @@ def report_location(config: AppConfig, bucket: str) -> str:
     return str(Path(config.warehouse).expanduser().resolve() / "quality" / identifier(bucket))
 
 
+SUMMARY_NAME = "summary.html"
+"""The one-page summary of a bucket's last quality check, in its :func:`report_location`."""
+
+
+def report_page(config: AppConfig, bucket: str) -> str:
+    """Where the summary page of a bucket's last quality check is."""
+    return f"{report_location(config, bucket)}/{SUMMARY_NAME}"
+
+
 LIVE_ROWS = "NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
 """The rows of a collection's ``_all`` table its view shows: live documents, not expired."""
 

@@ -1,7 +1,9 @@
-"""One data node's connection in the capture agent: its socket, its sans-I/O
-:class:`~dcp_cdc.agent.consumer.ConsumerConnection`, its session of capture files, and the
-two tasks between them (:class:`Node`); and the backoff shared by every placement waiting
-for a node that cannot be reached (:class:`Backoff`).
+"""One data node's connection in the capture agent: its socket and its sans-I/O
+:class:`~dcp_cdc.agent.consumer.ConsumerConnection`, opened with the handshake
+(:class:`Link`, all that a one-off question such as ``dcp-cdc status``'s needs); the
+session of capture files a run adds, and the two tasks between them (:class:`Node`); and the
+backoff shared by every placement waiting for a node that cannot be reached
+(:class:`Backoff`).
 
 The socket reader hands each run of captured frames to a bounded queue and only then tells
 the core ``consumed()``, so a lagging writer stops the acknowledgements and flow control stops
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dcp_cdc.agent.consumer import ConsumerConnection
-from dcp_cdc.agent.consumer_events import NEED_DATA, AgentEvent, NeedData, Ready
+from dcp_cdc.agent.consumer_events import NEED_DATA, AgentEvent, HighSeqnos, NeedData, Ready
 from dcp_cdc.agent.handshake import ConsumerSettings
 from dcp_cdc.agent.landing_store import LandingStore
 from dcp_cdc.agent.positions import VbPosition
@@ -61,20 +63,27 @@ async def stop_task(task: asyncio.Task[None], timeout: float) -> None:
         log.warning("capture: task %s did not stop within %.0f s", task.get_name(), timeout)
 
 
-class NodeOwner(Protocol):
-    """What a :class:`Node` needs from the run it belongs to (the placement)."""
+class Dialler(Protocol):
+    """What opening a :class:`Link` needs: the capture settings (user, password, timeouts),
+    the TLS context, and a session id to name the DCP connection by (a node closes an
+    earlier connection of the same name, so every name is new)."""
 
     settings: CaptureSettings
-    landing: LandingStore
     ssl_context: ssl.SSLContext | None
     tls: bool
+
+    def next_session_id(self, index: int, started: float | None = None) -> str: ...
+
+
+class NodeOwner(Dialler, Protocol):
+    """What a :class:`Node` needs from the run it belongs to (the placement)."""
+
+    landing: LandingStore
     scheme: str
     summary: CaptureSummary
     stopping: bool
 
     def session_start(self) -> float: ...
-
-    def next_session_id(self, index: int, started: float | None = None) -> str: ...
 
     def commit(self, positions: dict[int, VbPosition]) -> None: ...
 
@@ -102,25 +111,18 @@ class _Flush:
     last: bool = False
 
 
-class Node:
-    """One connection: its core, socket, session of files and the two tasks around them."""
+class Link:
+    """One DCP connection to a data node: its socket and its sans-I/O core, opened by
+    :meth:`connect` (TCP, TLS and the handshake). A run's :class:`Node` streams on it; a
+    one-off question (:meth:`high_seqnos`, what ``dcp-cdc status`` asks) needs no more."""
 
-    def __init__(self, agent: NodeOwner, endpoint: HostPort, index: int) -> None:
+    def __init__(self, agent: Dialler, endpoint: HostPort, index: int) -> None:
         self.agent = agent
         self.endpoint = endpoint
         self.index = index
         self.conn: ConsumerConnection | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        self.queue: asyncio.Queue[_Frames | _Flush] = asyncio.Queue(QUEUE_ITEMS)
-        self.owned: set[int] = set()
-        self.session: SessionWriter | None = None
-        self.session_started = 0.0
-        self.last_positions: dict[int, VbPosition] = {}
-        self.tasks: list[asyncio.Task[None]] = []
-        self.dead = False
-        self.recorded = asyncio.Event()
-        """Set when :meth:`~ConsumerConnection.record_cluster_state` finished on this node."""
 
     @property
     def label(self) -> str:
@@ -228,6 +230,71 @@ class Node:
                 ) from None
             except OSError as exc:  # the cause kept: the handshake tells a TLS refusal by it
                 raise ConnectionLostError(self.label, str(exc)) from exc
+
+    async def high_seqnos(self) -> dict[int, int]:
+        """GET_ALL_VB_SEQNOS once, on a link that :meth:`connect` opened and nothing streams
+        on: the high seqno of each vbucket active on this node. Bounded by the connect
+        timeout; typed errors name this node."""
+        assert self.conn is not None and self.reader is not None
+        s = self.agent.settings
+        self.conn.request_high_seqnos()
+        deadline = time.monotonic() + s.connect_timeout_s
+        while True:
+            try:
+                await self._send()
+            except ConnectionLostError as exc:
+                raise CaptureConnectionError(self.label, exc.cause) from None
+            event = self.conn.next_event()
+            if isinstance(event, HighSeqnos):
+                return dict(event.seqnos)
+            if event is not NEED_DATA:
+                continue  # a cluster-map notification: not what was asked
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                    data = await self.reader.read(READ_BYTES)
+            except TimeoutError:
+                raise CaptureConnectionError(
+                    self.label, f"no high seqnos within {s.connect_timeout_s:g} s"
+                ) from None
+            except OSError as exc:
+                raise CaptureConnectionError(self.label, exc.strerror or str(exc)) from None
+            if not data:
+                raise CaptureConnectionError(self.label, "the node closed the connection")
+            try:
+                self.conn.receive_data(data)
+            except ProtocolError as exc:
+                raise CaptureConnectionError(self.label, str(exc)) from None
+
+    async def close(self) -> None:
+        """Close the socket, waiting for it a bounded time."""
+        if self.writer is not None:
+            self.writer.close()
+        await self._closed()
+
+    async def _closed(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(CLOSE_WAIT_S):
+                    await self.writer.wait_closed()
+
+
+class Node(Link):
+    """A link a run streams on: its session of capture files and the two tasks between the
+    socket and the files (the socket reader and the file writer)."""
+
+    agent: NodeOwner
+
+    def __init__(self, agent: NodeOwner, endpoint: HostPort, index: int) -> None:
+        super().__init__(agent, endpoint, index)
+        self.queue: asyncio.Queue[_Frames | _Flush] = asyncio.Queue(QUEUE_ITEMS)
+        self.owned: set[int] = set()
+        self.session: SessionWriter | None = None
+        self.session_started = 0.0
+        self.last_positions: dict[int, VbPosition] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.dead = False
+        self.recorded = asyncio.Event()
+        """Set when :meth:`~ConsumerConnection.record_cluster_state` finished on this node."""
 
     def new_session(self) -> None:
         """A fresh session of files (the writer task switches to it in queue order)."""
@@ -359,10 +426,7 @@ class Node:
             self.writer.close()
         for task in self.tasks[:1]:
             await stop_task(task, CLOSE_WAIT_S)
-        if self.writer is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(CLOSE_WAIT_S):
-                    await self.writer.wait_closed()
+        await self._closed()
 
 
 @dataclass

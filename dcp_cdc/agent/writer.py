@@ -233,6 +233,9 @@ class CheckpointStore:
         self.bucket_uuid = bucket_uuid
         """None while unknown; once known, a stored different uuid is refused."""
         self.agent = agent
+        self.updated_at: str | None = None
+        """When the stored document was last committed (RFC 3339 UTC, as :func:`rfc3339`
+        writes it), once :meth:`load` or :meth:`commit` ran; None when it does not say."""
         self._positions: dict[int, VbPosition] | None = None
 
     def load(self) -> dict[int, VbPosition]:
@@ -271,6 +274,7 @@ class CheckpointStore:
         data = json.dumps(document, indent=1, sort_keys=False).encode() + b"\n"
         self.backend.write(data)
         self._positions = merged
+        self.updated_at = updated_at
 
     def _parse(self, raw: object) -> dict[int, VbPosition]:
         if not isinstance(raw, dict):
@@ -291,6 +295,8 @@ class CheckpointStore:
         vbuckets = raw.get("vbuckets")
         if not isinstance(vbuckets, dict):
             raise self._error("lacks the 'vbuckets' object")
+        updated_at = raw.get("updated_at")
+        self.updated_at = updated_at if isinstance(updated_at, str) else None
         positions: dict[int, VbPosition] = {}
         for key, value in vbuckets.items():
             if not (isinstance(key, str) and key.isdigit()):

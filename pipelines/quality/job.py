@@ -67,7 +67,7 @@ from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.quality")
-SUMMARY_NAME = "summary.html"
+SUMMARY_NAME = tables.SUMMARY_NAME
 SCREENSHOT_NAME = "summary.png"
 DOCS_NAME = "data_docs"
 UPLOAD_CHUNK_BYTES = 1 << 20

@@ -205,9 +205,13 @@ def test_checkpoint_round_trip_and_merge(tmp_path: Path) -> None:
     store = CheckpointStore(path, bucket="b", bucket_uuid="u1", agent="agent")
     assert store.load() == {}
     store.commit({0: position(0, 10), 5: position(5, 50)}, updated_at=STARTED)
+    reader = CheckpointStore(path, bucket="b", bucket_uuid="u1")
+    reader.load()
+    assert store.updated_at == reader.updated_at == STARTED  # when it was last committed
     store.commit({5: position(5, 60), 9: position(9, 1)})
     expected = {0: position(0, 10), 5: position(5, 60), 9: position(9, 1)}
-    assert CheckpointStore(path, bucket="b", bucket_uuid="u1").load() == expected
+    assert reader.load() == expected
+    assert reader.updated_at is None  # that commit did not say
     # a new store merges into what is on disk, not into nothing
     fresh = CheckpointStore(path, bucket="b", bucket_uuid="u1")
     fresh.commit({1: position(1, 3)})

@@ -55,8 +55,9 @@ def _probe(args: list[str], cwd: Path) -> tuple[dict[str, object], str]:
         ["simulate", "--out", "SIM", "--docs", "20", "--ops", "40", "--vbuckets", "2"],
         ["run", "--help"],  # a job's verb: its help comes from its command module
         ["check", "--help"],
+        ["status", "--help"],
     ],
-    ids=["help", "decode", "simulate", "run-help", "check-help"],
+    ids=["help", "decode", "simulate", "run-help", "check-help", "status-help"],
 )
 def test_spark_free_verbs_import_no_spark(args: list[str], tmp_path: Path) -> None:
     write_sample_capture(tmp_path / "captures")
@@ -123,7 +124,7 @@ JOB_VERBS = {  # verb -> the module whose run(config, bucket, ...) it calls
     "check": "pipelines.quality.job",
     "maintain": "pipelines.maintenance",
 }
-CATALOG_VERBS = ("sql", "tables", "spark-conf", "thrift-server")
+CATALOG_VERBS = ("sql", "tables", "spark-conf", "thrift-server", "status")
 
 
 def _config_each_verb_uses(monkeypatch: pytest.MonkeyPatch) -> dict[str, AppConfig]:
