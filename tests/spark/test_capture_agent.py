@@ -195,6 +195,7 @@ def test_a_fault_while_capturing_still_gives_silver_equal_to_the_truth(
         drop_all(spark, bucket)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_kill_9_of_the_agent_at_random_moments_loses_nothing(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
@@ -364,6 +365,7 @@ def test_a_server_behaviour_through_ten_runs_then_silver_and_the_check(
     _silver_equals_truth(spark, landing, spark_warehouse, bucket, truth_out, check=True)
 
 
+@pytest.mark.long
 def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees_a_miss(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:

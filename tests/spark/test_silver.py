@@ -10,6 +10,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -98,6 +99,7 @@ def test_many_seeds_in_one_bucket_equal_their_truths(
             )
 
 
+@pytest.mark.long
 def test_many_seeds_one_file_per_run_in_a_shuffled_order_equal_their_truths(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:

@@ -101,6 +101,7 @@ def _empty_tables(spark: SparkSession, registry: list[dict[str, Any]]) -> None:
         spark.sql(f"DELETE FROM {all_rows(reg['table_name'])}")
 
 
+@pytest.mark.long
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
@@ -511,6 +512,7 @@ def _assert_variant_is_doc(spark: SparkSession, bucket: str) -> int:
     return seen
 
 
+@pytest.mark.long
 def test_document_variant_equals_the_truth_when_turned_on_and_off(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:

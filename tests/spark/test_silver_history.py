@@ -183,6 +183,7 @@ def _table_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     }
 
 
+@pytest.mark.long
 def test_history_equals_every_version_received_in_any_arrival_order(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
 ) -> None:
