@@ -3,10 +3,10 @@ each vbucket's group (``pipelines.silver.transforms._walk_group``), without Spar
 
 The input is the ``mixed`` simulation (``--events`` operations on ``--vbuckets`` vbuckets:
 backfills, live snapshots, stream ends, a failover, collection creates, a flush and a drop)
-decoded as bronze decodes it, cut into the groups the walk gets: one Arrow table per vbucket
-with the columns ``walk_frames`` selects, in record batches of 10,000 rows (Spark's
-``spark.sql.execution.arrow.maxRecordsPerBatch``), each vbucket walked from a fresh state. The
-simulation is cached under ``benchmarks/.data/walk/``.
+decoded as bronze decodes it, cut into the groups the walk gets (``tests/support/walk_groups.py``:
+one Arrow table per vbucket with the columns ``walk_frames`` selects, in record batches of 10,000
+rows), each vbucket walked from a fresh state. The simulation is cached under
+``benchmarks/.data/walk/``.
 
 A breakdown of one pass shows where the walk's time goes, step by step: the rows built from
 Arrow (``to_pylist``), their sort into session order, the state machine
@@ -26,15 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from benchmarks.common import Case, report, timed
+from tests.support.walk_groups import groups_from_captures
 
 DATA = Path(__file__).resolve().parent / ".data" / "walk"
-ARROW_BATCH_ROWS = 10_000
-RUN_ID = "20260101T000000Z-bench"
 
 Walker = Callable[[pa.Table, pa.Schema, bool], pa.Table]
 
@@ -61,57 +58,6 @@ def simulation(events: int, vbuckets: int) -> Path:
         done.write_text("")
         print(f"simulated {events:,} operations in {time.perf_counter() - started:.1f} s")
     return out / "landing"
-
-
-def groups(landing: Path) -> list[pa.Table]:
-    """The walk's input per vbucket, as ``walk_frames`` hands it to ``applyInArrow``."""
-    from pipelines import schemas
-    from pipelines.bronze.decode import decode_file
-    from pipelines.landing import list_captures, read_header
-    from pipelines.silver.transforms import _WALK_COLUMNS, WALK_OPS
-
-    found, _ = list_captures(str(landing))
-    files = sorted(
-        (read_header(f) for f in found),
-        key=lambda f: (f.started_at, f.session_id, f.file_sequence),
-    )
-    schema = schemas.arrow_schema(schemas.EVENTS)
-    batches: list[pa.RecordBatch] = []
-    for f in files:
-        row = {
-            "path": f.path,
-            "bucket": f.bucket,
-            "session_started_at": f.started_at,
-            "session_id": f.session_id,
-            "file_sequence": f.file_sequence,
-            "collections": f.collections,
-            "header_length": f.header_length,
-            "size": f.size,
-            "carry": None,
-        }
-        batches.extend(decode_file(row, schema, chunk_bytes=64 << 20, raw_limit=256, errors=False))
-    events = pa.Table.from_batches(batches, schema=schema)
-    events = events.filter(pc.is_in(events["op"], pa.array(WALK_OPS)))
-    n = events.num_rows
-    vb_key = pc.if_else(
-        pc.is_valid(events["status"]), pc.cast(events["opaque"], pa.int32()), events["vbucket"]
-    )
-    run = {
-        "ingest_run_id": pa.array([RUN_ID] * n),
-        "run_version": pa.array(np.ones(n, dtype=np.int64)),
-    }
-    columns = {"vb_key": vb_key} | {
-        name: run[name] if name in run else events[name] for name in _WALK_COLUMNS
-    }
-    columns["saved_state"] = pa.nulls(n, pa.string())
-    table = pa.table(columns)
-    keys = vb_key.to_numpy()
-    return [
-        pa.Table.from_batches(
-            table.filter(pa.array(keys == vb)).to_batches(max_chunksize=ARROW_BATCH_ROWS)
-        )
-        for vb in np.unique(keys)
-    ]
 
 
 def walk_all(walker: Walker, tables: list[pa.Table], out_schema: pa.Schema) -> int:
@@ -169,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines import schemas
     from pipelines.silver.transforms import _walk_group
 
-    tables = groups(simulation(args.events, args.vbuckets))
+    tables = groups_from_captures(simulation(args.events, args.vbuckets))
     frames = sum(t.num_rows for t in tables)
     out_schema = schemas.arrow_schema(schemas.WALKED)
     print(f"{frames:,} frames in {len(tables)} vbuckets")
