@@ -314,7 +314,8 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     :data:`pipelines.schemas.WALKED`: the committed changes, the changes a drop or flush
     ended, the system events, the rollbacks, and one ``state`` row, the state to save.
 
-    Row by row: every frame becomes a dict and goes through :func:`walk`.
+    Row by row: every frame becomes a dict and goes through :func:`walk`. This is the reference
+    the columnar walk (:func:`pipelines.silver.walk_columns.walk_group`) must equal.
     """
     rows = table.to_pylist()
     vb = rows[0]["vb_key"]
