@@ -1,5 +1,6 @@
-"""Silver's per-vbucket walk over a group's columns: :func:`walk_group` gives what
+"""Silver's per-vbucket walk over a group's columns: :func:`walk_group_columns` gives what
 :func:`pipelines.silver.walk.walk_group_rows` gives, row for row, without a Python row per frame.
+:func:`walk_group`, what silver runs, picks one of the two by the group's size.
 
 The rules are those of :mod:`pipelines.silver.walk` (docs/protocol/dcp.md §6–§7), which stays
 their readable statement and this walk's oracle: ``tests/unit/test_walk_columns.py`` checks
@@ -12,10 +13,15 @@ rules read (op, seqnos, CAS, collection, marker fields) become Python lists, in 
 and the state machine keeps the indices of the frames it commits. The output rows are gathered
 from the group's table by those indices (``take``: keys, values and XATTRs are never Python
 objects), with the few values the walk sets itself laid over them.
+
+It costs some fifty Arrow and numpy calls a group, whatever its size: below
+:data:`SMALL_GROUP` frames the row walk, two Arrow calls and a little Python per frame, is
+faster (``python -m benchmarks.walk`` measures both).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -35,6 +41,7 @@ from pipelines.silver.walk import (
     branch_point,
     record_event,
     retract,
+    walk_group_rows,
 )
 
 # The ops the walk acts on, as small integers: data changes first, then what else a snapshot
@@ -50,9 +57,43 @@ _OPS = (
 )
 _DATA = len(DATA_OPS)  # ops below it are data changes
 SYSTEM_EVENT, _, MARKER, OSO, STREAM_END, RESPONSE, OTHER = range(_DATA, _DATA + 7)
-_OP_CODES = pa.array(_OPS)
-_NARROW = ["op", "by_seqno", "cas", "collection_id", "start_seqno", "end_seqno", "purge_seqno"]
-"""The columns the rules read for every frame."""
+_CODE = {op: code for code, op in enumerate(_OPS)}
+_KEPT = -1  # not a frame: the state's own open snapshot, which the walk did not touch
+_KINDS = ("change", ENDED_CHANGE, "system_event", "rollback", "state")
+"""The kinds of walked rows, in the order they come."""
+
+
+def _array(table: pa.Table, name: str) -> pa.Array:
+    """A column of ``table`` as one array (a group usually comes as one record batch)."""
+    return _one(table.column(name))
+
+
+def _values(array: pa.Array) -> Any:
+    """An integer array as numpy, read from its buffers (few Arrow calls: a group is often
+    small, and a call costs more than its work), 0 where null."""
+    n, offset = len(array), array.offset
+    data = array.buffers()[1]
+    values = np.frombuffer(data, dtype=array.type.to_pandas_dtype(), count=offset + n)[offset:]
+    return np.where(_valid(array), values, 0) if array.null_count else values
+
+
+def _valid(array: pa.Array) -> Any:
+    """Where ``array`` is not null, as a numpy array (from its validity bitmap)."""
+    n, offset = len(array), array.offset
+    if not array.null_count:
+        return np.ones(n, dtype=bool)
+    bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
+    return np.unpackbits(bits, count=offset + n, bitorder="little")[offset:].astype(bool)
+
+
+def _ranked(array: pa.Array, null_as: str | None = None) -> tuple[Any, Any, list[Any]]:
+    """A string array as codes into its distinct values (nulls as ``null_as``), and each row's
+    rank among those values in Python's order: (codes, ranks, values)."""
+    encoded = pc.dictionary_encode(array, null_encoding="encode")
+    values: list[Any] = [null_as if v is None else v for v in encoded.dictionary.to_pylist()]
+    rank = {v: r for r, v in enumerate(sorted(set(values)))}
+    codes = _values(encoded.indices)
+    return codes, np.array([rank[v] for v in values], dtype=np.int64)[codes], values
 
 
 class _Order:
@@ -62,14 +103,13 @@ class _Order:
 
     def __init__(self, table: pa.Table) -> None:
         started, started_rank, self._started = _ranked(
-            pc.fill_null(table.column("session_started_at"), "")
+            _array(table, "session_started_at"), null_as=""
         )
-        session, session_rank, self._session = _ranked(table.column("session_id"))
-        sequence = table.column("file_sequence").to_numpy()
-        offset = table.column("offset").to_numpy()
-        # lexsort: the last key first; the row number last of all keeps equal positions in order
-        keys = (np.arange(len(offset)), offset, sequence, session_rank, started_rank)
-        self.rows = np.lexsort(keys)
+        session, session_rank, self._session = _ranked(_array(table, "session_id"))
+        sequence = _values(_array(table, "file_sequence"))
+        offset = _values(_array(table, "offset"))
+        # lexsort is stable, and sorts by its last key first
+        self.rows = np.lexsort((offset, sequence, session_rank, started_rank))
         self.started = started[self.rows].tolist()
         self.session = session[self.rows].tolist()
         self.sequence = sequence[self.rows].tolist()
@@ -91,14 +131,10 @@ class _Order:
         return bisect_right(range(len(self.rows)), position, lo=lo, key=self.position)
 
 
-def _ranked(column: pa.ChunkedArray) -> tuple[Any, Any, list[Any]]:
-    """A string column as codes into its distinct values (``values``), and each row's rank
-    among those values in Python's order: (codes, ranks, values)."""
-    encoded = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode")
-    values = encoded.dictionary.to_pylist()
-    rank = {v: r for r, v in enumerate(sorted(values))}
-    codes = encoded.indices.to_numpy()
-    return codes, np.array([rank[v] for v in values], dtype=np.int64)[codes], values
+def _narrow(table: pa.Table, name: str, rows: Any) -> tuple[Any, Any]:
+    """An integer column's values and validity at ``rows``, as numpy arrays."""
+    array = _array(table, name)
+    return _values(array)[rows], _valid(array)[rows]
 
 
 class _Frames:
@@ -110,19 +146,28 @@ class _Frames:
         self.table = table
         self.order = order
         self.first = first
-        self.rows = order.rows[first:]
-        narrow = table.select(_NARROW).combine_chunks().take(self.rows)
-        codes = pc.fill_null(pc.index_in(narrow.column("op"), value_set=_OP_CODES), OTHER)
-        by_seqno, end_seqno = narrow.column("by_seqno"), narrow.column("end_seqno")
-        ops = codes.to_numpy()
+        self.rows = rows = order.rows[first:]
+        self.rows_list: list[int] = rows.tolist()
+        self._values: dict[str, list[Any]] = {}
+        op = pc.dictionary_encode(_array(table, "op"))
+        code = np.array([_CODE.get(v, OTHER) for v in op.dictionary.to_pylist()], dtype=np.int8)
+        ops = code[_values(op.indices)][rows]
+        seqno, seqno_valid = _narrow(table, "by_seqno", rows)
+        end, end_valid = _narrow(table, "end_seqno", rows)
+        purge, purge_valid = _narrow(table, "purge_seqno", rows)
         self.ops: list[int] = ops.tolist()
-        self.by_seqno: list[Any] = by_seqno.to_pylist()
-        self.cas: list[int] = _filled(narrow.column("cas"))
+        self.by_seqno: list[Any] = seqno.tolist()
+        for j in np.flatnonzero(~seqno_valid).tolist():  # None, as the rows have it
+            self.by_seqno[j] = None
+        self.cas: list[int] = _values(_array(table, "cas"))[rows].tolist()
         # ``collection_id or 0``, as the rules compare it; a system event's own reads the column
-        self.collection: list[int] = _filled(narrow.column("collection_id"))
-        self.start_seqno: list[Any] = narrow.column("start_seqno").to_pylist()
-        self.end_seqno: list[Any] = end_seqno.to_pylist()
-        self.purge_seqno: list[Any] = narrow.column("purge_seqno").to_pylist()
+        self.collection: list[int] = _values(_array(table, "collection_id"))[rows].tolist()
+        self.end_seqno: list[int] = end.tolist()
+        self.end_valid: list[bool] = end_valid.tolist()
+        marker = ops == MARKER
+        purges = purge[marker & purge_valid]
+        self.purge_seqno = int(purges.max()) if len(purges) else None
+        """The highest purge seqno of the markers (each raises the state's, in any order)."""
 
         buffered, data = ops < MARKER, ops < _DATA
         self.buffered_before: list[int] = [0, *np.cumsum(buffered).tolist()]
@@ -132,28 +177,24 @@ class _Frames:
         # The frames the state machine stops at: those that open, close or reset a snapshot,
         # and the buffered ones at the end seqno of the last marker before them (an open
         # snapshot completes there). The frames between are buffered, nothing more.
-        markers = np.flatnonzero(ops == MARKER)
+        markers = np.flatnonzero(marker)
         at_end = np.zeros(len(ops), dtype=bool)
         if len(markers):
             before = np.searchsorted(markers, np.arange(len(ops)))  # markers before frame j
             last = markers[np.maximum(before - 1, 0)]  # the last of them (any, where none)
-            seqno = pc.fill_null(by_seqno, 0).to_numpy()
-            end = pc.fill_null(end_seqno, 0).to_numpy()
-            at_end = (
-                buffered
-                & (before > 0)
-                & _valid(by_seqno)
-                & _valid(end_seqno)[last]
-                & (seqno == end[last])
-            )
+            at_end = buffered & (before > 0) & seqno_valid & end_valid[last] & (seqno == end[last])
         self.points: list[int] = np.flatnonzero(at_end | (~buffered & (ops != OTHER))).tolist()
 
     def __len__(self) -> int:
         return len(self.ops)
 
     def value(self, name: str, j: int) -> Any:
-        """Column ``name`` of frame ``j`` (for the few frames that need more than the lists)."""
-        return self.table.column(name)[int(self.rows[j])].as_py()
+        """Column ``name`` of frame ``j``, for the few frames that need more than the lists
+        (the column becomes a list, in table order, the first time one is asked for)."""
+        values = self._values.get(name)
+        if values is None:
+            values = self._values[name] = _array(self.table, name).to_pylist()
+        return values[self.rows_list[j]]
 
     def position(self, j: int) -> Position:
         return self.order.position(self.first + j)
@@ -167,16 +208,6 @@ class _Frames:
         """The frames from ``start`` to before ``stop`` that a snapshot buffers."""
         ops = self.ops
         return [j for j in range(start, stop) if ops[j] < MARKER]
-
-
-def _valid(column: pa.Array) -> Any:
-    """Where ``column`` is not null, as a numpy array."""
-    return pc.is_valid(column).to_numpy(zero_copy_only=False)
-
-
-def _filled(column: pa.Array) -> list[int]:
-    """An integer column as a list, nulls as 0."""
-    return pc.fill_null(column, 0).to_numpy().tolist()  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -197,12 +228,15 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
     out = _Walked()
     ops, seqnos, cas_of, cid_of = fr.ops, fr.by_seqno, fr.cas, fr.collection
     buffered_before, data_before = fr.buffered_before, fr.data_before
+    ends, end_valid = fr.end_seqno, fr.end_valid
     start = 0  # the buffer: the buffered frames from here to the current one
     snap_end: int | None = None
     oso = False
     # the last position moved to: the frame it is at, or (a marker's) just before, as
-    # (frame, before); found only at the end
+    # (frame, before); and the marker of the open snapshot (None: none is open; ``_KEPT``:
+    # as the state had it). Nothing reads them before the end, where the state gets them.
     moved: tuple[int, bool] | None = None
+    opened: int | None = _KEPT
 
     def rollback(seqno: int) -> None:
         out.changes = [c for c in out.changes if seqnos[c] <= seqno]
@@ -247,9 +281,12 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
 
     def complete(stop: int, closing: int | None) -> None:
         """The row walk's ``complete``, the buffer being the frames ``start`` to ``stop``."""
-        nonlocal start, snap_end, moved
-        top = state.consistent_seqno
+        nonlocal start, snap_end, moved, opened
         buffered = buffered_before[stop] - buffered_before[start]
+        if not buffered and snap_end is None and closing is None:  # nothing to complete
+            start, opened = stop, None
+            return
+        top = state.consistent_seqno
         dropped = state.dropped
         if not buffered:
             pass
@@ -257,10 +294,13 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
             not dropped or dropped.keys().isdisjoint(cid_of[start:stop])
         ):  # data changes only, of collections not dropped: all commit, in one step
             highest = max(seqnos[start:stop])
+            clock = max(cas_of[start:stop])
             top = max(top, highest)
-            state.last_cas = max(state.last_cas, max(cas_of[start:stop]))
+            if clock > state.last_cas:
+                state.last_cas = clock
             out.changes.extend(range(start, stop))
-            state.last_applied_seqno = max(state.last_applied_seqno, highest)
+            if highest > state.last_applied_seqno:
+                state.last_applied_seqno = highest
         else:
             top = commit_each(fr.buffered(start, stop))
         if snap_end is not None and not oso:
@@ -269,7 +309,7 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
             state.consistent_seqno = top
         start = stop
         snap_end = None
-        state.open_snapshot = None
+        opened = None
         if closing is not None:
             moved = (closing, False)
 
@@ -282,11 +322,7 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
             if not oso:
                 complete(j, None)
                 moved = (j, True)
-            start, snap_end = j + 1, fr.end_seqno[j]
-            state.open_snapshot = (fr.start_seqno[j], fr.end_seqno[j])
-            purge = fr.purge_seqno[j]
-            if purge is not None:
-                state.purge_seqno = max(state.purge_seqno, purge)
+            start, snap_end, opened = j + 1, ends[j] if end_valid[j] else None, j
         elif op == OSO:
             if fr.value("oso_flags", j) & OsoFlag.START:
                 complete(j, None)
@@ -303,13 +339,13 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
             if rollback_seqno is not None:
                 rollback(rollback_seqno)
                 start, snap_end, oso = j + 1, None, False
-                state.open_snapshot = None
+                opened = None
                 moved = (j, False)
             else:
                 entries = fr.value("failover_log", j)
                 if entries:
                     start, snap_end, oso = j + 1, None, False  # a new stream: the open one is gone
-                    state.open_snapshot = None
+                    opened = None
                     log = [(e["vb_uuid"], e["seqno"]) for e in entries]
                     branch = branch_point(state.failover_log, log, state.last_applied_seqno)
                     if branch is not None:
@@ -322,6 +358,14 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
     if moved is not None:
         j, before = moved
         state.position = fr.before(j) if before else fr.position(j)
+    if opened != _KEPT:
+        state.open_snapshot = (
+            None
+            if opened is None
+            else (fr.value("start_seqno", opened), fr.value("end_seqno", opened))
+        )
+    if fr.purge_seqno is not None:
+        state.purge_seqno = max(state.purge_seqno, fr.purge_seqno)
     return out
 
 
@@ -344,9 +388,23 @@ def _apply_tail(fr: _Frames, buffer: list[int], state: VbState, out: _Walked) ->
         state.last_applied_seqno = max(state.last_applied_seqno, seqno)
 
 
+SMALL_GROUP = 64
+"""Frames of a group below which the row walk is the faster (measured: at 32 frames it takes
+three quarters of the columnar walk's time, at 64 about as long, at 256 three times as long)."""
+
+
 def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
-    """:func:`pipelines.silver.walk.walk_group_rows`, over the group's columns: one vbucket's
-    frames walked from its saved state into rows of :data:`pipelines.schemas.WALKED`."""
+    """One vbucket's frames walked from its saved state into rows of
+    :data:`pipelines.schemas.WALKED`: by :func:`walk_group_columns`, or for a group of fewer
+    than :data:`SMALL_GROUP` frames by :func:`pipelines.silver.walk.walk_group_rows` (both give
+    the same table)."""
+    if table.num_rows < SMALL_GROUP:
+        return walk_group_rows(table, out_schema, eager)
+    return walk_group_columns(table, out_schema, eager)
+
+
+def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
+    """:func:`pipelines.silver.walk.walk_group_rows`, over the group's columns."""
     vb = table.column("vb_key")[0].as_py()
     text = table.column("saved_state")[0].as_py()
     saved = json.loads(text) if text else None
@@ -366,10 +424,8 @@ def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
         position_version = table.column("run_version")[row].as_py()
     if position_run is None and saved:
         position_run, position_version = saved.get("run_id"), saved.get("position_version")
-    seen = max(seen, pc.max(table.column("run_version")).as_py())
+    seen = max(seen, int(_values(_array(table, "run_version")).max()))
     last = {
-        "kind": "state",
-        "vbucket": vb,
         "frames": len(frames),
         "ignored": walked.ignored,
         "state": json.dumps(
@@ -382,49 +438,78 @@ def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
         ),
         "position_run_id": position_run,
     }
-    tail = [{"kind": "rollback", "vbucket": vb, "rollback_seqno": s} for s in walked.rollbacks]
-    return pa.concat_tables(
-        [
-            _walked_rows(table, out_schema, vb, frames, walked),
-            pa.Table.from_pylist([*tail, last], schema=out_schema),
-        ]
-    )
+    return _walked_rows(table, out_schema, vb, frames, walked, last)
 
 
 _SET_BY_WALK = frozenset(("kind", "vbucket", "state", "frames", "ignored", "position_run_id"))
 """The columns of a walked row the walk fills itself, whatever its frame has."""
-_KINDS = pa.array(["change", ENDED_CHANGE, "system_event"])
 
 
 def _walked_rows(
-    table: pa.Table, out_schema: pa.Schema, vb: int, frames: _Frames, walked: _Walked
+    table: pa.Table,
+    out_schema: pa.Schema,
+    vb: int,
+    frames: _Frames,
+    walked: _Walked,
+    last: dict[str, Any],
 ) -> pa.Table:
-    """The committed changes, the ended ones and the system events, as rows of ``out_schema``:
-    the frames' own columns gathered from ``table``, the walk's values laid over them."""
+    """The rows of ``out_schema`` the row walk gives, in its order: the committed changes, the
+    ended ones, the system events (their frames' own columns gathered from ``table``, the
+    walk's values laid over them), then a row per rollback and the ``state`` row (``last``:
+    its values). Built with few Arrow calls: a group is often small, and a call costs more
+    than its work."""
     picked = [*walked.changes, *walked.ended, *(j for j, _, _ in walked.events)]
-    rows = frames.rows[np.array(picked, dtype=np.int64)]
-    n, n_events = len(picked), len(walked.events)
-    counts = [len(walked.changes), len(walked.ended), n_events]
-    kind = pa.DictionaryArray.from_arrays(np.repeat(np.arange(3, dtype=np.int8), counts), _KINDS)
-    own = {  # what an event row says instead of its frame
+    counts = [len(walked.changes), len(walked.ended), len(walked.events), len(walked.rollbacks), 1]
+    body, n = len(picked), sum(counts)
+    rows = np.zeros(n, dtype=np.int64)
+    rows[:body] = frames.rows[np.array(picked, dtype=np.int64)]
+    # one take for every gathered column; the rows after the frames' take nulls
+    present = set(table.schema.names) - _SET_BY_WALK
+    names = [name for name in out_schema.names if name in present]
+    source = table.select(names)
+    if any(c.num_chunks > 1 for c in source.columns):
+        source = source.combine_chunks()
+    taken = source.take(pa.array(rows, mask=np.arange(n) >= body))
+    gathered = dict(zip(names, taken.columns, strict=True))
+    own = {  # what the rows after the changes say instead of their frames
         "event": [event for _, event, _ in walked.events],
         "cas": [clock for _, _, clock in walked.events],
     }
-    present = set(table.column_names) - _SET_BY_WALK
-    names = [f.name for f in out_schema if f.name in present]
-    gathered = table.select(names).combine_chunks().take(rows)
+    after_changes = counts[0] + counts[1]
     arrays: list[pa.Array | pa.ChunkedArray] = []
-    for f in out_schema:
-        if f.name == "kind":
-            arrays.append(kind.cast(f.type))
-        elif f.name == "vbucket":
-            arrays.append(pa.array(np.full(n, vb), f.type))
-        elif f.name in gathered.column_names:
-            column = gathered.column(f.name).cast(f.type)
-            if f.name in own and n_events:
-                head = column.slice(0, n - n_events)
-                column = pa.chunked_array([*head.chunks, pa.array(own[f.name], f.type)])
-            arrays.append(column)
+    for name, type_ in _fields(out_schema):
+        column: pa.Array | pa.ChunkedArray
+        if name == "kind":
+            kinds = (itertools.repeat(k, c) for k, c in zip(_KINDS, counts, strict=True))
+            column = pa.array(itertools.chain.from_iterable(kinds), type_, size=n)
+        elif name == "vbucket":
+            column = pa.array(np.full(n, vb, dtype=type_.to_pandas_dtype()), type_)
+        elif name in last:
+            column = pa.array([*itertools.repeat(None, n - 1), last[name]], type_)
+        elif name in gathered:
+            column = gathered[name]
+            if name == "rollback_seqno" and walked.rollbacks:
+                tail = pa.array([*walked.rollbacks, None], column.type)
+                column = pa.concat_arrays([_one(column).slice(0, body), tail])
+            elif name in own and walked.events:
+                head, rest = _one(column).slice(0, after_changes), _one(column).slice(body)
+                column = pa.concat_arrays([head, pa.array(own[name], column.type), rest])
         else:
-            arrays.append(pa.nulls(n, f.type))
+            column = pa.nulls(n, type_)
+        arrays.append(column if column.type == type_ else column.cast(type_))
     return pa.Table.from_arrays(arrays, schema=out_schema)
+
+
+_FIELDS: dict[int, tuple[pa.Schema, list[tuple[str, pa.DataType]]]] = {}
+
+
+def _fields(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
+    """``schema``'s names and types (asked of pyarrow once per schema: it builds them anew)."""
+    known = _FIELDS.get(id(schema))
+    if known is None or known[0] is not schema:
+        known = _FIELDS[id(schema)] = (schema, list(zip(schema.names, schema.types, strict=True)))
+    return known[1]
+
+
+def _one(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

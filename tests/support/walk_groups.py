@@ -34,17 +34,38 @@ GROUP_SCHEMA = pa.schema(
 
 
 def group_table(
-    rows: Sequence[Mapping[str, Any]], batch_rows: Sequence[int] = (ARROW_BATCH_ROWS,)
+    rows: Sequence[Mapping[str, Any]],
+    batch_rows: Sequence[int] = (ARROW_BATCH_ROWS,),
+    *,
+    offset: int = 0,
+    garbage: int | None = None,
 ) -> pa.Table:
     """A group from frame dicts (a column a dict lacks is null), cut into record batches of
-    ``batch_rows`` rows in turn (the last size repeats)."""
-    table = pa.Table.from_pylist([dict(r) for r in rows], schema=GROUP_SCHEMA)
+    ``batch_rows`` rows in turn (the last size repeats). ``offset``: the arrays start that far
+    into their buffers (as slices of a larger batch do); ``garbage``: what integer columns hold
+    under their nulls (Arrow leaves those bytes undefined; pyarrow writes 0)."""
+    table = pa.Table.from_pylist([{}] * offset + [dict(r) for r in rows], schema=GROUP_SCHEMA)
+    if garbage is not None:
+        table = pa.Table.from_arrays(
+            [_garbage(c.combine_chunks(), garbage) for c in table.columns], schema=GROUP_SCHEMA
+        )
+    table = table.slice(offset)
     batches, at, i = [], 0, 0
     while at < table.num_rows:
         size = max(1, batch_rows[min(i, len(batch_rows) - 1)])
         batches.extend(table.slice(at, size).to_batches())
         at, i = at + size, i + 1
     return pa.Table.from_batches(batches, schema=GROUP_SCHEMA)
+
+
+def _garbage(array: pa.Array, value: int) -> pa.Array:
+    """``array`` with ``value`` under its nulls, if it is of integers."""
+    if not pa.types.is_integer(array.type) or not array.null_count:
+        return array
+    validity, data = array.buffers()
+    values = np.frombuffer(data, dtype=array.type.to_pandas_dtype()).copy()
+    values[: len(array)][np.asarray(array.is_null())] = value
+    return pa.Array.from_buffers(array.type, len(array), [validity, pa.py_buffer(values)])
 
 
 def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]:
@@ -86,9 +107,11 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
     ]
     table = pa.Table.from_arrays(columns, schema=GROUP_SCHEMA)
     keys = vb_key.to_numpy()
-    return [
+    return [  # each group in batches of its own, as Spark sends a group
         pa.Table.from_batches(
-            table.filter(pa.array(keys == vb)).to_batches(max_chunksize=ARROW_BATCH_ROWS)
+            table.filter(pa.array(keys == vb))
+            .combine_chunks()
+            .to_batches(max_chunksize=ARROW_BATCH_ROWS)
         )
         for vb in np.unique(keys)
     ]

@@ -6,7 +6,8 @@ Hypothesis draws streams of one vbucket over several sessions and files: snapsho
 seqno arrives or not, seqno-advanced, OSO backfills, stream ends, rollback responses, new
 streams whose failover log branches or not, collection creates, drops, flushes and other
 system events, frames of dropped collections, unfinished tails (eager or not), the group's rows
-in any order and cut into record batches of any size; walked from a fresh state, from a drawn
+in any order, cut into record batches of any size, its arrays at an offset into their buffers
+and with other values than 0 under their nulls; walked from a fresh state, from a drawn
 one, and in two runs (the second from the state the first saved). A simulation decoded as
 bronze decodes it is walked both ways as well.
 """
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
 from pipelines.silver.walk import walk_group_rows
-from pipelines.silver.walk_columns import walk_group
+from pipelines.silver.walk_columns import SMALL_GROUP, walk_group, walk_group_columns
 from tests.support.walk_groups import group_table, groups_from_captures
 
 OUT = schemas.arrow_schema(schemas.WALKED)
@@ -77,12 +78,26 @@ snapshot_step = st.tuples(
         max_size=6,
     ),
 )
+# a snapshot whose end is still far: the stream's tail, if nothing follows it
+unfinished_step = st.tuples(
+    st.just("unfinished"),
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("data"), data_ops, st.sampled_from((0, 8, 9)), st.just(1), st.just("rising")
+            ),
+            event_step,
+        ),
+        max_size=5,
+    ),
+)
 # One step of a stream: what it adds, and the drawn values it needs; the common ones are
 # listed more than once (one_of draws its branches alike).
 steps = st.one_of(
     snapshot_step,
     snapshot_step,
     snapshot_step,
+    unfinished_step,
     data_step,
     data_step,
     st.tuples(st.just("marker"), st.integers(-1, 4), st.one_of(st.none(), small), st.booleans()),
@@ -137,9 +152,9 @@ class _Writer:
             self.add("stream_request_response", status=0, opaque=VB, failover_log=entries)
         elif kind == "rollback":
             self.add("stream_request_response", status=0x23, opaque=VB, rollback_seqno=step[1])
-        elif kind == "snapshot":
+        elif kind in ("snapshot", "unfinished"):
             items = step[1]
-            self.step(("marker", len(items), None, True), tie)
+            self.step(("marker", len(items) + (kind == "unfinished") * 5, None, True), tie)
             for item in items:
                 self.step(item, tie)
         elif kind == "marker":
@@ -240,37 +255,47 @@ def saved_states(draw: st.DrawFn, frames: list[dict[str, Any]]) -> dict[str, Any
     }
 
 
-def _both(rows: list[dict[str, Any]], batch_rows: list[int], eager: bool) -> pa.Table:
+layouts = st.tuples(
+    st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    st.sampled_from((0, 0, 1, 3)),
+    st.sampled_from((None, 8, 1 << 62)),
+)
+"""How a group's table is laid out: record batch sizes, the arrays' offset into their
+buffers, what integer columns hold under their nulls (``group_table``): pyarrow's 0, a
+collection id, a seqno or CAS above all others."""
+
+
+def _both(
+    rows: list[dict[str, Any]], layout: tuple[list[int], int, int | None], eager: bool
+) -> pa.Table:
     """Walk the group both ways; the row walk's table, once both are shown equal."""
-    table = group_table(rows, batch_rows)
+    batch_rows, offset, garbage = layout
+    table = group_table(rows, batch_rows, offset=offset, garbage=garbage)
     expected = walk_group_rows(table, OUT, eager)
-    got = walk_group(table, OUT, eager)
+    got = walk_group_columns(table, OUT, eager)
     assert got.schema == expected.schema
     assert got.to_pylist() == expected.to_pylist()
     assert got.equals(expected)
     return expected
 
 
-batch_sizes = st.lists(st.integers(1, 40), min_size=1, max_size=4)
-
-
 @MANY
-@given(streams(), st.data(), batch_sizes, st.booleans())
+@given(streams(), st.data(), layouts, st.booleans())
 def test_one_run_from_a_fresh_or_a_saved_state(
-    frames: list[dict[str, Any]], data: st.DataObject, batch_rows: list[int], eager: bool
+    frames: list[dict[str, Any]], data: st.DataObject, layout: Any, eager: bool
 ) -> None:
     frames = data.draw(st.permutations(frames)) if frames else frames
     saved = data.draw(st.one_of(st.none(), saved_states(frames)))
     text = None if saved is None else json.dumps(saved)
     rows = [{**f, "saved_state": text} for f in frames]
     if rows:
-        _both(rows, batch_rows, eager)
+        _both(rows, layout, eager)
 
 
 @MANY
-@given(streams(), st.data(), batch_sizes, st.booleans())
+@given(streams(), st.data(), layouts, st.booleans())
 def test_two_runs_the_second_from_the_state_the_first_saved(
-    frames: list[dict[str, Any]], data: st.DataObject, batch_rows: list[int], eager: bool
+    frames: list[dict[str, Any]], data: st.DataObject, layout: Any, eager: bool
 ) -> None:
     if not frames:
         return
@@ -284,7 +309,7 @@ def test_two_runs_the_second_from_the_state_the_first_saved(
         else {**f, "saved_state": state}
         for i, f in enumerate(frames)
     ]
-    _both(data.draw(st.permutations(second)), batch_rows, eager)
+    _both(data.draw(st.permutations(second)), layout, eager)
 
 
 @pytest.fixture(scope="module")
@@ -299,8 +324,32 @@ def test_a_simulation_decoded_as_bronze_decodes_it(simulated: list[pa.Table], ea
     kinds: set[str] = set()
     for table in simulated:
         expected = walk_group_rows(table, OUT, eager)
-        got = walk_group(table, OUT, eager)
+        got = walk_group_columns(table, OUT, eager)
         assert got.to_pylist() == expected.to_pylist()
         assert got.equals(expected)
         kinds |= set(expected["kind"].to_pylist())
     assert {"change", "system_event", "rollback", "state"} <= kinds
+
+
+def test_silver_walks_a_small_group_row_by_row_and_a_larger_one_by_columns(
+    simulated: list[pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both walks give the same table; below SMALL_GROUP frames the row walk is the faster."""
+    import pipelines.silver.walk_columns as walk_columns
+
+    called: list[str] = []
+
+    def spy(name: str, walker: Any) -> Any:
+        def walked(*args: Any) -> pa.Table:
+            called.append(name)
+            return walker(*args)
+
+        return walked
+
+    monkeypatch.setattr(walk_columns, "walk_group_rows", spy("rows", walk_group_rows))
+    monkeypatch.setattr(walk_columns, "walk_group_columns", spy("columns", walk_group_columns))
+    table = simulated[0]
+    assert table.num_rows > SMALL_GROUP
+    walk_group(table.slice(0, SMALL_GROUP - 1), OUT, False)
+    walk_group(table.slice(0, SMALL_GROUP), OUT, False)
+    assert called == ["rows", "columns"]
