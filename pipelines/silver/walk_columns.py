@@ -149,7 +149,7 @@ class _Frames:
         self.rows = rows = order.rows[first:]
         self.rows_list: list[int] = rows.tolist()
         self._values: dict[str, list[Any]] = {}
-        op = pc.dictionary_encode(_array(table, "op"))
+        op = pc.dictionary_encode(_array(table, "op"), null_encoding="encode")
         code = np.array([_CODE.get(v, OTHER) for v in op.dictionary.to_pylist()], dtype=np.int8)
         ops = code[_values(op.indices)][rows]
         seqno, seqno_valid = _narrow(table, "by_seqno", rows)
@@ -500,15 +500,15 @@ def _walked_rows(
     return pa.Table.from_arrays(arrays, schema=out_schema)
 
 
-_FIELDS: dict[int, tuple[pa.Schema, list[tuple[str, pa.DataType]]]] = {}
+_last_fields: list[tuple[pa.Schema, list[tuple[str, pa.DataType]]]] = []
 
 
 def _fields(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
-    """``schema``'s names and types (asked of pyarrow once per schema: it builds them anew)."""
-    known = _FIELDS.get(id(schema))
-    if known is None or known[0] is not schema:
-        known = _FIELDS[id(schema)] = (schema, list(zip(schema.names, schema.types, strict=True)))
-    return known[1]
+    """``schema``'s names and types, kept for the schema last asked about (pyarrow builds them
+    anew on each call; a task walks every group with one schema)."""
+    if not _last_fields or _last_fields[0][0] is not schema:
+        _last_fields[:] = [(schema, list(zip(schema.names, schema.types, strict=True)))]
+    return _last_fields[0][1]
 
 
 def _one(column: pa.ChunkedArray) -> pa.Array:

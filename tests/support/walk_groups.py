@@ -59,12 +59,12 @@ def group_table(
 
 
 def _garbage(array: pa.Array, value: int) -> pa.Array:
-    """``array`` with ``value`` under its nulls, if it is of integers."""
+    """``array`` with ``value`` (or its type's largest) under its nulls, if it is of integers."""
     if not pa.types.is_integer(array.type) or not array.null_count:
         return array
     validity, data = array.buffers()
     values = np.frombuffer(data, dtype=array.type.to_pandas_dtype()).copy()
-    values[: len(array)][np.asarray(array.is_null())] = value
+    values[: len(array)][np.asarray(array.is_null())] = min(value, np.iinfo(values.dtype).max)
     return pa.Array.from_buffers(array.type, len(array), [validity, pa.py_buffer(values)])
 
 

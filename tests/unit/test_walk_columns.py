@@ -91,6 +91,12 @@ unfinished_step = st.tuples(
         max_size=5,
     ),
 )
+# a drop of a collection, then a snapshot of data changes only, some of that collection
+dropped_step = st.tuples(
+    st.just("dropped"),
+    st.sampled_from((8, 9)),
+    st.lists(st.sampled_from((0, 8, 9)), min_size=1, max_size=5),
+)
 # One step of a stream: what it adds, and the drawn values it needs; the common ones are
 # listed more than once (one_of draws its branches alike).
 steps = st.one_of(
@@ -98,6 +104,7 @@ steps = st.one_of(
     snapshot_step,
     snapshot_step,
     unfinished_step,
+    dropped_step,
     data_step,
     data_step,
     st.tuples(st.just("marker"), st.integers(-1, 4), st.one_of(st.none(), small), st.booleans()),
@@ -108,7 +115,7 @@ steps = st.one_of(
     st.tuples(st.just("oso"), st.sampled_from((1, 2, 2, 0, 3))),
     st.tuples(st.just("end")),
     st.tuples(st.just("file")),
-    st.tuples(st.just("noop")),
+    st.tuples(st.sampled_from(("noop", None))),
 )
 
 
@@ -127,7 +134,7 @@ class _Writer:
         self.session = (started, session_id, 0)  # type: ignore[assignment]
         self.offset = 0
 
-    def add(self, op: str, *, tie: bool = False, **fields: Any) -> None:
+    def add(self, op: str | None, *, tie: bool = False, **fields: Any) -> None:
         started, session_id, sequence = self.session
         self.offset += 0 if tie and self.offset else 24 + len(self.frames) % 7
         frame = {
@@ -152,6 +159,11 @@ class _Writer:
             self.add("stream_request_response", status=0, opaque=VB, failover_log=entries)
         elif kind == "rollback":
             self.add("stream_request_response", status=0x23, opaque=VB, rollback_seqno=step[1])
+        elif kind == "dropped":
+            _, cid, later = step
+            self.step(("snapshot", [("event", "drop_collection", cid, None, 1)]), tie)
+            data = [("data", "mutation", c, 1, "rising") for c in later]
+            self.step(("snapshot", data), tie)
         elif kind in ("snapshot", "unfinished"):
             items = step[1]
             self.step(("marker", len(items) + (kind == "unfinished") * 5, None, True), tie)
