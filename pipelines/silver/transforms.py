@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -17,7 +16,8 @@ from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
-from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE, walk_group_rows
+from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE
+from pipelines.silver.walk_columns import walk_group
 
 WALK_OPS = [
     *DATA_OPS,
@@ -95,9 +95,10 @@ VERSION_KINDS = ("change", ENDED_CHANGE)
 
 
 def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> DataFrame:
-    """Each vbucket's frames through :func:`pipelines.silver.walk.walk` (``applyInArrow``),
-    from its ``saved_state`` (``saved``: ``vb_key``, ``saved_state`` JSON; a vbucket without
-    one starts fresh). Rows of :data:`pipelines.schemas.WALKED`."""
+    """Each vbucket's frames walked (``applyInArrow``) from its ``saved_state`` (``saved``:
+    ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh): the rules of
+    :mod:`pipelines.silver.walk` over the group's columns
+    (:func:`pipelines.silver.walk_columns.walk_group`). Rows of :data:`pipelines.schemas.WALKED`."""
     keyed = (
         frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
@@ -105,12 +106,8 @@ def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> 
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
     return keyed.groupBy("vb_key").applyInArrow(
-        lambda table: _walk_group(table, out_schema, eager), schemas.WALKED
+        lambda table: walk_group(table, out_schema, eager), schemas.WALKED
     )
-
-
-def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
-    return walk_group_rows(table, out_schema, eager)
 
 
 # --- silver rows ---------------------------------------------------------------------------
