@@ -17,6 +17,7 @@ BENCHMARKS = [
     "capture",
     "decode",
     "ingest",
+    "walk",
     "apply",
     "small-run",
     "peer",

@@ -7,10 +7,6 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -21,7 +17,8 @@ from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.freshness import ACCURACY, PROBABILITIES
-from pipelines.silver.walk import CHANGE_OF, VbState, position_of, walk
+from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE
+from pipelines.silver.walk_columns import walk_group
 
 WALK_OPS = [
     *DATA_OPS,
@@ -92,10 +89,6 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
     )
 
 
-ENDED_CHANGE = "ended_change"
-"""The kind of a walked row that is a committed change a later drop or flush of its collection
-removed in the same run (:attr:`pipelines.silver.walk.WalkResult.ended`): a version for the
-history tables, not a change to apply."""
 VERSION_KINDS = ("change", ENDED_CHANGE)
 """The kinds of walked rows that are versions of documents."""
 
@@ -103,9 +96,10 @@ VERSION_KINDS = ("change", ENDED_CHANGE)
 
 
 def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> DataFrame:
-    """Each vbucket's frames through :func:`pipelines.silver.walk.walk` (``applyInArrow``),
-    from its ``saved_state`` (``saved``: ``vb_key``, ``saved_state`` JSON; a vbucket without
-    one starts fresh). Rows of :data:`pipelines.schemas.WALKED`."""
+    """Each vbucket's frames walked (``applyInArrow``) from its ``saved_state`` (``saved``:
+    ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh): the rules of
+    :mod:`pipelines.silver.walk` over the group's columns
+    (:func:`pipelines.silver.walk_columns.walk_group`). Rows of :data:`pipelines.schemas.WALKED`."""
     keyed = (
         frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
@@ -113,72 +107,8 @@ def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> 
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
     return keyed.groupBy("vb_key").applyInArrow(
-        lambda table: _walk_group(table, out_schema, eager), schemas.WALKED
+        lambda table: walk_group(table, out_schema, eager), schemas.WALKED
     )
-
-
-def _walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
-    rows = table.to_pylist()
-    vb = rows[0]["vb_key"]
-    saved = json.loads(rows[0]["saved_state"]) if rows[0]["saved_state"] else None
-    state = VbState.from_json(saved) if saved else VbState(vb)
-    seen = saved.get("seen_version", 0) if saved else 0
-    rows.sort(key=position_of)
-    start = state.position
-    fresh = [r for r in rows if start is None or position_of(r) > start]
-    result = walk(fresh, state, eager=eager)
-    out: list[dict[str, Any]] = []
-    changes = list(result.changes)
-    events = list(result.system_events)
-    for kind, rows_of_kind in (("change", changes), (ENDED_CHANGE, result.ended)):
-        for c in rows_of_kind:
-            out.append(
-                {
-                    **{k: c.get(k) for k in out_schema.names},
-                    "kind": kind,
-                    "vbucket": vb,
-                    "state": None,
-                }
-            )
-    for e in events:
-        out.append(
-            {
-                **{k: e.get(k) for k in out_schema.names},
-                "kind": "system_event",
-                "event": e["kind"],
-                "vbucket": vb,
-                "state": None,
-            }
-        )
-    for seqno in result.rollbacks:
-        out.append({"kind": "rollback", "vbucket": vb, "rollback_seqno": seqno})
-    # the run holding the first frame not consumed (or the last one read): the next run reads
-    # bronze from that run on
-    after = [r for r in fresh if state.position is None or position_of(r) > state.position]
-    first = (after[0] if after else fresh[-1]) if fresh else None
-    position_run = first["ingest_run_id"] if first else None
-    position_version = first["run_version"] if first else None
-    if position_run is None and saved:
-        position_run, position_version = saved.get("run_id"), saved.get("position_version")
-    seen = max([seen, *(r["run_version"] for r in rows)])
-    out.append(
-        {
-            "kind": "state",
-            "vbucket": vb,
-            "frames": len(fresh),
-            "ignored": result.ignored,
-            "state": json.dumps(
-                {
-                    **state.to_json(),
-                    "run_id": position_run,
-                    "position_version": position_version,
-                    "seen_version": seen,
-                }
-            ),
-            "position_run_id": position_run,
-        }
-    )
-    return pa.Table.from_pylist(out, schema=out_schema)
 
 
 # --- silver rows ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ machine, the rules of docs/protocol/dcp.md §6–§7 a CDC sink must follow:
   a repeated create is a flush (§6.7).
 
 Plain Python over plain dicts, so it is tested without Spark; silver runs it per vbucket inside
-``applyInArrow``. The walk stops at the last complete snapshot: the frames of an unfinished one
+``applyInArrow`` (:func:`walk_group_rows`: a vbucket's group of frames in, walked rows out). The walk stops at the last complete snapshot: the frames of an unfinished one
 are read again by the next run. With ``eager`` (the ``silver.eager_apply`` setting) the data
 changes of that unfinished tail are applied now as well, without moving the consistent point;
 the next run reads the tail again and commits it when it completes.
@@ -20,14 +20,19 @@ the next run reads the tail again and commits it when it completes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
 
 from dcp_cdc.events import DATA_OPS, Deletion, Expiration, Mutation
 from dcp_cdc.protocol import OsoFlag
 
 CHANGE_OF = {Mutation.op: "upsert", Deletion.op: "delete", Expiration.op: "expire"}
+ENDING_EVENTS = ("flush_collection", "drop_collection")
+"""The kinds of system event that end every older item of their collection in the vbucket."""
 
 Position = tuple[str, str, int, int]  # session_started_at, session_id, file_sequence, offset
 
@@ -154,7 +159,7 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
                 buffer, snap_end, oso = [], None, False  # a new stream: the open one is gone
                 state.open_snapshot = None
                 log = [(e["vb_uuid"], e["seqno"]) for e in f["failover_log"]]
-                branch = _branch_point(state.failover_log, log, state.last_applied_seqno)
+                branch = branch_point(state.failover_log, log, state.last_applied_seqno)
                 if branch is not None:
                     _rollback(branch, state, result)
                 state.failover_log = log
@@ -216,7 +221,7 @@ def _before(frame: dict[str, Any]) -> Position:
     return (started, session, seq, offset - 1)
 
 
-def _branch_point(
+def branch_point(
     known: list[tuple[int, int]], received: list[tuple[int, int]], applied: int
 ) -> int | None:
     """Where a new failover log leaves the history we applied behind, if below it (§7.4).
@@ -244,6 +249,11 @@ def _rollback(seqno: int, state: VbState, result: WalkResult) -> None:
     result.ended = [c for c in result.ended if c["by_seqno"] <= seqno]
     result.system_events = [e for e in result.system_events if e["by_seqno"] <= seqno]
     result.rollbacks.append(seqno)
+    retract(state, seqno)
+
+
+def retract(state: VbState, seqno: int) -> None:
+    """What a rollback to ``seqno`` does to the vbucket's state: its history above it is gone."""
     state.failover_log = [e for e in state.failover_log if e[1] <= seqno]
     state.consistent_seqno = min(state.consistent_seqno, seqno)
     state.last_applied_seqno = min(state.last_applied_seqno, seqno)
@@ -261,20 +271,110 @@ def _clock_before(buffer: list[dict[str, Any]], seqno: int, clock: int) -> int:
 def _system_event(f: dict[str, Any], state: VbState, result: WalkResult, clock: int) -> None:
     cid = f["collection_id"]
     seqno = f["by_seqno"]
-    if f["manifest_uid"] is not None:
-        state.manifest_uid = max(state.manifest_uid, f["manifest_uid"])
-    kind = f["event"]
-    if kind == "create_collection" and cid is not None:
-        if cid in state.known and state.dropped.get(cid) is None:
-            kind = "flush_collection"  # a repeated create: every older item is gone (docs/protocol/dcp.md §6.7)
-        state.known[cid] = seqno
-        state.dropped.pop(cid, None)
-    elif kind == "drop_collection" and cid is not None:
-        state.dropped[cid] = seqno
-    if kind in ("flush_collection", "drop_collection"):  # what came before it is gone
+    kind = record_event(state, f["event"], cid, seqno, f["manifest_uid"])
+    if kind in ENDING_EVENTS:  # what came before it is gone
         kept: list[dict[str, Any]] = []
         for c in result.changes:
             gone = (c["collection_id"] or 0) == cid and c["by_seqno"] < seqno
             (result.ended if gone else kept).append(c)
         result.changes = kept
     result.system_events.append({**f, "kind": kind, "cas": clock})
+
+
+def record_event(
+    state: VbState, event: str | None, cid: int | None, seqno: int, manifest_uid: int | None
+) -> str | None:
+    """What a committed system event does to the vbucket's state; its kind as silver records
+    it: a repeated create of a collection is a flush (docs/protocol/dcp.md §6.7)."""
+    if manifest_uid is not None:
+        state.manifest_uid = max(state.manifest_uid, manifest_uid)
+    kind = event
+    if kind == "create_collection" and cid is not None:
+        if cid in state.known and state.dropped.get(cid) is None:
+            kind = "flush_collection"  # a repeated create: every older item is gone
+        state.known[cid] = seqno
+        state.dropped.pop(cid, None)
+    elif kind == "drop_collection" and cid is not None:
+        state.dropped[cid] = seqno
+    return kind
+
+
+# --- one vbucket's group, row by row -------------------------------------------------------
+
+ENDED_CHANGE = "ended_change"
+"""The kind of a walked row that is a committed change a later drop or flush of its collection
+removed in the same run (:attr:`WalkResult.ended`): a version for the history tables, not a
+change to apply."""
+
+
+def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
+    """One vbucket's group of bronze frames (the table ``applyInArrow`` hands
+    :func:`pipelines.silver.transforms.walk_frames`' function: the walked columns, ``vb_key``
+    and the vbucket's ``saved_state`` JSON) walked from its saved state into rows of
+    :data:`pipelines.schemas.WALKED`: the committed changes, the changes a drop or flush
+    ended, the system events, the rollbacks, and one ``state`` row, the state to save.
+
+    Row by row: every frame becomes a dict and goes through :func:`walk`. This is the reference
+    the columnar walk (:func:`pipelines.silver.walk_columns.walk_group`) must equal.
+    """
+    rows = table.to_pylist()
+    vb = rows[0]["vb_key"]
+    saved = json.loads(rows[0]["saved_state"]) if rows[0]["saved_state"] else None
+    state = VbState.from_json(saved) if saved else VbState(vb)
+    seen = saved.get("seen_version", 0) if saved else 0
+    rows.sort(key=position_of)
+    start = state.position
+    fresh = [r for r in rows if start is None or position_of(r) > start]
+    result = walk(fresh, state, eager=eager)
+    out: list[dict[str, Any]] = []
+    changes = list(result.changes)
+    events = list(result.system_events)
+    for kind, rows_of_kind in (("change", changes), (ENDED_CHANGE, result.ended)):
+        for c in rows_of_kind:
+            out.append(
+                {
+                    **{k: c.get(k) for k in out_schema.names},
+                    "kind": kind,
+                    "vbucket": vb,
+                    "state": None,
+                }
+            )
+    for e in events:
+        out.append(
+            {
+                **{k: e.get(k) for k in out_schema.names},
+                "kind": "system_event",
+                "event": e["kind"],
+                "vbucket": vb,
+                "state": None,
+            }
+        )
+    for seqno in result.rollbacks:
+        out.append({"kind": "rollback", "vbucket": vb, "rollback_seqno": seqno})
+    # the run holding the first frame not consumed (or the last one read): the next run reads
+    # bronze from that run on
+    after = [r for r in fresh if state.position is None or position_of(r) > state.position]
+    first = (after[0] if after else fresh[-1]) if fresh else None
+    position_run = first["ingest_run_id"] if first else None
+    position_version = first["run_version"] if first else None
+    if position_run is None and saved:
+        position_run, position_version = saved.get("run_id"), saved.get("position_version")
+    seen = max([seen, *(r["run_version"] for r in rows)])
+    out.append(
+        {
+            "kind": "state",
+            "vbucket": vb,
+            "frames": len(fresh),
+            "ignored": result.ignored,
+            "state": json.dumps(
+                {
+                    **state.to_json(),
+                    "run_id": position_run,
+                    "position_version": position_version,
+                    "seen_version": seen,
+                }
+            ),
+            "position_run_id": position_run,
+        }
+    )
+    return pa.Table.from_pylist(out, schema=out_schema)

@@ -1,0 +1,367 @@
+"""The columnar walk (``pipelines/silver/walk_columns.py``) gives what the row walk
+(``walk_group_rows`` over ``pipelines/silver/walk.py``, the rules as written) gives: the same
+table, row for row, state JSON included.
+
+Hypothesis draws streams of one vbucket over several sessions and files: snapshots whose end
+seqno arrives or not, seqno-advanced, OSO backfills, stream ends, rollback responses, new
+streams whose failover log branches or not, collection creates, drops, flushes and other
+system events, frames of dropped collections, unfinished tails (eager or not), the group's rows
+in any order, cut into record batches of any size, its arrays at an offset into their buffers
+and with other values than 0 under their nulls; walked from a fresh state, from a drawn
+one, and in two runs (the second from the state the first saved). A simulation decoded as
+bronze decodes it is walked both ways as well.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dcp_cdc.simulator import simulate
+from pipelines import schemas
+from pipelines.silver.walk import walk_group_rows
+from pipelines.silver.walk_columns import SMALL_GROUP, walk_group, walk_group_columns
+from tests.support.walk_groups import group_table, groups_from_captures
+
+OUT = schemas.arrow_schema(schemas.WALKED)
+VB = 7
+UUIDS = (0xAA, 0xBB, 0xCC, 0xDD)
+COLLECTIONS = (None, 0, 8, 9)
+EVENTS = (
+    "create_collection",
+    "drop_collection",
+    "flush_collection",
+    "modify_collection",
+    "create_scope",
+    "drop_scope",
+)
+MANY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+small = st.integers(0, 12)
+failover_logs = st.lists(st.tuples(st.sampled_from(UUIDS), small), min_size=1, max_size=3)
+
+data_ops = st.sampled_from(("mutation", "mutation", "deletion", "expiration"))
+data_step = st.tuples(
+    st.just("data"),
+    data_ops,
+    st.sampled_from(COLLECTIONS),
+    st.integers(-2, 3),
+    st.sampled_from(("rising", "rising", "none", "zero", "negative")),
+)
+event_step = st.tuples(
+    st.just("event"),
+    st.sampled_from(EVENTS),
+    st.sampled_from((None, 8, 9)),
+    st.one_of(st.none(), small),
+    st.sampled_from((1, 1, 0, -1)),
+)
+# a whole snapshot: its marker, then one item per seqno up to its end (it completes)
+snapshot_step = st.tuples(
+    st.just("snapshot"),
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("data"), data_ops, st.sampled_from((0, 8, 9)), st.just(1), st.just("rising")
+            ),
+            st.tuples(
+                st.just("data"), data_ops, st.sampled_from((0, 8, 9)), st.just(1), st.just("rising")
+            ),
+            event_step,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+# a snapshot whose end is still far: the stream's tail, if nothing follows it
+unfinished_step = st.tuples(
+    st.just("unfinished"),
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("data"), data_ops, st.sampled_from((0, 8, 9)), st.just(1), st.just("rising")
+            ),
+            event_step,
+        ),
+        max_size=5,
+    ),
+)
+# a drop of a collection, then a snapshot of data changes only, some of that collection
+dropped_step = st.tuples(
+    st.just("dropped"),
+    st.sampled_from((8, 9)),
+    st.lists(st.sampled_from((0, 8, 9)), min_size=1, max_size=5),
+)
+# One step of a stream: what it adds, and the drawn values it needs; the common ones are
+# listed more than once (one_of draws its branches alike).
+steps = st.one_of(
+    snapshot_step,
+    snapshot_step,
+    snapshot_step,
+    unfinished_step,
+    dropped_step,
+    data_step,
+    data_step,
+    st.tuples(st.just("marker"), st.integers(-1, 4), st.one_of(st.none(), small), st.booleans()),
+    st.tuples(st.just("advance"), st.integers(0, 2)),
+    event_step,
+    st.tuples(st.just("open"), st.one_of(failover_logs, st.just([]), st.none())),
+    st.tuples(st.just("rollback"), small),
+    st.tuples(st.just("oso"), st.sampled_from((1, 2, 2, 0, 3))),
+    st.tuples(st.just("end")),
+    st.tuples(st.just("file")),
+    st.tuples(st.sampled_from(("noop", None))),
+)
+
+
+class _Writer:
+    """Frames of one vbucket, built step by step: positions in session order, seqnos that
+    mostly rise, and a CAS clock that does."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.seqno = 0
+        self.cas = 0x17A8_B0D8_0000_0000
+        self.session = ("", "s0", 0)
+        self.offset = 0
+
+    def start_session(self, started: str | None, session_id: str) -> None:
+        self.session = (started, session_id, 0)  # type: ignore[assignment]
+        self.offset = 0
+
+    def add(self, op: str | None, *, tie: bool = False, **fields: Any) -> None:
+        started, session_id, sequence = self.session
+        self.offset += 0 if tie and self.offset else 24 + len(self.frames) % 7
+        frame = {
+            "vb_key": VB,
+            "op": op,
+            "vbucket": VB,
+            "session_started_at": started,
+            "session_id": session_id,
+            "file_sequence": sequence,
+            "offset": self.offset,
+            "ingest_run_id": "run-1",
+            "run_version": 1,
+        }
+        frame.update(fields)
+        self.frames.append(frame)
+
+    def step(self, step: tuple[Any, ...], tie: bool) -> None:
+        kind = step[0]
+        if kind == "open":
+            log = step[1]
+            entries = None if log is None else [{"vb_uuid": u, "seqno": s} for u, s in log]
+            self.add("stream_request_response", status=0, opaque=VB, failover_log=entries)
+        elif kind == "rollback":
+            self.add("stream_request_response", status=0x23, opaque=VB, rollback_seqno=step[1])
+        elif kind == "dropped":
+            _, cid, later = step
+            self.step(("snapshot", [("event", "drop_collection", cid, None, 1)]), tie)
+            data = [("data", "mutation", c, 1, "rising") for c in later]
+            self.step(("snapshot", data), tie)
+        elif kind in ("snapshot", "unfinished"):
+            items = step[1]
+            self.step(("marker", len(items) + (kind == "unfinished") * 5, None, True), tie)
+            for item in items:
+                self.step(item, tie)
+        elif kind == "marker":
+            _, length, purge, known_end = step
+            start, end = self.seqno + 1, self.seqno + length
+            self.add(
+                "snapshot_marker",
+                start_seqno=start,
+                end_seqno=end if known_end else None,
+                purge_seqno=purge,
+            )
+        elif kind == "data":
+            _, op, cid, delta, clock = step
+            self.seqno = max(1, self.seqno + delta)
+            self.cas += 1 << 16
+            cas = {"rising": self.cas, "none": None, "zero": 0, "negative": -5}[clock]
+            self.add(
+                op,
+                tie=tie,
+                by_seqno=self.seqno,
+                rev_seqno=self.seqno % 5 + 1,
+                cas=cas,
+                collection_id=cid,
+                key=f"k{self.seqno % 6}".encode(),
+                value=None if op != "mutation" else b'{"n": %d}' % self.seqno,
+                is_json=op == "mutation",
+                xattrs=[("_sync", "x"), ("user", str(self.seqno))] if self.seqno % 3 == 0 else None,
+                flags=self.seqno % 2,
+                expiration=0,
+                in_vb_uuid=0xAA,
+            )
+        elif kind == "advance":
+            self.add("seqno_advanced", by_seqno=self.seqno + step[1])
+        elif kind == "event":
+            _, event, cid, manifest, delta = step
+            self.seqno = max(1, self.seqno + delta)
+            self.add(
+                "system_event",
+                by_seqno=self.seqno,
+                cas=0,
+                event=event,
+                collection_id=cid,
+                manifest_uid=manifest,
+                scope_id=0,
+                name=f"c{cid}",
+                max_ttl=None,
+                history=False,
+            )
+        elif kind == "oso":
+            self.add("oso_snapshot", oso_flags=step[1])
+        elif kind == "end":
+            self.add("stream_end", status=None)
+        elif kind == "file":
+            started, session_id, sequence = self.session
+            self.session = (started, session_id, sequence + 1)
+            self.offset = 0
+        else:
+            self.add(kind)
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """The frames of one vbucket over one to three sessions, in the order they were written."""
+    writer = _Writer()
+    for i in range(draw(st.integers(1, 3))):
+        started = draw(st.sampled_from((None, "", "2026-01-01T00:00:00", "2026-01-02T00:00:00")))
+        writer.start_session(started, f"s{draw(st.integers(0, 2))}-{i}")
+        for step in draw(st.lists(steps, max_size=25)):
+            writer.step(step, tie=draw(st.integers(0, 30)) == 0)
+    return writer.frames
+
+
+@st.composite
+def saved_states(draw: st.DrawFn, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """A state as an earlier run saved it: somewhere among ``frames`` or before them all."""
+    position = None
+    if frames and draw(st.booleans()):
+        f = draw(st.sampled_from(frames))
+        offset = f["offset"] - draw(st.integers(0, 1))
+        position = [f["session_started_at"] or "", f["session_id"], f["file_sequence"], offset]
+    cids = st.sampled_from((0, 8, 9))
+    return {
+        "vbucket": VB,
+        "position": position,
+        "consistent_seqno": draw(small),
+        "last_applied_seqno": draw(small),
+        "vb_uuid": draw(st.one_of(st.none(), st.sampled_from(UUIDS))),
+        "failover_log": [list(e) for e in draw(st.lists(st.tuples(st.sampled_from(UUIDS), small)))],
+        "manifest_uid": draw(small),
+        "purge_seqno": draw(small),
+        "known": {str(c): s for c, s in draw(st.dictionaries(cids, small)).items()},
+        "dropped": {str(c): s for c, s in draw(st.dictionaries(cids, small)).items()},
+        "open_snapshot": draw(st.one_of(st.none(), st.tuples(small, small).map(list))),
+        "last_cas": draw(st.integers(0, 1 << 62)),
+        "run_id": draw(st.one_of(st.none(), st.just("run-0"))),
+        "position_version": 0,
+        "seen_version": draw(st.integers(0, 3)),
+    }
+
+
+layouts = st.tuples(
+    st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    st.sampled_from((0, 0, 1, 3)),
+    st.sampled_from((None, 8, 1 << 62)),
+)
+"""How a group's table is laid out: record batch sizes, the arrays' offset into their
+buffers, what integer columns hold under their nulls (``group_table``): pyarrow's 0, a
+collection id, a seqno or CAS above all others."""
+
+
+def _both(
+    rows: list[dict[str, Any]], layout: tuple[list[int], int, int | None], eager: bool
+) -> pa.Table:
+    """Walk the group both ways; the row walk's table, once both are shown equal."""
+    batch_rows, offset, garbage = layout
+    table = group_table(rows, batch_rows, offset=offset, garbage=garbage)
+    expected = walk_group_rows(table, OUT, eager)
+    got = walk_group_columns(table, OUT, eager)
+    assert got.schema == expected.schema
+    assert got.to_pylist() == expected.to_pylist()
+    assert got.equals(expected)
+    return expected
+
+
+@MANY
+@given(streams(), st.data(), layouts, st.booleans())
+def test_one_run_from_a_fresh_or_a_saved_state(
+    frames: list[dict[str, Any]], data: st.DataObject, layout: Any, eager: bool
+) -> None:
+    frames = data.draw(st.permutations(frames)) if frames else frames
+    saved = data.draw(st.one_of(st.none(), saved_states(frames)))
+    text = None if saved is None else json.dumps(saved)
+    rows = [{**f, "saved_state": text} for f in frames]
+    if rows:
+        _both(rows, layout, eager)
+
+
+@MANY
+@given(streams(), st.data(), layouts, st.booleans())
+def test_two_runs_the_second_from_the_state_the_first_saved(
+    frames: list[dict[str, Any]], data: st.DataObject, layout: Any, eager: bool
+) -> None:
+    if not frames:
+        return
+    cut = data.draw(st.integers(1, len(frames)))
+    first = group_table(frames[:cut])
+    walked = walk_group_rows(first, OUT, eager)
+    state = walked.filter(pa.compute.equal(walked["kind"], "state"))["state"][0].as_py()
+    second = [
+        {**f, "ingest_run_id": "run-2", "run_version": 2, "saved_state": state}
+        if i >= cut
+        else {**f, "saved_state": state}
+        for i, f in enumerate(frames)
+    ]
+    _both(data.draw(st.permutations(second)), layout, eager)
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> list[pa.Table]:
+    out = tmp_path_factory.mktemp("walk") / "sim"
+    result = simulate(out, scenario="mixed", seed=3, vbuckets=4, docs=200, ops=1500)
+    return groups_from_captures(Path(result.out) / "landing")
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_simulation_decoded_as_bronze_decodes_it(simulated: list[pa.Table], eager: bool) -> None:
+    kinds: set[str] = set()
+    for table in simulated:
+        expected = walk_group_rows(table, OUT, eager)
+        got = walk_group_columns(table, OUT, eager)
+        assert got.to_pylist() == expected.to_pylist()
+        assert got.equals(expected)
+        kinds |= set(expected["kind"].to_pylist())
+    assert {"change", "system_event", "rollback", "state"} <= kinds
+
+
+def test_silver_walks_a_small_group_row_by_row_and_a_larger_one_by_columns(
+    simulated: list[pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both walks give the same table; below SMALL_GROUP frames the row walk is the faster."""
+    import pipelines.silver.walk_columns as walk_columns
+
+    called: list[str] = []
+
+    def spy(name: str, walker: Any) -> Any:
+        def walked(*args: Any) -> pa.Table:
+            called.append(name)
+            return walker(*args)
+
+        return walked
+
+    monkeypatch.setattr(walk_columns, "walk_group_rows", spy("rows", walk_group_rows))
+    monkeypatch.setattr(walk_columns, "walk_group_columns", spy("columns", walk_group_columns))
+    table = simulated[0]
+    assert table.num_rows > SMALL_GROUP
+    walk_group(table.slice(0, SMALL_GROUP - 1), OUT, False)
+    walk_group(table.slice(0, SMALL_GROUP), OUT, False)
+    assert called == ["rows", "columns"]
