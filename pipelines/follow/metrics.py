@@ -39,22 +39,10 @@ from dcp_cdc.agent.metrics_server import MetricsServer
 from dcp_cdc.config import FollowConfig
 from pipelines.demo import LoopThread
 from pipelines.follow.progress import Batch
+from pipelines.silver.steps import STEPS as APPLY_STEPS
 
 log = logging.getLogger("dcp_cdc.follow")
 
-APPLY_STEPS = (
-    "tables",
-    "read_states",
-    "unconsumed",
-    "walk",
-    "registry",
-    "rollbacks_drops",
-    "merge",
-    "history",
-    "save_states",
-)
-"""The apply's steps (:data:`pipelines.silver.job.STEPS`, written out here: this module
-imports no Spark; a test keeps the two equal)."""
 STEPS = ("ingest", *(f"apply_{s}" for s in APPLY_STEPS))
 """The values of the ``step`` label: a micro-batch's parts, which add up to it."""
 

@@ -54,21 +54,6 @@ from pipelines.tables import BucketTables
 log = logging.getLogger("dcp_cdc.silver")
 
 
-STEPS = (
-    "tables",
-    "read_states",
-    "unconsumed",
-    "walk",
-    "registry",
-    "rollbacks_drops",
-    "merge",
-    "history",
-    "save_states",
-)
-"""The steps of a run, as :attr:`ApplySummary.steps` names them: a fixed set, so that metrics
-may use them as a label."""
-
-
 @dataclass
 class ApplySummary:
     bucket: str
@@ -85,7 +70,7 @@ class ApplySummary:
     """vbucket -> the consistent seqno silver reached in it, for the vbuckets this run walked."""
     seconds: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
-    """Seconds of each step (:data:`STEPS`), in the order they ran (where a run's time goes)."""
+    """Seconds of each step (:data:`pipelines.silver.steps.STEPS`), in the order they ran (where a run's time goes)."""
     change_times: ChangeTimes | None = None
     """The CAS times of the changes this run committed and when its MERGEs had committed them
     (freshness); None when it committed none."""

@@ -27,8 +27,8 @@ from pipelines.follow.loop import Follower
 from pipelines.follow.metrics import APPLY_STEPS, METRICS, STEPS, FollowMetrics, monitoring_for
 from pipelines.follow.progress import Batch, BucketProgress, freshness_text
 from pipelines.freshness import PROBABILITIES, ChangeTimes
-from pipelines.silver.job import STEPS as SILVER_STEPS
 from pipelines.silver.job import ApplySummary
+from pipelines.silver.steps import STEPS as SILVER_STEPS
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
