@@ -15,6 +15,7 @@ from dcp_cdc.errors import AuthenticationError, CaptureConnectionError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
 from tests.support.capture_harness import in_process_settings as settings
+from tests.support.ports import free_port
 
 
 def _model_highs(server: ProducerServer) -> dict[int, int]:
@@ -65,10 +66,7 @@ def test_a_node_that_is_down_leaves_its_vbuckets_unknown(tmp_path: Path) -> None
 
 def test_no_seed_answers(tmp_path: Path) -> None:
     async def scenario() -> None:
-        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        server.close()
-        await server.wait_closed()
+        port = free_port()  # nothing listens there
         s = settings(tmp_path, f"couchbase://127.0.0.1:{port}", connect_timeout_s=1.0)
         with pytest.raises(CaptureConnectionError, match=f"127.0.0.1:{port}.*cannot connect"):
             await asyncio.wait_for(ask_high_seqnos(s), 10)
