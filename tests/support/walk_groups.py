@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from pipelines import schemas
 from pipelines.bronze.decode import decode_file
+from pipelines.bronze.job import _file_row
 from pipelines.landing import list_captures, read_header
 from pipelines.silver.transforms import _WALK_COLUMNS, WALK_OPS
 
@@ -78,18 +79,9 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
     )
     batches: list[pa.RecordBatch] = []
     for f in files:
-        row = {
-            "path": f.path,
-            "bucket": f.bucket,
-            "session_started_at": f.started_at,
-            "session_id": f.session_id,
-            "file_sequence": f.file_sequence,
-            "collections": f.collections,
-            "header_length": f.header_length,
-            "size": f.size,
-            "carry": None,
-        }
-        batches.extend(decode_file(row, _EVENTS, chunk_bytes=64 << 20, raw_limit=256, errors=False))
+        batches.extend(
+            decode_file(_file_row(f), _EVENTS, chunk_bytes=64 << 20, raw_limit=256, errors=False)
+        )
     events = pa.Table.from_batches(batches, schema=_EVENTS)
     events = events.filter(pc.is_in(events["op"], pa.array(WALK_OPS)))
     n = events.num_rows
