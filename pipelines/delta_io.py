@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,20 +34,50 @@ _FIRST_COMMIT = f"{0:020d}.json"
 log = logging.getLogger("dcp_cdc.delta_io")
 
 
+_HELD: dict[tuple[int, str], tuple[str, str | None, int]] = {}
+"""(session, key) -> (the value held, the value before the first holder, how many hold it)."""
+_HELD_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
-    """``conf`` set on the session for the block, then what was there before."""
-    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
+    """``conf`` set on the session for the block, then what was there before.
+
+    Blocks may overlap in threads sharing the session (MERGEs of two applies at once): the
+    setting is restored when the last of them ends, not by each, which would restore another
+    block's value for good (a ``materializeSource=none`` left behind failed every later
+    single-table MERGE of the session). Overlapping blocks must want the same value.
+    """
+    session = id(spark)
+    with _HELD_LOCK:
+        for key, value in conf.items():
+            held = _HELD.get((session, key))
+            if held is not None and held[0] != value:
+                raise RuntimeError(
+                    f"Spark setting {key} is held at {held[0]!r} by another block of this "
+                    f"session; cannot set {value!r} beside it"
+                )
+        for key, value in conf.items():
+            held = _HELD.get((session, key))
+            if held is None:
+                _HELD[(session, key)] = (value, spark.conf.get(key, None), 1)
+                spark.conf.set(key, value)
+            else:
+                _HELD[(session, key)] = (value, held[1], held[2] + 1)
     try:
         yield
     finally:
-        for key, old in before.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
+        with _HELD_LOCK:
+            for key in conf:
+                value, before, holders = _HELD[(session, key)]
+                if holders > 1:
+                    _HELD[(session, key)] = (value, before, holders - 1)
+                    continue
+                del _HELD[(session, key)]
+                if before is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, before)
 
 
 def with_retry(what: str, action: Callable[[], _T]) -> _T:

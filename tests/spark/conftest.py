@@ -88,6 +88,27 @@ def _shut_down_gateway() -> None:
     gc.collect()  # connections still referenced only by cycles log their close now
 
 
+# Settings a test's in-process job may not leave changed on the shared session: a job applies
+# its config's [spark] runtime settings to the session it is given (build_spark_session), so a
+# test config without the session's own would slow or change every test after it on the worker.
+GUARDED_SETTINGS = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"}
+
+
+@pytest.fixture(autouse=True)
+def _session_settings_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails the test that changed a :data:`GUARDED_SETTINGS` value, and puts it back."""
+    yield
+    if "spark" not in request.fixturenames:
+        return
+    session: SparkSession = request.getfixturevalue("spark")
+    changed = {
+        key: got for key, want in GUARDED_SETTINGS.items() if (got := session.conf.get(key)) != want
+    }
+    for key in changed:
+        session.conf.set(key, GUARDED_SETTINGS[key])
+    assert not changed, f"the test left the shared Spark session's settings changed: {changed}"
+
+
 @pytest.fixture
 def bucket(spark: SparkSession) -> Iterator[str]:
     """A fresh bucket name (plain: its identifier is itself); its tables are dropped after."""

@@ -141,6 +141,7 @@ def _silver_catalog(spark: SparkSession, bucket: str) -> set[tuple[str, str]]:
     }
 
 
+@pytest.mark.long
 def test_a_retire_killed_before_the_registry_is_saved_is_finished_by_the_next_run(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:

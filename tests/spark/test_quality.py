@@ -113,7 +113,10 @@ def bucket(
             live_now += expiry == 0 or expiry > time.time()
     config_file = root / "quality.toml"
     config_file.write_text(
-        f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n[[buckets]]\nname = "{name}"\n'
+        f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n'
+        # the shared session's own (tests/spark/conftest.py): `check` runs in this process
+        "[spark]\nshuffle_partitions = 2\n"
+        f'[[buckets]]\nname = "{name}"\n'
     )
     config = AppConfig(
         landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=name)]

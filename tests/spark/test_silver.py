@@ -145,6 +145,7 @@ def test_many_seeds_one_file_per_run_in_a_shuffled_order_equal_their_truths(
             drop_all(spark, bucket)
 
 
+@pytest.mark.long
 def test_incremental_runs_in_any_arrival_order_equal_one_run(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
 ) -> None:

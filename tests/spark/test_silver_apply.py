@@ -134,6 +134,7 @@ def _replay_old_mutations(spark: SparkSession, bucket: str, keys: list[str]) -> 
     )
 
 
+@pytest.mark.long
 def test_purged_tombstones_still_refuse_older_changes(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:
@@ -304,7 +305,7 @@ def _change_feed_kinds(spark: SparkSession, table: str) -> set[str]:
     return {r["_change_type"] for r in rows.collect()}
 
 
-@pytest.mark.parametrize("change_data_feed", [True, False])
+@pytest.mark.parametrize("change_data_feed", [True, pytest.param(False, marks=pytest.mark.long)])
 def test_change_data_feed_setting_and_equal_tables(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, change_data_feed: bool
 ) -> None:

@@ -276,7 +276,10 @@ def test_as_of_a_time_gives_the_bucket_as_it_was(
         assert _as_of(spark, tables.history(view), at) == state, at
 
 
-@pytest.mark.parametrize("killed_at", ["committed:silver.*__history", "save_states"])
+@pytest.mark.parametrize(
+    "killed_at",
+    ["committed:silver.*__history", pytest.param("save_states", marks=pytest.mark.long)],
+)
 def test_a_run_killed_after_a_history_commit_then_run_again_equals_the_truth(
     spark: SparkSession,
     spark_warehouse: Path,
@@ -318,6 +321,7 @@ def test_a_run_killed_after_a_history_commit_then_run_again_equals_the_truth(
     assert_equal_to_truth(spark, bucket, result)
 
 
+@pytest.mark.long
 def test_a_rollback_in_a_later_run_removes_the_versions_of_the_abandoned_branch(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
 ) -> None:

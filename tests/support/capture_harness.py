@@ -93,10 +93,14 @@ def write_config(
     connection_string: str,
     **capture: Any,
 ) -> Path:
-    """A configuration whose one bucket has a ``[buckets.capture]`` section."""
+    """A configuration whose one bucket has a ``[buckets.capture]`` section. Its Spark
+    settings are the shared test session's (tests/spark/conftest.py): a job run in the test's
+    process applies its ``[spark]`` runtime settings to that session."""
     lines = [
         f'landing = "{landing}"',
         f'warehouse = "{warehouse}"',
+        "[spark]",
+        "shuffle_partitions = 2",
         "[[buckets]]",
         f'name = "{bucket}"',
         "[buckets.capture]",
