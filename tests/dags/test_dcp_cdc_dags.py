@@ -177,6 +177,7 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
         backfill.resolve("no dot")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_pipeline_dag_captures_then_runs_end_to_end(
     config_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -77,6 +77,7 @@ def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None
     assert (demo.workdir / "warehouse" / "metastore_db").is_dir()
 
 
+@pytest.mark.long
 def test_check_with_the_default_configuration_passes_on_the_demo(demo: Demo) -> None:
     """`dcp-cdc check` with no options (conf/local.toml as it is) judges the demo's warehouse
     as the demo did."""
