@@ -42,6 +42,7 @@ from pipelines.follow.metrics import FollowMetrics, monitoring_for, serving
 from pipelines.follow.progress import Batch, BucketProgress, status_line
 from pipelines.quality.job import check_bucket, pinned_versions
 from pipelines.silver.job import applied_positions, apply_bucket
+from pipelines.silver.memory import ApplyMemory
 
 log = logging.getLogger("dcp_cdc.follow")
 
@@ -80,6 +81,8 @@ class Follower:
     progress: dict[str, BucketProgress] = field(default_factory=dict)
     metrics: FollowMetrics | None = None
     """What a scrape of ``follow.metrics_port`` reads (made by :meth:`run` when not given)."""
+    memory: dict[str, ApplyMemory] = field(default_factory=dict)
+    """bucket -> what its last apply left (:mod:`pipelines.silver.memory`)."""
     failed_check: bool = False
     _checking: threading.Thread | None = None
     _check_error: BaseException | None = None
@@ -188,7 +191,8 @@ class Follower:
         apply_s = 0.0
         applied = None
         if progress.unapplied:
-            applied = apply_bucket(self.spark, self.config, progress.bucket)
+            memory = self.memory.setdefault(progress.bucket.name, ApplyMemory())
+            applied = apply_bucket(self.spark, self.config, progress.bucket, memory=memory)
             apply_s = time.perf_counter() - started - ingest_s
             progress.applied.update(applied.positions)
             progress.unapplied = False

@@ -24,10 +24,12 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -37,9 +39,12 @@ from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
 from pipelines.batch_metrics import RunMetrics, pushed
+from pipelines.delta_io import table_version
 from pipelines.freshness import ChangeTimes
 from pipelines.silver import state, store, transforms
+from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
 from pipelines.silver.registry import (
+    Registry,
     collection_properties,
     ensure_projections,
     ensure_support_tables,
@@ -112,19 +117,46 @@ def apply_bucket(
     *,
     collection: str | None = None,
     rebuild: bool = False,
+    memory: ApplyMemory | None = None,
 ) -> ApplySummary:
     """One run for one bucket. ``collection`` (``SCOPE.NAME``) alone merges only that
-    collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild."""
+    collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild.
+    ``memory``: what the previous run of this process left (follow mode), used where the
+    tables are still at the versions it wrote, and updated; forgotten if the run fails."""
+    try:
+        return _apply(spark, config, bucket, collection, rebuild, memory)
+    except BaseException:
+        if memory is not None:
+            memory.forget()
+        raise
+
+
+def _apply(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    collection: str | None,
+    rebuild: bool,
+    memory: ApplyMemory | None,
+) -> ApplySummary:
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
     name = bucket.name
-    ensure_support_tables(spark, name, config.tables.properties)
     names = BucketTables(name)
-    if not spark.catalog.tableExists(names.events):
-        log.info("no bronze table for bucket %s yet", name)
-        return summary
+    if memory is None or not memory.support_ready:
+        ensure_support_tables(spark, name, config.tables.properties)
+        if not spark.catalog.tableExists(names.events):
+            log.info("no bronze table for bucket %s yet", name)
+            return summary
+        if memory is not None:
+            memory.support_ready = True
     at = summary.step("tables", started)
-    states = state.read_states(spark, names.stream_state)
+    states = memory.kept(spark, names.stream_state, memory.states) if memory else None
+    if states is None:
+        version = table_version(spark, names.stream_state) if memory is not None else 0
+        states = state.read_states(spark, names.stream_state)
+        if memory is not None:  # (a commit since ``version``: kept as older, read again)
+            memory.states = Kept(version, copy.deepcopy(states))
     at = summary.step("read_states", at)
     if rebuild:
         emptied = empty_tables(spark, name, collection)
@@ -173,14 +205,7 @@ def apply_bucket(
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
         changes = walked.where(F.col("kind") == "change")
         versions = walked.where(is_version)  # for history tables: ended changes too
-        registry = update_registry(
-            spark,
-            name,
-            controls,
-            collection_properties(config),
-            change_cids,
-            document_variant=config.silver.document_variant,
-        )
+        registry = _update_registry(spark, config, name, controls, change_cids, memory)
         at = summary.step("registry", at)
         rollbacks = [
             (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
@@ -223,15 +248,56 @@ def apply_bucket(
                 history_properties(config),
             )
             at = summary.step("history", at)
-        retire_dropped(spark, name, registry, new_states, config)
+        if retire_dropped(spark, name, registry, new_states, config) and memory is not None:
+            memory.registry = None  # tables renamed or dropped: read and check them again
+            memory.ensured.clear()
         ensure_projections(spark, registry, bucket.projections)
-        state.save_states(spark, names.stream_state, states, new_states)
+        before = table_version(spark, names.stream_state) if memory is not None else 0
+        saved = state.save_states(spark, names.stream_state, states, new_states)
+        if memory is not None:
+            memory.states = memory.after_write(
+                spark, names.stream_state, before, states_as_read(saved)
+            )
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def _update_registry(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: str,
+    controls: list[dict[str, Any]],
+    change_cids: set[int],
+    memory: ApplyMemory | None,
+) -> Registry:
+    """:func:`update_registry`, from the registry ``memory`` keeps while the table is at its
+    version (its collection tables not checked again), and kept for the next run."""
+    table = BucketTables(bucket).registry
+    kept = memory.kept(spark, table, memory.registry) if memory is not None else None
+    if memory is not None and kept is None:
+        memory.ensured.clear()  # read again: so are the tables checked
+    before = table_version(spark, table) if memory is not None else 0
+    registry, saved = update_registry(
+        spark,
+        bucket,
+        controls,
+        collection_properties(config),
+        change_cids,
+        document_variant=config.silver.document_variant,
+        stored=kept,
+        ensured=memory.ensured if memory is not None else None,
+    )
+    if memory is not None:
+        memory.registry = (
+            memory.after_write(spark, table, before, registry)
+            if saved
+            else Kept(before, copy.deepcopy(registry))
+        )
+    return registry
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

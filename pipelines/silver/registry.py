@@ -166,9 +166,16 @@ def update_registry(
     change_cids: set[int],
     *,
     document_variant: bool = False,
-) -> Registry:
+    stored: Registry | None = None,
+    ensured: set[str] | None = None,
+) -> tuple[Registry, bool]:
     """Apply committed system events to the collection registry; create new tables (with
-    ``document_variant``: :func:`ensure_collection_table`).
+    ``document_variant``: :func:`ensure_collection_table`). Returns the registry and whether
+    it was saved.
+
+    ``stored``: the registry's rows as the caller knows the table holds them (else read);
+    ``ensured``: the collection tables the caller made or checked already, which are not
+    checked again (and to which those checked now are added).
 
     A collection whose changes arrive without its create event (a stream that started after
     it, or files that arrive newest first) is registered as ``_unknown.collection_<id hex>``
@@ -177,8 +184,9 @@ def update_registry(
     :func:`_take_names` renames its tables, kill-safe.
     """
     table = BucketTables(bucket).registry
-    stored = spark.table(table).collect()
-    current = {r["collection_id"]: r.asDict(recursive=True) for r in stored}
+    if stored is None:
+        stored = [r.asDict(recursive=True) for r in spark.table(table).collect()]
+    current = {r["collection_id"]: r for r in stored}
     scopes = {0: "_default"}
     for r in current.values():  # a scope's name from its create event wins over its stand-in
         if scopes.get(r["scope_id"], _scope_stand_in(r["scope_id"])) == _scope_stand_in(
@@ -239,13 +247,18 @@ def update_registry(
         _take_names(spark, table, list(current.values()))
         changed = True
     for row in current.values():
-        if row["status"] in tables.WITH_TABLES:
+        if row["status"] in tables.WITH_TABLES and (
+            ensured is None or row["table_name"] not in ensured
+        ):
             ensure_collection_table(
                 spark, row["table_name"], properties, document_variant=document_variant
             )
-    if changed or len(current) != len(stored):
+            if ensured is not None:
+                ensured.add(row["table_name"])
+    saved = changed or len(current) != len(stored)
+    if saved:
         _save_registry(spark, table, list(current.values()))
-    return list(current.values())
+    return list(current.values()), saved
 
 
 UNKNOWN_SCOPE_ID = -1
@@ -365,8 +378,9 @@ def retire_dropped(
     registry: Registry,
     states: dict[int, dict[str, Any]],
     config: AppConfig,
-) -> None:
-    """A collection whose drop reached every vbucket is retired (archived or dropped).
+) -> bool:
+    """A collection whose drop reached every vbucket is retired (archived or dropped); returns
+    whether one was (the registry and the catalog changed).
 
     Kill-safe: the registry says ``retiring`` before the first catalog change and ``retired``
     after the last. A run killed in between leaves ``retiring``, which no step makes tables
@@ -379,7 +393,7 @@ def retire_dropped(
         or (row["status"] == "dropped" and vbuckets <= set(row["drop_seqnos"]))
     ]
     if not todo:
-        return
+        return False
     table = BucketTables(bucket).registry
     if any(row["status"] == "dropped" for row in todo):
         for row in todo:
@@ -411,3 +425,4 @@ def retire_dropped(
             delta_io.catalog_step(view, partial(spark.sql, f"DROP VIEW IF EXISTS {view}"), "")
         row["status"] = "retired"
     _save_registry(spark, table, registry)
+    return True

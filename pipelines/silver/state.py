@@ -32,7 +32,9 @@ def save_states(
     table: str,
     old: dict[int, dict[str, Any]],
     new: dict[int, dict[str, Any]],
-) -> None:
+) -> dict[int, dict[str, Any]]:
+    """Every vbucket's state (``new``'s, else ``old``'s) in one commit; returns what it wrote
+    (vbucket -> state with its ``run_id``)."""
     merged = {vb: s["state"] | {"run_id": s["position_run_id"]} for vb, s in old.items()}
     merged.update(new)
     rows = []
@@ -58,6 +60,7 @@ def save_states(
         "updated_at", F.current_timestamp()
     )
     with_retry(table, lambda: replace_rows(df, table))
+    return merged
 
 
 def unconsumed_frames(

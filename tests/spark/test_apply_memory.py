@@ -1,0 +1,128 @@
+"""Follow mode's memory of silver between micro-batches (pipelines/silver/memory.py): what it
+keeps is what the tables hold, it is used while they are at the versions it wrote, read again
+when another writer moved them, and silver equals the truth either way."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.simulator import simulate
+from pipelines.bronze.job import ingest_bucket
+from pipelines.delta_io import table_version
+from pipelines.silver import state
+from pipelines.silver.job import apply_bucket
+from pipelines.silver.memory import ApplyMemory
+from pipelines.silver.registry import read_registry
+from pipelines.tables import BucketTables
+from tests.support.reference_consumer import capture_files
+from tests.support.truth import assert_equal_to_truth
+
+
+def _by_name(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {r["collection_id"]: {k: v for k, v in r.items() if k != "updated_at"} for r in rows}
+
+
+def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
+    spark: SparkSession,
+    spark_warehouse: Path,
+    tmp_path: Path,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Collections are created, dropped and retired across four micro-batches of files in
+    session order; before the third one's, a batch run (another writer, no memory) applies. The memory-backed runs read the stream state only when it is not theirs (the
+    first, and the one after the other writer), what they keep equals the tables, and
+    silver equals the truth."""
+    result = simulate(
+        tmp_path / "sim",
+        bucket=bucket,
+        scenario="collection-lifecycle",
+        seed=3,
+        vbuckets=2,
+        docs=40,
+        ops=200,
+        max_file_bytes=4_000,
+    )
+    files = capture_files(result.out / "landing")
+    assert len(files) >= 4
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    (b,) = config.buckets
+    names = BucketTables(bucket)
+    reads: list[str] = []
+    real_read = state.read_states
+
+    def counted(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
+        reads.append(table)
+        return real_read(spark, table)
+
+    monkeypatch.setattr(state, "read_states", counted)
+    memory = ApplyMemory()
+    quarter = -(-len(files) // 4)
+    batches = [files[i : i + quarter] for i in range(0, len(files), quarter)]
+    read_by_batch, kept_registry = [], 0
+    for i, batch in enumerate(batches):
+        for path in batch:
+            shutil.copy(path, landing)
+        ingest_bucket(spark, config, b)
+        if i == 2:
+            apply_bucket(spark, config, b)  # the other writer: its run commits the state
+        before = len(reads)
+        apply_bucket(spark, config, b, memory=memory)
+        read_by_batch.append(len(reads) - before)
+        # what is kept at the table's version is what the table holds
+        assert memory.states is not None
+        assert memory.states.version == table_version(spark, names.stream_state), i
+        assert memory.states.rows == real_read(spark, names.stream_state), i
+        # (none after a run that retired a collection: renamed tables are read again; after
+        # the other writer's run this one walked nothing: its registry is not known yet)
+        if memory.registry is not None and i != 2:
+            kept_registry += 1
+            assert memory.registry.version == table_version(spark, names.registry), i
+            assert _by_name(memory.registry.rows) == _by_name(read_registry(spark, bucket)), i
+    # the first run reads, each next one keeps; after the other writer's commit it reads again
+    # (the other writer consumed that batch: the memory run after it walks nothing new)
+    assert read_by_batch == [1, 0, 1, 0]
+    assert kept_registry >= 2
+    assert_equal_to_truth(spark, bucket, result)
+
+
+def test_a_failed_run_forgets(
+    spark: SparkSession,
+    spark_warehouse: Path,
+    tmp_path: Path,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that fails after its MERGEs forgets what it kept; the next run reads the tables
+    and finishes the batch."""
+    result = simulate(tmp_path / "sim", bucket=bucket, scenario="basic", seed=4, vbuckets=2)
+    config = AppConfig(
+        landing=str(result.out / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    (b,) = config.buckets
+    memory = ApplyMemory()
+    ingest_bucket(spark, config, b)
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("killed before the state is saved")
+
+    with monkeypatch.context() as m:
+        m.setattr(state, "save_states", fail)
+        with pytest.raises(RuntimeError, match="killed before"):
+            apply_bucket(spark, config, b, memory=memory)
+    assert memory == ApplyMemory()
+    apply_bucket(spark, config, b, memory=memory)
+    assert memory.states is not None
+    assert_equal_to_truth(spark, bucket, result)
