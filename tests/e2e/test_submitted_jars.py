@@ -32,7 +32,9 @@ spark.stop()
 """
 
 
-@pytest.mark.parametrize("catalog", ["embedded", "derby server"])
+@pytest.mark.parametrize(
+    "catalog", ["embedded", pytest.param("derby server", marks=pytest.mark.long)]
+)
 def test_a_submitted_driver_running_the_shipped_zip_uses_the_submitters_jars(
     tmp_path: Path, catalog: str
 ) -> None:

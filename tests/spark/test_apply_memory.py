@@ -28,6 +28,8 @@ def _by_name(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {r["collection_id"]: {k: v for k, v in r.items() if k != "updated_at"} for r in rows}
 
 
+@pytest.mark.long  # five applies, two minutes; make test runs follow mode with memory in
+# tests/spark/test_metrics_export.py
 def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
     spark: SparkSession,
     spark_warehouse: Path,
@@ -45,8 +47,8 @@ def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
         scenario="collection-lifecycle",
         seed=3,
         vbuckets=2,
-        docs=40,
-        ops=200,
+        docs=30,
+        ops=120,
         max_file_bytes=4_000,
     )
     files = capture_files(result.out / "landing")
@@ -105,7 +107,9 @@ def test_a_failed_run_forgets(
 ) -> None:
     """A run that fails after its MERGEs forgets what it kept; the next run reads the tables
     and finishes the batch."""
-    result = simulate(tmp_path / "sim", bucket=bucket, scenario="basic", seed=4, vbuckets=2)
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, scenario="basic", seed=4, vbuckets=2, docs=30, ops=60
+    )
     config = AppConfig(
         landing=str(result.out / "landing"),
         warehouse=str(spark_warehouse),

@@ -90,6 +90,7 @@ def test_a_view_is_replaced_only_when_its_query_differs(
     assert delta_io.view_text(spark, table) is None  # a table is not a view
 
 
+@pytest.mark.long
 def test_a_rerun_after_a_killed_apply_publishes_no_older_state(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:

@@ -28,6 +28,7 @@ from pipelines.follow.metrics import APPLY_STEPS, METRICS, STEPS, FollowMetrics,
 from pipelines.follow.progress import Batch, BucketProgress, freshness_text
 from pipelines.freshness import PROBABILITIES, ChangeTimes
 from pipelines.silver.job import ApplySummary
+from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.steps import STEPS as SILVER_STEPS
 from tests.support.ports import free_port
 
@@ -206,7 +207,8 @@ def test_the_loop_serves_its_metrics_and_fails_readyz_while_batches_fail(
             seen["metrics"] = get(port, "/metrics")[1]
         return IngestSummary("b", run_version=len(calls), files=1, frames=100)
 
-    def apply(spark: object, config: AppConfig, bucket: BucketConfig) -> ApplySummary:
+    def apply(spark: object, config: AppConfig, bucket: BucketConfig, **kw: Any) -> ApplySummary:
+        assert isinstance(kw.pop("memory"), ApplyMemory) and not kw  # one per bucket, kept
         summary = ApplySummary("b", positions={0: 10 * len(calls)}, tables={TABLE: 7})
         summary.steps = {"walk": 0.2, "merge": 0.3}
         now = time.time()  # within the status line's last minute
