@@ -353,6 +353,7 @@ def test_a_bronze_table_of_an_earlier_version_gains_high_seqnos(
         assert events.where(F.col("op") == "mutation").count() == 12
 
 
+@pytest.mark.long
 def test_a_missed_rollback_fails_on_cluster_branch_and_the_rollback_makes_it_pass(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, buckets: list[str]
 ) -> None:

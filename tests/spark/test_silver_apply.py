@@ -355,6 +355,7 @@ def test_change_data_feed_setting_and_equal_tables(
 # --- a table of an earlier version ---------------------------------------------------------
 
 
+@pytest.mark.long
 def test_a_table_made_before_modified_at_gains_it_and_its_view_shows_it(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path
 ) -> None:
