@@ -151,11 +151,12 @@ def _apply(
         if memory is not None:
             memory.support_ready = True
     at = summary.step("tables", started)
-    states = memory.kept(spark, names.stream_state, memory.states) if memory else None
+    states = None
+    if memory is not None:
+        version, states = memory.kept(spark, names.stream_state, memory.states)
     if states is None:
-        version = table_version(spark, names.stream_state) if memory is not None else 0
         states = state.read_states(spark, names.stream_state)
-        if memory is not None:  # (a commit since ``version``: kept as older, read again)
+        if memory is not None:
             memory.states = Kept(version, copy.deepcopy(states))
     at = summary.step("read_states", at)
     if rebuild:
@@ -277,10 +278,11 @@ def _update_registry(
     """:func:`update_registry`, from the registry ``memory`` keeps while the table is at its
     version (its collection tables not checked again), and kept for the next run."""
     table = BucketTables(bucket).registry
-    kept = memory.kept(spark, table, memory.registry) if memory is not None else None
-    if memory is not None and kept is None:
-        memory.ensured.clear()  # read again: so are the tables checked
-    before = table_version(spark, table) if memory is not None else 0
+    before, kept = 0, None
+    if memory is not None:
+        before, kept = memory.kept(spark, table, memory.registry)
+        if kept is None:
+            memory.ensured.clear()  # read again: so are the tables checked
     registry, saved = update_registry(
         spark,
         bucket,

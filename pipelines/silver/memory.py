@@ -50,11 +50,15 @@ class ApplyMemory:
         self.states = self.registry = None
         self.ensured.clear()
 
-    def kept(self, spark: SparkSession, table: str, kept: Kept | None) -> Any | None:
-        """A deep copy of ``kept``'s rows if ``table`` is still at their version, else None."""
-        if kept is None or table_version(spark, table) != kept.version:
-            return None
-        return copy.deepcopy(kept.rows)
+    @staticmethod
+    def kept(spark: SparkSession, table: str, kept: Kept | None) -> tuple[int, Any | None]:
+        """``table``'s version now, and a deep copy of ``kept``'s rows if they are of that
+        version (else None: read the table, and keep what is read as of that version at
+        most, so that a commit in between makes the next look read again)."""
+        version = table_version(spark, table)
+        if kept is None or kept.version != version:
+            return version, None
+        return version, copy.deepcopy(kept.rows)
 
     @staticmethod
     def after_write(spark: SparkSession, table: str, before: int, rows: Any) -> Kept | None:
