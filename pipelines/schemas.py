@@ -327,6 +327,9 @@ WALKED = T.StructType(
         T.StructField("ignored", T.LongType()),
         T.StructField("state", T.StringType()),
         T.StructField("position_run_id", T.StringType()),
+        # on the state row: a frame of a run finished after the walk's ``late_after`` sorts at
+        # or before the vbucket's saved position (files of an older session arrived late)
+        T.StructField("late", T.BooleanType()),
         T.StructField("rollback_seqno", T.LongType()),
         T.StructField("op", T.StringType()),
         T.StructField("event", T.StringType()),

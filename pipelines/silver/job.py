@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -165,27 +165,11 @@ def _apply(
         # Every vbucket is walked from its first frame again; the tables not emptied see
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
-    frames, again = state.unconsumed_frames(spark, names, states)
+    frames, late_after = state.unconsumed_frames(spark, names, states)
     at = summary.step("unconsumed", at)
-    if again:
-        log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-    walked = state.walk_vbuckets(
-        spark, frames, states, again, eager=config.silver.eager_apply
-    ).cache()
+    walked, found = _walk(spark, config, names, states, frames, late_after)
+    is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
     try:
-        # One job for the control rows and the collections changed (a row of kind
-        # ``change`` or ``ended_change`` per collection, with nothing else, comes with the
-        # control rows), and the CAS times of the changes summed up (freshness).
-        is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
-        changed = walked.where(is_version).select("kind", "collection_id").distinct()
-        times = transforms.change_times(walked.where(F.col("kind") == "change"))
-        found = [
-            r.asDict(recursive=True)
-            for r in walked.where(~is_version)
-            .unionByName(changed, allowMissingColumns=True)
-            .unionByName(times, allowMissingColumns=True)
-            .collect()
-        ]
         at = summary.step("walk", at)
         times_row = next(r for r in found if r["kind"] == transforms.CHANGE_TIMES)
         found = [r for r in found if r["kind"] != transforms.CHANGE_TIMES]
@@ -265,6 +249,47 @@ def _apply(
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def _walk(
+    spark: SparkSession,
+    config: AppConfig,
+    names: BucketTables,
+    states: dict[int, dict[str, Any]],
+    frames: DataFrame,
+    late_after: int | None,
+) -> tuple[DataFrame, list[dict[str, Any]]]:
+    """The vbuckets walked (cached) and, in one job, the control rows, the collections changed
+    (a row of kind ``change`` or ``ended_change`` per collection, with nothing else) and the
+    CAS times of the changes summed up (freshness). A vbucket whose walk met frames of an older
+    session that arrived late (:func:`state.late_vbuckets`) is walked again from its start,
+    with the others, until none is late (once, unless a run finishes in between)."""
+    again: set[int] = set()
+    while True:
+        walked = state.walk_vbuckets(
+            spark, frames, states, again, eager=config.silver.eager_apply, late_after=late_after
+        ).cache()
+        try:
+            is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+            changed = walked.where(is_version).select("kind", "collection_id").distinct()
+            times = transforms.change_times(walked.where(F.col("kind") == "change"))
+            found = [
+                r.asDict(recursive=True)
+                for r in walked.where(~is_version)
+                .unionByName(changed, allowMissingColumns=True)
+                .unionByName(times, allowMissingColumns=True)
+                .collect()
+            ]
+        except BaseException:
+            walked.unpersist()
+            raise
+        late = state.late_vbuckets(found)
+        if not late:
+            return walked, found
+        walked.unpersist()
+        again |= late
+        log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
+        frames, late_after = state.unconsumed_frames(spark, names, states, again)
 
 
 def _update_registry(

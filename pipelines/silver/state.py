@@ -64,21 +64,29 @@ def save_states(
 
 
 def unconsumed_frames(
-    spark: SparkSession, names: BucketTables, states: dict[int, dict[str, Any]]
-) -> tuple[DataFrame, set[int]]:
+    spark: SparkSession,
+    names: BucketTables,
+    states: dict[int, dict[str, Any]],
+    again: set[int] | frozenset[int] = frozenset(),
+) -> tuple[DataFrame, int | None]:
     """Bronze frames that may hold frames no silver run has consumed yet (with the
-    ``run_version`` of their ingest run), and the vbuckets to walk again from their start.
+    ``run_version`` of their ingest run), every frame of the vbuckets in ``again`` (walked
+    again from their start), and ``late_after``: the ingest-log version after which a finished
+    run's frame that sorts at or before its vbucket's saved position is late (None: no
+    vbucket has a position to be late against).
 
-    A vbucket is walked again when a new run brought frames that sort before the position
-    silver reached in it: files of an older session that arrived after a newer session was
-    applied. Walking its whole history again in session order gives what one run over all
-    of it would have given; the MERGE guard and the idempotent deletes make the replay safe.
+    A frame is late when it belongs to files of an older session that arrived after a newer
+    session was applied. The walk finds them as it reads (:func:`late_vbuckets`): the late
+    runs are among the runs read, since ``late_after`` is the oldest version every vbucket has
+    seen. Such a vbucket is walked again from its first frame, in session order, which gives
+    what one run over all of it would have given; the MERGE guard and the idempotent deletes
+    make the replay safe.
     """
     log = spark.table(names.ingest_log)
     events = spark.table(names.events)
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        return transforms.walk_input(events, transforms.finished_runs(log)), set()
+        return transforms.walk_input(events, transforms.finished_runs(log)), None
     # The runs from the oldest one a vbucket's position is in: the log's rows before it are
     # skipped by their statistics, so the read follows the runs not consumed, not the log's
     # age (until each vbucket was walked once since states kept their run's version, the
@@ -88,35 +96,20 @@ def unconsumed_frames(
         log = log.where(F.col("run_version") >= min(floors))
     versions_df = transforms.finished_runs(log)
     versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
-    seen = min(s["state"].get("seen_version", 0) for s in states.values())
-    late: set[int] = set()
-    new_runs = [r for r, v in versions.items() if v > seen]
-    if new_runs:
-        positions = [
-            (vb, *s["state"]["position"]) for vb, s in states.items() if s["state"]["position"]
-        ]
-        saved = spark.createDataFrame(
-            positions, "p_vb INT, p_started STRING, p_session STRING, p_seq INT, p_offset LONG"
-        )
-        position = F.struct("session_started_at", "session_id", "file_sequence", "offset")
-        saved_position = F.struct("p_started", "p_session", "p_seq", "p_offset")
-        late = {
-            r["vb_key"]
-            for r in transforms.walk_input(events.where(of_runs(new_runs)), versions_df)
-            .join(F.broadcast(saved), F.col("vb_key") == F.col("p_vb"))
-            .where(position <= saved_position)
-            .select("vb_key")
-            .distinct()
-            .collect()
-        }
+    late_after = min(s["state"].get("seen_version", 0) for s in states.values())
     oldest = min(versions.get(r, 0) for r in run_ids)
     recent = of_runs([r for r, v in versions.items() if v >= oldest])
-    if not late:
-        return transforms.walk_input(events, versions_df).where(recent), late
-    # a late vbucket is walked again from its first frame: every finished run
+    if not again:
+        return transforms.walk_input(events, versions_df).where(recent), late_after
+    # a vbucket walked again starts from its first frame: every finished run
     every_run = transforms.finished_runs(spark.table(names.ingest_log))
-    wanted = recent | F.col("vb_key").isin(sorted(late))
-    return transforms.walk_input(events, every_run).where(wanted), late
+    wanted = recent | F.col("vb_key").isin(sorted(again))
+    return transforms.walk_input(events, every_run).where(wanted), late_after
+
+
+def late_vbuckets(found: list[dict[str, Any]]) -> set[int]:
+    """The vbuckets whose walk (collected ``found`` rows) met late frames: walk them again."""
+    return {r["vbucket"] for r in found if r["kind"] == "state" and r["late"]}
 
 
 def of_runs(run_ids: list[str]) -> Column:
@@ -137,9 +130,13 @@ def walk_vbuckets(
     again: set[int] | frozenset[int] = frozenset(),
     *,
     eager: bool = False,
+    late_after: int | None = None,
 ) -> DataFrame:
     """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
-    the vbuckets in ``again`` start over from a fresh state."""
-    state_rows = [(vb, json.dumps(s["state"])) for vb, s in states.items() if vb not in again]
-    saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING")
+    the vbuckets in ``again`` start over from a fresh state. ``late_after``: see
+    :func:`unconsumed_frames` (None: no vbucket is checked for late frames)."""
+    state_rows = [
+        (vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again
+    ]
+    saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
     return transforms.walk_frames(frames, saved, eager=eager)

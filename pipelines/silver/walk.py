@@ -325,6 +325,12 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     rows.sort(key=position_of)
     start = state.position
     fresh = [r for r in rows if start is None or position_of(r) > start]
+    late_after = rows[0].get("late_after")
+    late = (
+        late_after is not None
+        and start is not None
+        and any(r["run_version"] > late_after for r in rows if position_of(r) <= start)
+    )
     result = walk(fresh, state, eager=eager)
     out: list[dict[str, Any]] = []
     changes = list(result.changes)
@@ -375,6 +381,7 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
                 }
             ),
             "position_run_id": position_run,
+            "late": late,
         }
     )
     return pa.Table.from_pylist(out, schema=out_schema)

@@ -413,6 +413,13 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
     seen = saved.get("seen_version", 0) if saved else 0
     order = _Order(table)
     first = order.first_after(state.position)
+    late_after = (
+        table.column("late_after")[0].as_py() if "late_after" in table.schema.names else None
+    )
+    run_versions = _values(_array(table, "run_version"))
+    late = bool(
+        late_after is not None and first and run_versions[order.rows[:first]].max() > late_after
+    )
     frames = _Frames(table, order, first)
     walked = _walk(frames, state, eager)
     # the run holding the first frame not consumed (or the last one read): the next run reads
@@ -425,7 +432,7 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
         position_version = table.column("run_version")[row].as_py()
     if position_run is None and saved:
         position_run, position_version = saved.get("run_id"), saved.get("position_version")
-    seen = max(seen, int(_values(_array(table, "run_version")).max()))
+    seen = max(seen, int(run_versions.max()))
     last = {
         "frames": len(frames),
         "ignored": walked.ignored,
@@ -438,11 +445,14 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
             }
         ),
         "position_run_id": position_run,
+        "late": late,
     }
     return _walked_rows(table, out_schema, vb, frames, walked, last)
 
 
-_SET_BY_WALK = frozenset(("kind", "vbucket", "state", "frames", "ignored", "position_run_id"))
+_SET_BY_WALK = frozenset(
+    ("kind", "vbucket", "state", "frames", "ignored", "position_run_id", "late")
+)
 """The columns of a walked row the walk fills itself, whatever its frame has."""
 
 

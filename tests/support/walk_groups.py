@@ -1,6 +1,6 @@
 """The tables silver's walk gets, without Spark: one per vbucket, as ``walk_frames`` hands them
 to ``applyInArrow`` (the walked columns with Spark's types, ``vb_key`` first, the vbucket's
-``saved_state`` last, in record batches), built from frame dicts or from capture files decoded
+``saved_state`` and ``late_after`` last, in record batches), built from frame dicts or from capture files decoded
 as bronze decodes them. For the walk's tests and its benchmark (``benchmarks/walk.py``)."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ GROUP_SCHEMA = pa.schema(
         ("vb_key", pa.int32()),
         *[(name, _TYPES[name]) for name in _WALK_COLUMNS],
         ("saved_state", pa.string()),
+        ("late_after", pa.int64()),
     ]
 )
 """The columns of a vbucket's group, as ``walk_frames`` selects them."""
@@ -96,6 +97,7 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
         vb_key,
         *[run[name] if name in run else events[name] for name in _WALK_COLUMNS],
         pa.nulls(n, pa.string()),
+        pa.nulls(n, pa.int64()),
     ]
     table = pa.Table.from_arrays(columns, schema=GROUP_SCHEMA)
     keys = vb_key.to_numpy()
