@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import re
@@ -72,6 +73,9 @@ def _child(work: Path) -> int:
         password="password",
         rotate_bytes=64 << 20,
         rotate_seconds=config.follow.rotate_seconds,
+    )
+    logging.basicConfig(  # each ingest's and apply's start and summary: where a kill hit
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
