@@ -98,7 +98,6 @@ class Run:
     def __init__(self, work: Path, log: Path) -> None:
         self.log = log.open("w", encoding="utf-8")
         self.lines: list[str] = []
-        self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.follow_kill_trials", "--child", str(work)],
             stdout=subprocess.PIPE,
