@@ -243,6 +243,7 @@ class Follower:
 
     def _check(self, at: dict[str, dict[str, int]]) -> None:
         self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "quality")
+        any_failed = False
         try:
             for b in self.buckets:
                 with log_context(bucket=b.name):  # this thread's own context
@@ -255,7 +256,8 @@ class Follower:
                     f"{time.strftime('%H:%M:%S')} {b.name}: quality {verdict}, {met} of "
                     f"{len(report.outcomes)} expectations met{failed} ({report.report_path})"
                 )
-                self.failed_check = not report.passed
+                any_failed = any_failed or not report.passed
+            self.failed_check = any_failed  # any bucket's failure fails the round's verdict
         except BaseException as exc:  # raised again in the loop's thread (check_done)
             self._check_error = exc
 

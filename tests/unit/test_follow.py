@@ -5,6 +5,7 @@ line, the threads the agent and the demo's producer run in (the loop itself runs
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import threading
@@ -22,9 +23,11 @@ from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
 from pipelines.demo import LoopThread
+from pipelines.follow import loop
 from pipelines.follow.agent import AgentProcess, captured_seqnos, checkpoint_of, follow_settings
 from pipelines.follow.entry import stop_signals
 from pipelines.follow.progress import Batch, BucketProgress, status_line
+from pipelines.quality.report import ExpectationOutcome, QualityReport
 
 
 def _settings(tmp_path: Path, rotate: float = 300.0) -> CaptureSettings:
@@ -207,3 +210,55 @@ def test_the_agent_process_raises_its_typed_error_and_stops_cleanly(tmp_path: Pa
         assert list((tmp_path / "right").glob("*.dcpcap")), "no capture file landed"
     finally:
         producer.stop()
+
+
+class _SparkContext:
+    def setLocalProperty(self, key: str, value: str) -> None:
+        pass
+
+
+class _Spark:
+    sparkContext = _SparkContext()
+
+
+def _report(bucket: str, passed: bool) -> QualityReport:
+    outcome = ExpectationOutcome(
+        suite="snapshots",
+        name="complete",
+        severity="error",
+        description="every snapshot complete",
+        expectation_type="expect_column_values_to_be_in_set",
+        success=passed,
+        observed="",
+    )
+    return QualityReport(bucket=bucket, run_id="r", checked_at="now", outcomes=[outcome])
+
+
+@pytest.mark.parametrize("verdicts", [(False, True), (True, False), (False, False)])
+def test_a_round_of_checks_fails_when_any_bucket_fails_whatever_its_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verdicts: tuple[bool, bool]
+) -> None:
+    buckets = [BucketConfig(name="first"), BucketConfig(name="second")]
+    config = AppConfig(landing=str(tmp_path), warehouse=str(tmp_path / "w"), buckets=buckets)
+    passed = dict(zip(("first", "second"), verdicts, strict=True))
+
+    def check_bucket(
+        spark: object, config: AppConfig, b: BucketConfig, at: object
+    ) -> QualityReport:
+        return _report(b.name, passed[b.name])
+
+    monkeypatch.setattr(loop, "check_bucket", check_bucket)
+    follower = loop.Follower(
+        spark=_Spark(),  # type: ignore[arg-type]
+        config=config,
+        buckets=buckets,
+        out=io.StringIO(),
+        stop=threading.Event(),
+    )
+    follower._check({"first": {}, "second": {}})
+    assert follower._check_error is None
+    assert follower.failed_check
+
+    passed.update(first=True, second=True)  # the next round passes everywhere: the verdict clears
+    follower._check({"first": {}, "second": {}})
+    assert not follower.failed_check
