@@ -9,8 +9,9 @@ fast and without Spark. This module holds the parser and the entry points: every
 (:func:`job_main`): the same flags, messages and exit statuses.
 
 Exit status: 0 done, 1 a finding (a malformed frame for ``decode``, a failed quality
-expectation for ``check`` and ``run``), 2 a :class:`DcpError` (a one-line message; a bug's
-traceback still shows in full).
+expectation for ``check`` and ``run``), 2 a :class:`DcpError`: one line, ``dcp-cdc VERB:
+error: ClassName: message``, which names the error's class as the docs do (a bug's traceback
+still shows in full).
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def main(
         configure_logging(*from_environment(log_level, "text"))
         return int(args.func(args, out or sys.stdout))
     except DcpError as exc:
-        message = f"dcp-cdc {args.command}: error: {exc}"
+        message = f"dcp-cdc {args.command}: error: {type(exc).__name__}: {exc}"
         if current_format() == "json":  # a log line like the others, for the log's reader
             logging.getLogger("dcp_cdc.cli").error(message)
         else:

@@ -236,7 +236,7 @@ def test_a_network_bind_without_authentication_fails_before_spark(
 ) -> None:
     status, _, err = _serve(tmp_path, capsys, "", "--host", "0.0.0.0")
     assert status == 2 and launch.commands == []
-    assert "thrift-server: error: invalid Thrift server settings: thrift: " in err
+    assert "thrift-server: error: ConfigError: invalid Thrift server settings: thrift: " in err
     assert "authentication: host '0.0.0.0' is not loopback" in err and "--insecure-open" in err
     status, _, err = _serve(tmp_path, capsys, '[thrift]\nhost = "0.0.0.0"\n')
     assert status == 2 and launch.commands == [] and "thrift: Value error, authentication" in err
