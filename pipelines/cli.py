@@ -46,6 +46,7 @@ MODULES = {
     "maintain": "pipelines.commands.maintain",
     "spark-conf": "pipelines.commands.spark_conf",
     "thrift-server": "pipelines.commands.thrift_server",
+    "beeline": "pipelines.commands.beeline",
     "metastore": "pipelines.commands.metastore",
     "status": "pipelines.commands.status",
 }
@@ -135,6 +136,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             [catalog],
         ),
         ("thrift-server", "serve the catalog over JDBC (Spark Thrift server)", [catalog]),
+        ("beeline", "Spark's JDBC shell, connected to the Thrift server", [job]),
         (
             "metastore",
             "start, stop or check the server that shares the catalog between processes",
