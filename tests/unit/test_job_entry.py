@@ -122,5 +122,7 @@ def test_a_landing_folder_that_is_not_there_exits_2_before_spark(
     path.write_text('landing = "missing"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
     assert job_main(verb, ["--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"dcp-cdc {verb}: error: ConfigError: {path}: landing: the landing location ")
+    assert err.startswith(
+        f"dcp-cdc {verb}: error: ConfigError: {path}: landing: the landing location "
+    )
     assert err.rstrip().endswith(f"{str(tmp_path / 'missing')!r} of bucket 'b' does not exist")
