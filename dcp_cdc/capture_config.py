@@ -359,42 +359,54 @@ class CaptureConfig(ConfigModel):
         return None if self.vbuckets is None else parse_vbucket_range(self.vbuckets)
 
     def password(self) -> str:
-        """The password, read now from ``password_env`` or ``password_file``. A
-        :class:`ConfigError` names the variable or the file, never the secret."""
+        """The password, read now from ``password_env`` or ``password_file``
+        (:func:`read_password`). A :class:`ConfigError` names the variable or the file,
+        never the secret."""
         if self.password_env is None and self.password_file is None:
             raise ConfigError(
                 "capture password: none is set (a client certificate, tls_cert_file, "
                 "authenticates the agent)"
             )
-        if self.password_env is not None:
-            value = os.environ.get(self.password_env)
-            if value is None:
-                raise ConfigError(
-                    f"capture password: the environment variable {self.password_env} "
-                    "(password_env) is not set"
-                )
-            where = f"the environment variable {self.password_env}"
-        else:
-            assert self.password_file is not None
-            where = f"password_file {self.password_file}"
-            try:
-                raw = Path(self.password_file).expanduser().read_bytes()
-            except FileNotFoundError:
-                raise ConfigError(f"capture password: {where} not found") from None
-            except OSError as exc:
-                raise ConfigError(
-                    f"capture password: {where} cannot be read ({exc.strerror})"
-                ) from None
-            try:
-                value = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ConfigError(f"capture password: {where} is not UTF-8 text") from None
-            value = (
-                value.removesuffix("\r\n") if value.endswith("\r\n") else value.removesuffix("\n")
+        return read_password(self.password_env, self.password_file)
+
+
+def read_password(
+    password_env: str | None,
+    password_file: str | None,
+    *,
+    what: str = "capture password",
+    settings: tuple[str, str] = ("password_env", "password_file"),
+) -> str:
+    """A password read now from the environment variable ``password_env``, else from the file
+    ``password_file`` (UTF-8, one trailing newline ignored). A :class:`ConfigError` says
+    ``what`` and names the variable or the file and its setting (``settings``: the names of
+    the two), never the secret."""
+    env_setting, file_setting = settings
+    if password_env is not None:
+        value = os.environ.get(password_env)
+        if value is None:
+            raise ConfigError(
+                f"{what}: the environment variable {password_env} ({env_setting}) is not set"
             )
-        if not value:
-            raise ConfigError(f"capture password: {where} is empty")
-        return value
+        where = f"the environment variable {password_env}"
+    elif password_file is not None:
+        where = f"{file_setting} {password_file}"
+        try:
+            raw = Path(password_file).expanduser().read_bytes()
+        except FileNotFoundError:
+            raise ConfigError(f"{what}: {where} not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{what}: {where} cannot be read ({exc.strerror})") from None
+        try:
+            value = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what}: {where} is not UTF-8 text") from None
+        value = value.removesuffix("\r\n") if value.endswith("\r\n") else value.removesuffix("\n")
+    else:
+        raise ConfigError(f"{what}: neither {env_setting} nor {file_setting} is set")
+    if not value:
+        raise ConfigError(f"{what}: {where} is empty")
+    return value
 
 
 class CaptureDirs(NamedTuple):

@@ -1,6 +1,8 @@
-"""What the catalog holds: the tables of each layer with row counts, and a bucket's overview.
+"""What the catalog holds: the tables of each layer with row counts, and a bucket's overview;
+and what a query that Spark could not analyse was missing.
 
-``dcp-cdc tables`` and the summary ``dcp-cdc run`` prints read the catalog through here.
+``dcp-cdc tables``, ``dcp-cdc sql`` and the summary ``dcp-cdc run`` prints read the catalog
+through here.
 """
 
 from __future__ import annotations
@@ -8,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.tables import LAYERS, WITH_TABLES, BucketTables, all_rows
+from pipelines.errors import QueryError, TableNotFoundError
+from pipelines.tables import (
+    LAYERS,
+    WITH_TABLES,
+    BucketTables,
+    all_rows,
+    missing_database,
+    missing_table,
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,37 @@ def list_tables(spark: SparkSession, layers: Sequence[str] = LAYERS) -> list[Tab
             kind = "view" if table.tableType == "VIEW" else "table"
             found.append(TableInfo(layer, name, kind, spark.table(name).count()))
     return found
+
+
+def table_names(spark: SparkSession, layers: Sequence[str] = LAYERS) -> list[str]:
+    """The names (``layer.table``) of every table and view of the layers' databases."""
+    return [
+        f"{layer}.{table.name}"
+        for layer in layers
+        if spark.catalog.databaseExists(layer)
+        for table in spark.catalog.listTables(layer)
+    ]
+
+
+def _unquoted(name: str) -> str:
+    """``layer.table`` of a name as Spark's messages quote it (`` `spark_catalog`.`silver`.`t` ``)."""
+    parts = [part.strip("`").lower() for part in name.split(".")]
+    return ".".join(parts[1:] if len(parts) > 1 and parts[0] == "spark_catalog" else parts)
+
+
+def query_error(spark: SparkSession, exc: AnalysisException, buckets: Sequence[str]) -> QueryError:
+    """The typed one-line error of a statement Spark could not parse or analyse: a name the
+    catalog lacks is a :class:`TableNotFoundError` that says why (``buckets``: the configured
+    ones, whose names may not exist yet), anything else a :class:`QueryError` with Spark's
+    reason."""
+    condition, parameters = exc.getCondition(), exc.getMessageParameters() or {}
+    if condition == "TABLE_OR_VIEW_NOT_FOUND" and "relationName" in parameters:
+        name = _unquoted(parameters["relationName"])
+        return TableNotFoundError(missing_table(name, buckets, table_names(spark)))
+    if condition == "SCHEMA_NOT_FOUND" and "schemaName" in parameters:
+        return TableNotFoundError(missing_database(_unquoted(parameters["schemaName"])))
+    reason = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+    return QueryError(reason.strip())
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ fast and without Spark. This module holds the parser and the entry points: every
 (:func:`job_main`): the same flags, messages and exit statuses.
 
 Exit status: 0 done, 1 a finding (a malformed frame for ``decode``, a failed quality
-expectation for ``check`` and ``run``), 2 a :class:`DcpError` (a one-line message; a bug's
-traceback still shows in full).
+expectation for ``check`` and ``run``), 2 a :class:`DcpError`: one line, ``dcp-cdc VERB:
+error: ClassName: message``, which names the error's class as the docs do (a bug's traceback
+still shows in full).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ MODULES = {
     "maintain": "pipelines.commands.maintain",
     "spark-conf": "pipelines.commands.spark_conf",
     "thrift-server": "pipelines.commands.thrift_server",
+    "beeline": "pipelines.commands.beeline",
     "metastore": "pipelines.commands.metastore",
     "status": "pipelines.commands.status",
 }
@@ -134,6 +136,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             [catalog],
         ),
         ("thrift-server", "serve the catalog over JDBC (Spark Thrift server)", [catalog]),
+        ("beeline", "Spark's JDBC shell, connected to the Thrift server", [job]),
         (
             "metastore",
             "start, stop or check the server that shares the catalog between processes",
@@ -162,7 +165,7 @@ def main(
         configure_logging(*from_environment(log_level, "text"))
         return int(args.func(args, out or sys.stdout))
     except DcpError as exc:
-        message = f"dcp-cdc {args.command}: error: {exc}"
+        message = f"dcp-cdc {args.command}: error: {type(exc).__name__}: {exc}"
         if current_format() == "json":  # a log line like the others, for the log's reader
             logging.getLogger("dcp_cdc.cli").error(message)
         else:

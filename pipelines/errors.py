@@ -78,3 +78,14 @@ class S3BucketNotFoundError(ObjectStorageError):
 
 class S3EndpointError(ObjectStorageError):
     """The S3 endpoint does not answer, or answers something unexpected."""
+
+
+class QueryError(DcpError):
+    """A statement of ``dcp-cdc sql`` that Spark cannot parse or analyse (a misspelt column, a
+    syntax error): Spark's reason, in one line."""
+
+
+class TableNotFoundError(QueryError):
+    """A statement names a table, view or database the catalog does not hold: the message says
+    whether its bucket has not reached that layer yet (and which command makes it) or the name
+    is wrong (with the closest names the catalog holds)."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dcp_cdc.config import is_uri, metastore_address
 from pipelines.errors import MetastoreError, MetastoreUnreachableError
 from pipelines.local_catalog import METASTORE_DIR_NAME
-from pipelines.metastore_server import CLIENT_DRIVER, answers, live_server, serving
+from pipelines.metastore_server import CLIENT_DRIVER, live_server, serving, unreachable
 
 if TYPE_CHECKING:
     from dcp_cdc.config import AppConfig
@@ -90,19 +90,25 @@ def catalog_service(
 
 
 def check_reachable(metastore: str, *, timeout: float = REACH_TIMEOUT_S) -> None:
-    """Raise :class:`MetastoreUnreachableError`, naming the setting and the address, when no
-    endpoint of ``metastore`` accepts a connection within ``timeout`` seconds."""
+    """Raise :class:`MetastoreUnreachableError`, naming the setting, the address and why each
+    endpoint failed, when no endpoint of ``metastore`` accepts a connection: a refused one
+    fails at once, a silent one after ``timeout`` seconds."""
     address = metastore_address(metastore)
-    if any(answers(host, port, timeout=timeout) for host, port in address.endpoints):
-        return
+    problems = []
+    for host, port in address.endpoints:
+        problem = unreachable(host, port, timeout=timeout)
+        if problem is None:
+            return
+        name = f"[{host}]" if ":" in host else host
+        problems.append(problem if len(address.endpoints) == 1 else f"{name}:{port} {problem}")
     how = (
         "start it (`dcp-cdc metastore start` serves a local warehouse's catalog there)"
         if address.scheme == "derby"
         else "start the Hive metastore service, or check the address and the network"
     )
     raise MetastoreUnreachableError(
-        f"{SETTING} = {metastore!r}: nothing accepts connections at {address} (waited "
-        f"{timeout:g} s): {how}, or correct the setting"
+        f"{SETTING} = {metastore!r}: nothing accepts connections at {address} "
+        f"({'; '.join(problems)}): {how}, or correct the setting"
     )
 
 

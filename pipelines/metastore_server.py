@@ -98,13 +98,24 @@ def read_record(warehouse: Path) -> ServerRecord | None:
         return None
 
 
-def answers(host: str, port: int, timeout: float = 2.0) -> bool:
-    """True when something accepts a TCP connection at ``host:port`` within ``timeout``."""
+def unreachable(host: str, port: int, timeout: float = 2.0) -> str | None:
+    """Why nothing accepts a TCP connection at ``host:port`` (``connection refused`` at once,
+    ``no answer within N s`` after ``timeout``, or the socket's error), None when something
+    does."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def answers(host: str, port: int, timeout: float = 2.0) -> bool:
+    """True when something accepts a TCP connection at ``host:port`` within ``timeout``."""
+    return unreachable(host, port, timeout) is None
 
 
 def _is_server_process(pid: int) -> bool:

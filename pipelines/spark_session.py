@@ -27,6 +27,7 @@ writes them as a properties file for ``spark-sql``, ``pyspark`` and the Thrift s
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -294,6 +295,7 @@ def build_spark_session(
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    _quiet_converted_errors()
     if embedded and active is None:
         assert isinstance(location, Path)
         try:  # open the catalog now, so that a failure is ours to explain
@@ -301,6 +303,20 @@ def build_spark_session(
         except Exception as exc:
             raise explain_open_failure(location, exc) from None
     return spark
+
+
+CONVERTED_ERROR_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+"""PySpark's loggers that log each error it converts from the JVM, with the JVM's stack."""
+
+
+def _quiet_converted_errors() -> None:
+    """PySpark logs an error it converts from the JVM (a missing table, a commit race) with
+    the JVM's stack when it converts it, whether or not the caller handles it; the error
+    itself still reaches the caller, whose message (or traceback) says what matters."""
+    from pyspark.logger import PySparkLogger
+
+    for name in CONVERTED_ERROR_LOGGERS:
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def session_for(

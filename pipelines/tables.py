@@ -7,6 +7,8 @@ line ask here; nothing else builds a table name.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,3 +157,69 @@ LIVE_ROWS = "NOT _deleted AND (_expiry = 0 OR _expiry > unix_timestamp())"
 WITH_TABLES = ("live", "dropped")
 """The collection registry's statuses (``silver.<bucket>__collections.status``) whose tables
 are in the catalog and may be written; ``retiring`` and ``retired`` ones are not."""
+
+
+MADE_BY = {
+    "bronze": ("ingested", "`dcp-cdc ingest`"),
+    "silver": ("applied", "`dcp-cdc ingest` and `dcp-cdc apply`"),
+    "quality": ("checked", "`dcp-cdc check`"),
+}
+"""Per layer: what a bucket has not been yet while the layer holds none of its tables, and
+the commands that make them (the bucket's DAG runs the same jobs)."""
+
+
+def name_owner(name: str, buckets: Sequence[str]) -> tuple[str, str] | None:
+    """The bucket of ``buckets`` and the layer among whose names ``name`` (``layer.table``,
+    lowercase) is, by its prefix (the bucket's identifier), else None."""
+    layer, _, table = name.partition(".")
+    if layer not in LAYERS:
+        return None
+    separator = "__" if layer == "silver" else "_"
+    owners = [b for b in buckets if table.startswith(f"{identifier(b)}{separator}")]
+    if not owners:
+        return None
+    return max(owners, key=lambda b: len(identifier(b))), layer
+
+
+CLOSE = 0.85
+"""How alike (:class:`difflib.SequenceMatcher`'s ratio) a name the catalog lacks and one it
+holds must be to suggest it: a bucket's names share a long prefix, so a lower bar suggests
+all of them."""
+
+
+def missing_table(name: str, buckets: Sequence[str], existing: Sequence[str]) -> str:
+    """Why the catalog, whose tables and views are ``existing``, has no ``name`` (``layer.table``,
+    or a bare table name): a configured bucket's layer holds none of its tables yet (the
+    command that makes them), or the name is wrong (the closest of ``existing``)."""
+    owner = name_owner(name, buckets)
+    if owner is not None and not any(name_owner(e, [owner[0]]) == owner for e in existing):
+        bucket, layer = owner
+        done, commands = MADE_BY[layer]
+        return (
+            f"{name} does not exist yet: bucket {bucket!r} has not been {done} yet ({layer} "
+            f"holds none of its tables): run {commands} first, or let its DAG run"
+        )
+    if "." in name:
+        close = difflib.get_close_matches(name, existing, n=3, cutoff=CLOSE)
+    else:  # a bare name is looked up in Spark's current database, not in a layer's
+        by_table = {e.partition(".")[2]: e for e in existing}
+        close = [
+            by_table[t] for t in difflib.get_close_matches(name, list(by_table), n=3, cutoff=CLOSE)
+        ]
+    guess = f"; did you mean {' or '.join(close)}?" if close else ""
+    return (
+        f"{name}: no such table or view in the catalog{guess} (`dcp-cdc tables` lists the "
+        f"{len(existing)} there are)"
+    )
+
+
+def missing_database(name: str) -> str:
+    """Why the catalog has no database ``name``: a layer no bucket has reached yet, or a name
+    that is none of :data:`LAYERS`."""
+    if name in LAYERS:
+        done, commands = MADE_BY[name]
+        return (
+            f"database {name} does not exist yet: no bucket has been {done} yet: run "
+            f"{commands} first, or let a bucket's DAG run"
+        )
+    return f"database {name} does not exist: dcp-cdc's databases are {', '.join(LAYERS)}"

@@ -10,8 +10,10 @@ or as a command::
     python -m dcp_cdc.simulator.server --nodes 4 --vbuckets 64 --scenario mixed --seed 1 \\
         --docs 2000 --ops 5000 --port-file ports.json --truth-out out/
 
-which serves until SIGTERM; a line-based control port (in the port file) takes
-``failover VB`` (or ``failover VB LOST BACK GROW``: a new branch shorter than what consumers
+which serves until SIGTERM or Ctrl-C (SIGINT), writing the truth then. ``--user U
+--password-env VAR`` (or ``--password-file F``) adds a user whose password stays off the
+command line (``--users U:PASSWORD``, repeatable, is for tests). A line-based control port
+(in the port file) takes ``failover VB`` (or ``failover VB LOST BACK GROW``: a new branch shorter than what consumers
 hold), ``rebalance VB NODE``, ``too_slow VB``, ``drop_collection CID``, ``cut_node NODE``,
 ``cut_requests NODE N`` (a reset at the Nth stream request), ``restart_node NODE MS`` (down
 for MS milliseconds, then back on its ports), ``slow_seqnos MS`` (GET_ALL_VB_SEQNOS replies
@@ -44,6 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import cast
 
+from dcp_cdc.capture_config import read_password
 from dcp_cdc.errors import ConfigError, ProtocolError
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.model import Collection, Scope
@@ -507,7 +510,22 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "(path subject.cn|san.dnsname|san.email|san.uri, prefix, delimiter) that map a "
         "certificate to a user",
     )
-    p.add_argument("--users", action="append", default=[], help="user:password (repeatable)")
+    p.add_argument(
+        "--user",
+        help="a user whose password --password-env or --password-file gives (kept off the "
+        "command line, which `ps` shows)",
+    )
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--password-env", metavar="VAR", help="the variable holding --user's password"
+    )
+    secret.add_argument("--password-file", metavar="FILE", help="a file holding --user's password")
+    p.add_argument(
+        "--users",
+        action="append",
+        default=[],
+        help="user:password (repeatable; for tests: `ps` shows it)",
+    )
     p.add_argument("--refuse-optional-controls", action="store_true")
     p.add_argument(
         "--bulk-docs",
@@ -520,6 +538,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.bulk_docs and args.truth_out:
         p.error("--truth-out: no truth is written for a bucket with --bulk-docs")
+    args.logins = dict(u.split(":", 1) for u in args.users)
+    if (args.user is None) != (args.password_env is None and args.password_file is None):
+        p.error("--user: give it with --password-env or --password-file, and they with it")
+    if args.user is not None:
+        try:
+            args.logins[args.user] = read_password(
+                args.password_env,
+                args.password_file,
+                what=f"--user {args.user}",
+                settings=("--password-env", "--password-file"),
+            )
+        except ConfigError as exc:
+            p.error(str(exc))
     if args.tls_client_ca and not args.tls_cert:
         p.error("--tls-client-ca: client certificates need TLS (--tls-cert, --tls-key)")
     if args.tls_client_ca:
@@ -608,7 +639,9 @@ async def _control(
         return "ok"
     if cmd == "cut_node" and len(args) == 1:
         return f"ok {server.cut_node(args[0])}"
-    if cmd == "truth" and truth_out is not None:
+    if cmd == "truth":
+        if truth_out is None:
+            return "error truth needs --truth-out (where the producer writes it)"
         return f"ok {server.write_truth(truth_out)}"
     if cmd == "steady" and len(args) == 1 and steady is not None:
         return steady.start(args[0])
@@ -618,7 +651,7 @@ async def _control(
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    users = dict(u.split(":", 1) for u in args.users) or None
+    users = args.logins or None
     ctx = server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     config = SimConfig(
         scenario=args.scenario,

@@ -1,5 +1,8 @@
 """``dcp-cdc sql``: one SQL statement against the catalog, its result printed as a table
-(at most ``--limit`` rows)."""
+(at most ``--limit`` rows). A statement Spark cannot parse or analyse is a one-line error; a
+table that does not exist says whether its bucket has not been applied yet or the name is
+wrong.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """Run one SQL statement against the catalog and print the result as a table."""
+    from pyspark.errors import AnalysisException
+
+    from pipelines.catalog import query_error
     from pipelines.spark_session import session_for
 
-    spark = session_for(catalog_config(args), "dcp-cdc-sql")
-    rows = spark.sql(args.query).limit(args.limit + 1).collect()
+    config = catalog_config(args)
+    spark = session_for(config, "dcp-cdc-sql")
+    try:
+        rows = spark.sql(args.query).limit(args.limit + 1).collect()
+    except AnalysisException as exc:  # the statement's fault (parse errors too)
+        raise query_error(spark, exc, [b.name for b in config.buckets]) from None
     columns = rows[0].__fields__ if rows else []
     cells = [[("NULL" if v is None else str(v))[:80] for v in row] for row in rows[: args.limit]]
     print_table(out, columns, cells)

@@ -181,5 +181,9 @@ def test_a_job_entry_point_runs_installed(installed: Installed) -> None:
         "other",
     )
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stderr.strip().splitlines()[-1].startswith("dcp-cdc apply: error: bucket 'other'")
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("dcp-cdc apply: error: ConfigError: bucket 'other'")
+    )
     bad.unlink()

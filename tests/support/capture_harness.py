@@ -59,14 +59,17 @@ class Producer:
 
 @contextmanager
 def producer(tmp: Path, **options: Any) -> Iterator[Producer]:
-    """The test producer in a child process; stopped (SIGTERM) at the end."""
+    """The test producer in a child process, the password of its user from the environment
+    (as docs/deployment.md starts it); stopped (SIGTERM) at the end."""
     port_file = tmp / "producer.json"
     truth_out = tmp / "producer-truth"
     args = [sys.executable, "-m", "dcp_cdc.simulator.server", "--port-file", str(port_file)]
-    args += ["--truth-out", str(truth_out), "--users", f"{USER}:{PASSWORD}"]
+    args += ["--truth-out", str(truth_out), "--user", USER, "--password-env", PASSWORD_ENV]
     for name, value in options.items():
         args += [f"--{name.replace('_', '-')}", str(value)]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=agent_env()
+    )
     try:
         deadline = time.monotonic() + 120
         while not port_file.exists():

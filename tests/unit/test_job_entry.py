@@ -44,7 +44,7 @@ def test_bad_configuration_exits_2_naming_the_job_and_the_field(
     assert f'job_main("{verb}")' in inspect.getsource(importlib.import_module(module))
     assert job_main(verb, ["--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"dcp-cdc {verb}: error: ")
+    assert err.startswith(f"dcp-cdc {verb}: error: ConfigError: ")
     assert "chunk_bytes" in err
     assert not (tmp_path / "w").exists()  # no Spark session was started on the warehouse
 
@@ -57,7 +57,7 @@ def test_unknown_bucket_exits_2(
     path.write_text('landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
     assert job_main(verb, ["--config", str(path), "--bucket", "other"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"dcp-cdc {verb}: error: ") and "other" in err
+    assert err.startswith(f"dcp-cdc {verb}: error: ConfigError: ") and "other" in err
     assert not (tmp_path / "w").exists()
 
 
@@ -122,5 +122,7 @@ def test_a_landing_folder_that_is_not_there_exits_2_before_spark(
     path.write_text('landing = "missing"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
     assert job_main(verb, ["--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"dcp-cdc {verb}: error: {path}: landing: the landing location ")
+    assert err.startswith(
+        f"dcp-cdc {verb}: error: ConfigError: {path}: landing: the landing location "
+    )
     assert err.rstrip().endswith(f"{str(tmp_path / 'missing')!r} of bucket 'b' does not exist")

@@ -133,8 +133,10 @@ def test_nothing_listening_fails_before_spark_naming_setting_and_address(
     elapsed = time.monotonic() - started
     err = capsys.readouterr().err
     assert status == 2, err
-    assert f"dcp-cdc sql: error: [spark] metastore = '{address}': nothing accepts" in err
-    assert f"connections at {address}" in err
+    assert err.startswith(
+        f"dcp-cdc sql: error: MetastoreUnreachableError: [spark] metastore = '{address}': "
+        f"nothing accepts connections at {address} (connection refused): "
+    )
     assert ("dcp-cdc metastore start" in err) == (scheme == "derby")
     assert elapsed < 20  # a refused connection, not a JVM's retries
     assert not (tmp_path / "w" / "metastore_db").exists()  # no embedded catalog instead
@@ -151,6 +153,28 @@ def test_the_check_takes_any_endpoint_that_answers() -> None:
         )
     with pytest.raises(MetastoreUnreachableError):
         check_reachable(f"thrift://127.0.0.1:{free_port()}", timeout=1)
+
+
+def test_the_message_says_why_each_endpoint_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused endpoint fails at once and says so; only a silent one waits the timeout, and
+    the message says how long it waited."""
+    silent = free_port()
+    real = socket.create_connection
+
+    def connect(address: tuple[str, int], timeout: float) -> socket.socket:
+        if address[1] == silent:
+            raise TimeoutError("timed out")
+        return real(address, timeout=timeout)
+
+    monkeypatch.setattr("pipelines.metastore_server.socket.create_connection", connect)
+    refused = free_port()
+    metastore = f"thrift://127.0.0.1:{refused},thrift://127.0.0.1:{silent}"
+    with pytest.raises(MetastoreUnreachableError) as info:
+        check_reachable(metastore, timeout=3)
+    assert f"(127.0.0.1:{refused} connection refused; 127.0.0.1:{silent} no answer within 3 s)" in (
+        str(info.value)
+    )
+    assert "waited" not in str(info.value)
 
 
 def test_no_server_recorded_means_embedded(tmp_path: Path) -> None:

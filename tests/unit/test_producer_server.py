@@ -8,6 +8,8 @@ import ssl
 import struct
 from pathlib import Path
 
+import pytest
+
 from dcp_cdc.encoder import frame, make_header
 from dcp_cdc.protocol import (
     ClientOpcode,
@@ -236,5 +238,53 @@ def test_the_control_port_stalls_and_unstalls_a_vbucket() -> None:
             assert server.cluster.stalled == {3}
             assert await _control(server, None, "unstall 3") == "ok"
             assert server.cluster.stalled == set()
+
+    asyncio.run(run())
+
+
+def test_a_users_password_comes_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--user`` with ``--password-env`` or ``--password-file``: the password stays off the
+    command line (which ``ps`` shows), read as the capture agent reads its own."""
+    from dcp_cdc.simulator.server import _parse
+
+    port_file = ["--port-file", str(tmp_path / "ports.json")]
+    monkeypatch.setenv("PRODUCER_PASSWORD", "s3cret")
+    args = _parse([*port_file, "--user", "dcp-reader", "--password-env", "PRODUCER_PASSWORD"])
+    assert args.logins == {"dcp-reader": "s3cret"}
+    (tmp_path / "pw").write_text("from-a-file\n")
+    args = _parse(
+        [*port_file, "--user", "u", "--password-file", str(tmp_path / "pw"), "--users", "t:x"]
+    )
+    assert args.logins == {"t": "x", "u": "from-a-file"}
+
+    monkeypatch.delenv("PRODUCER_PASSWORD")
+    for argv, message in [
+        (
+            ["--user", "u", "--password-env", "PRODUCER_PASSWORD"],
+            "--user u: the environment variable PRODUCER_PASSWORD (--password-env) is not set",
+        ),
+        (
+            ["--user", "u", "--password-file", str(tmp_path / "none")],
+            f"--user u: --password-file {tmp_path / 'none'} not found",
+        ),
+        (["--user", "u"], "--user: give it with --password-env or --password-file"),
+        (["--password-env", "X"], "--user: give it with --password-env or --password-file"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            _parse([*port_file, *argv])
+        assert info.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_truth_without_truth_out_says_what_it_needs() -> None:
+    from dcp_cdc.simulator.server import _control
+
+    async def run() -> None:
+        async with _server(nodes=1) as server:
+            assert await _control(server, None, "truth") == (
+                "error truth needs --truth-out (where the producer writes it)"
+            )
 
     asyncio.run(run())

@@ -236,7 +236,7 @@ def test_a_network_bind_without_authentication_fails_before_spark(
 ) -> None:
     status, _, err = _serve(tmp_path, capsys, "", "--host", "0.0.0.0")
     assert status == 2 and launch.commands == []
-    assert "thrift-server: error: invalid Thrift server settings: thrift: " in err
+    assert "thrift-server: error: ConfigError: invalid Thrift server settings: thrift: " in err
     assert "authentication: host '0.0.0.0' is not loopback" in err and "--insecure-open" in err
     status, _, err = _serve(tmp_path, capsys, '[thrift]\nhost = "0.0.0.0"\n')
     assert status == 2 and launch.commands == [] and "thrift: Value error, authentication" in err
@@ -293,3 +293,49 @@ def test_sigterm_ends_the_command_through_its_cleanup() -> None:
             cleaned.append(True)
     assert info.value.code == 128 + signal.SIGTERM and cleaned == [True]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_beeline_connects_to_the_configured_server_by_default(tmp_path: Path) -> None:
+    from pipelines.cli import build_parser
+    from pipelines.commands.beeline import beeline_arguments
+
+    def arguments(config: AppConfig, *argv: str) -> list[str]:
+        args = build_parser("beeline").parse_args(["beeline", *argv])
+        return beeline_arguments(args, config.thrift)
+
+    config = _config(tmp_path, port=10123)
+    assert arguments(config, "-n", "me", "-e", "SELECT 1", "--", "--silent=true") == [
+        "-u", "jdbc:hive2://127.0.0.1:10123/", "-n", "me", "-e", "SELECT 1", "--silent=true",
+    ]  # fmt: skip
+    everywhere = _config(tmp_path, host="0.0.0.0", allow_unauthenticated=True)
+    assert arguments(everywhere, "-w", "pw", "-f", "q.sql") == [
+        "-u", "jdbc:hive2://127.0.0.1:10000/", "-w", "pw", "-f", "q.sql",
+    ]  # fmt: skip
+    assert arguments(config, "-u", "jdbc:hive2://h:1/")[:2] == ["-u", "jdbc:hive2://h:1/"]
+
+
+def test_beeline_runs_without_the_venv_on_path(tmp_path: Path) -> None:
+    """Pyspark's ``bin/beeline`` in the venv's ``bin`` needs the venv's Python on ``PATH``
+    (else "PySpark was not found", exit 127); ``dcp-cdc beeline`` runs without it. Nothing
+    listens at the port: beeline starts, says so and exits 1."""
+    import sys
+
+    from tests.support.ports import free_port
+
+    port = free_port()
+    path = tmp_path / "c.toml"
+    path.write_text(f"{BASE}[thrift]\nport = {port}\n")
+    repo = Path(__file__).resolve().parents[2]
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "beeline", "--config", str(path), "-e", "SELECT 1"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"jdbc:hive2://127.0.0.1:{port}/" in done.stderr
+    assert "Connection refused" in done.stderr
