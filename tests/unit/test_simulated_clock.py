@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from dcp_cdc.simulator import simulate
 from dcp_cdc.simulator.model import NS, Bucket
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import START_NS, SimConfig
+from pipelines.cli import main
 from pipelines.demo import DEMO_NODES, demo_simulation
 
 
@@ -112,3 +115,27 @@ def test_a_server_on_simulated_time_starts_at_the_configured_start() -> None:
     server = ProducerServer(SimConfig(vbuckets=4, docs=50), clock=None)
     assert server.config.start_ns == START_NS
     assert START_NS < server.sim.bucket.last_cas < START_NS + 60 * NS
+
+
+def test_the_simulate_command_makes_its_bucket_now_unless_given_a_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--seed", "4", "--vbuckets", "4", "--docs", "40", "--ops", "80"]
+    before = time.time_ns()
+    assert main([*args, "--out", str(tmp_path / "now")]) == 0
+    after = time.time_ns()
+    summary = json.loads((tmp_path / "now" / "truth" / "summary.json").read_text())
+    assert before <= summary["config"]["start_ns"] <= after
+    assert min(d["cas"] for d in _documents(tmp_path / "now")) >= before
+    pinned = [*args, "--start", "2026-01-05T09:30:00Z"]
+    assert main([*pinned, "--out", str(tmp_path / "a")]) == 0
+    assert main([*pinned, "--out", str(tmp_path / "b")]) == 0
+    a, b = tmp_path / "a" / "landing", tmp_path / "b" / "landing"
+    files = sorted(p.name for p in a.glob("*.dcpcap"))
+    assert files and all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+    summary = json.loads((tmp_path / "a" / "truth" / "summary.json").read_text())
+    assert summary["config"]["start_ns"] == START_NS
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*args, "--out", str(tmp_path / "bad"), "--start", "yesterday"])
+    assert "expected an ISO 8601 time" in capsys.readouterr().err
