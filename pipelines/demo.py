@@ -1,6 +1,9 @@
 """The embedded demo of ``dcp-cdc run`` and ``dcp-cdc run --follow``: a small simulated
 bucket served over DCP by the test producer (data nodes on 127.0.0.1) and captured by the
-capture agent, in a work folder made afresh each time.
+capture agent, in a work folder made afresh each time. The bucket is made when it is served
+and keeps this host's clock (:class:`~dcp_cdc.simulator.server.ProducerServer`), so its
+documents with a TTL are in the views until their expiry and follow mode's freshness is
+how far silver really is behind it.
 
 The configuration is the one every verb uses when given none
 (:data:`dcp_cdc.config.CONFIG_RULE`) but for its landing and warehouse, which go under the

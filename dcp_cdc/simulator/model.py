@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -133,7 +134,16 @@ class VBucket:
 
 
 class Bucket:
-    """A Couchbase bucket in memory. Not thread-safe; deterministic for a given call order."""
+    """A Couchbase bucket in memory. Not thread-safe; deterministic for a given call order.
+
+    Its time starts at ``start_ns`` (nanoseconds since the epoch). Without ``clock`` it is
+    simulated time, which :meth:`tick` and :meth:`advance` move: the same calls give the same
+    bucket relative to the start. With ``clock`` (the wall clock of the driver that serves
+    the bucket, e.g. ``time.time_ns``) the bucket keeps that clock's time, as a node does:
+    each change is made at the time it is read, a TTL counts from it, and the pager expires
+    what is due by it; :meth:`tick` then draws its random step (the same data follow from a
+    seed) but leaves the time alone.
+    """
 
     def __init__(
         self,
@@ -142,11 +152,13 @@ class Bucket:
         vbuckets: int,
         rng: random.Random,
         start_ns: int,
+        clock: Callable[[], int] | None = None,
         record_versions: bool = True,
     ) -> None:
         self.name = name
         self.rng = rng
-        self.clock_ns = start_ns
+        self.clock = clock
+        self._clock_ns = start_ns
         self.last_cas = 0
         self.vbuckets = [
             VBucket(
@@ -169,15 +181,29 @@ class Bucket:
     # --- time ---------------------------------------------------------------------------
 
     @property
+    def clock_ns(self) -> int:
+        """The bucket's time in nanoseconds since the epoch; with a wall clock, never behind
+        it (nor ever back: a change made after another is never dated before it)."""
+        if self.clock is not None:
+            self._clock_ns = max(self._clock_ns, self.clock())
+        return self._clock_ns
+
+    @property
     def now(self) -> int:
-        """Simulated Unix time in seconds."""
+        """The bucket's Unix time in seconds."""
         return self.clock_ns // NS
 
     def tick(self, max_ms: int = 5) -> None:
-        self.clock_ns += self.rng.randint(1, max_ms * 1_000_000)
+        """Up to ``max_ms`` of simulated time pass between two changes (drawn with a wall
+        clock too, which keeps its own time)."""
+        step = self.rng.randint(1, max_ms * 1_000_000)
+        if self.clock is None:
+            self._clock_ns += step
 
     def advance(self, seconds: int) -> None:
-        self.clock_ns += seconds * NS
+        """``seconds`` of simulated time pass at once (TTLs fall due); a bucket on a wall
+        clock runs that far ahead of it."""
+        self._clock_ns += seconds * NS
 
     def _new_uuid(self) -> int:
         return self.rng.getrandbits(64) or 1

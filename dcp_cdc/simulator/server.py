@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -201,7 +202,15 @@ class _NodeProtocol(asyncio.Protocol):
 
 
 class ProducerServer:
-    """A simulated Couchbase cluster of ``nodes`` data nodes serving DCP for one bucket."""
+    """A simulated Couchbase cluster of ``nodes`` data nodes serving DCP for one bucket.
+
+    The bucket keeps ``clock`` (nanoseconds since the epoch; the wall clock by default): it
+    is made at that clock's time (``config.start_ns`` gives way to it) and dates each change
+    by it, so its CAS times and expiries are today's and a TTL counts from the change, as on
+    a cluster; the TTL pager expires what that clock says is due. ``clock=None`` serves
+    simulated time from ``config.start_ns`` instead, which the workload advances by 5 s
+    every 100 changes (TTLs fall due within a short run).
+    """
 
     def __init__(
         self,
@@ -214,9 +223,12 @@ class ProducerServer:
         refuse_optional_controls: bool = False,
         bulk_docs: int = 0,
         body_bytes: int = 64,
+        clock: Callable[[], int] | None = time.time_ns,
     ) -> None:
+        if clock is not None:
+            config = dataclasses.replace(config, start_ns=clock())
         self.config = config
-        self.sim = Simulation(config)
+        self.sim = Simulation(config, clock=clock)
         self.sim.ttl_share = 0.15
         self.colls = self.sim.setup(history=True, max_ttl=7200)
         self.cluster = ProducerCluster(
@@ -373,12 +385,14 @@ class ProducerServer:
 
     def _changes(self, n: int, done: int, cids: list[int]) -> None:
         """``n`` random live changes to ``cids`` after ``done`` others, the TTL pager run
-        every 100th; then each vbucket's undo log is trimmed to its high seqno."""
+        every 100th (on simulated time, 5 s pass first); then each vbucket's undo log is
+        trimmed to its high seqno."""
         sim, bucket = self.sim, self.sim.bucket
         for i in range(n):
             sim.random_op(cids)
             if (done + i) % 100 == 99:
-                bucket.advance(5)
+                if bucket.clock is None:
+                    bucket.advance(5)
                 sim.pager()
         for vb in bucket.vbuckets:
             bucket.trim_undo(vb, vb.high_seqno - UNDO_KEPT)

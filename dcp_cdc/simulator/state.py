@@ -36,6 +36,10 @@ SCENARIOS = (
 
 COLLECTION_NAMES = ("airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport")
 START = dt.datetime(2026, 1, 5, 9, 30, tzinfo=dt.UTC)
+START_NS = int(START.timestamp()) * NS
+"""A :class:`SimConfig`'s default start: a fixed instant, so that the same configuration
+gives the same bytes (the tests' simulations); what serves or writes a bucket for a person
+starts it now."""
 
 
 class ChangeFeed(Protocol):
@@ -68,6 +72,9 @@ class SimConfig:
     versions: bool = True
     """Record every version of every document for ``truth/history.jsonl`` (off for
     simulations too large to keep them all in memory)."""
+    start_ns: int = START_NS
+    """The bucket's time when it is made, nanoseconds since the epoch: every CAS, expiry
+    and delete time counts from it, so a seed gives the same data relative to the start."""
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -80,19 +87,24 @@ class SimConfig:
             )
         if self.docs < 1 or self.ops < 0 or self.max_snapshot < 1:
             raise ConfigError("docs must be >= 1, ops >= 0 and max_snapshot >= 1")
+        if self.start_ns <= 0:
+            raise ConfigError(f"start_ns: expected a time after the epoch, got {self.start_ns}")
 
 
 class Simulation:
-    """Drives a :class:`Bucket` and the sessions that stream it."""
+    """Drives a :class:`Bucket` and the sessions that stream it. ``clock``: the wall clock
+    of a driver that serves the bucket as it is made (:class:`~dcp_cdc.simulator.model.Bucket`);
+    None: simulated time from ``config.start_ns``."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, *, clock: Callable[[], int] | None = None) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
         self.bucket = Bucket(
             name=config.bucket,
             vbuckets=config.vbuckets,
             rng=self.rng,
-            start_ns=int(START.timestamp()) * NS,
+            start_ns=config.start_ns,
+            clock=clock,
             record_versions=config.versions,
         )
         self.counts: Counter[str] = Counter()

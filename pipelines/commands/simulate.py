@@ -1,11 +1,13 @@
 """``dcp-cdc simulate``: a simulated bucket's DCP capture files (``OUT/landing``) and its
 ground truth (``OUT/truth``): a load of ``--docs`` documents, then ``--ops`` changes of the
-``--scenario``; ``--inject-malformed`` adds corrupted frames, which the truth reports.
+``--scenario``; ``--inject-malformed`` adds corrupted frames, which the truth reports. The
+bucket is made at ``--start`` (now unless given), so its TTLs count from today's changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import time
 from pathlib import Path
 from typing import TextIO
@@ -32,6 +34,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="write N corrupted frames (reported in the truth)",
     )
+    parser.add_argument(
+        "--start",
+        type=start_ns,
+        default=None,
+        metavar="TIME",
+        help="the bucket's time when it is made, ISO 8601 (UTC unless it says): the same "
+        "seed and start give byte-identical files (default: now)",
+    )
+
+
+def start_ns(text: str) -> int:
+    """``--start``: an ISO 8601 time (UTC unless it gives an offset) in nanoseconds since
+    the epoch."""
+    try:
+        at = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-01-05T09:30:00Z, got {text!r}"
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.UTC)
+    return round(at.timestamp() * 1_000_000) * 1000
 
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
@@ -48,6 +72,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
         ops=args.ops,
         max_file_bytes=args.max_file_bytes,
         inject_malformed=args.inject_malformed,
+        start_ns=time.time_ns() if args.start is None else args.start,
     )
     started = time.perf_counter()
     result = simulate(args.out, config)

@@ -7,8 +7,10 @@ import json
 import os
 import random
 import shutil
+import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyspark.sql import SparkSession
@@ -17,6 +19,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SCENARIOS, simulate
 from pipelines.bronze.job import ingest_bucket
+from pipelines.cli import main
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.transforms import modified_at
 from pipelines.tables import BucketTables, all_rows
@@ -191,3 +194,40 @@ def test_incremental_runs_in_any_arrival_order_equal_one_run(
     }
     apply_bucket(spark, config, config.buckets[0])
     assert versions == {t: spark.sql(f"DESCRIBE HISTORY {all_rows(t)}").count() for t in versions}
+
+
+def test_the_views_of_a_bucket_simulated_now_show_its_documents_with_a_ttl(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """``dcp-cdc simulate`` makes its bucket now: a document with a TTL is in its collection's
+    view until its expiry by the wall clock, as the truth holds it (the route collection's
+    max TTL gives each of its documents one)."""
+    bucket = f"now{uuid.uuid4().hex[:6]}"
+    args = ["simulate", "--out", str(tmp_path), "--bucket", bucket, "--seed", "5"]
+    assert (
+        main([*args, "--scenario", "mixed", "--vbuckets", "8", "--docs", "200", "--ops", "800"])
+        == 0
+    )
+    config = AppConfig(
+        landing=str(tmp_path / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    try:
+        ingest_bucket(spark, config, config.buckets[0])
+        apply_bucket(spark, config, config.buckets[0])
+        registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'")
+        before = time.time()
+        shown = {
+            (r["_collection_id"], r["key"])
+            for reg in registry.collect()
+            for r in spark.table(reg["table_name"]).select("_collection_id", "key").collect()
+        }
+        after = time.time()
+        truth = truth_live(SimpleNamespace(out=tmp_path))  # type: ignore[arg-type]
+        expiring = {k for k, d in truth.items() if before <= d["expiry"] <= after}
+        live = {k for k, d in truth.items() if d["expiry"] == 0 or d["expiry"] > after}
+        assert shown - expiring == live - expiring
+        assert sum(1 for k in shown if truth[k]["expiry"]) > 20
+    finally:
+        drop_all(spark, bucket)

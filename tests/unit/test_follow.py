@@ -22,11 +22,12 @@ from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from pipelines.demo import LoopThread
+from pipelines.demo import DEMO_NODES, LoopThread, demo_simulation
 from pipelines.follow import loop
 from pipelines.follow.agent import AgentProcess, captured_seqnos, checkpoint_of, follow_settings
 from pipelines.follow.entry import stop_signals
 from pipelines.follow.progress import Batch, BucketProgress, status_line
+from pipelines.freshness import PROBABILITIES, ChangeTimes
 from pipelines.quality.report import ExpectationOutcome, QualityReport
 
 
@@ -89,6 +90,37 @@ def test_the_lag_is_what_the_agent_captured_beyond_what_silver_applied(tmp_path:
     assert "lag 5 seqnos in 1 vbuckets" in line
     assert "50 events/s" in line  # 500 frames in the last 10 s
     assert "silver 5.0 s behind landing" in line
+
+
+def test_the_demos_status_line_says_how_many_seconds_silver_is_behind_its_bucket() -> None:
+    """The demo's bucket, served as ``run --follow`` serves it, dates its changes now: a
+    batch of them committed right after they were made is seconds behind the bucket, not
+    the age of a fixed simulated start."""
+    server = ProducerServer(demo_simulation("b"), nodes=DEMO_NODES)
+    bucket = server.sim.bucket
+    highs = [vb.high_seqno for vb in bucket.vbuckets]
+
+    async def steadily() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, stop.set)
+        await server.steady_workload(200, stop)
+
+    asyncio.run(steadily())
+    cas = sorted(
+        d.cas / 1e9
+        for vb, high in zip(bucket.vbuckets, highs, strict=True)
+        for d in vb.versions or ()
+        if d.seqno > high
+    )
+    assert len(cas) > 10
+    quantiles = tuple(cas[round(p * (len(cas) - 1))] for p in PROBABILITIES)
+    now = time.time()
+    progress = BucketProgress(BucketConfig(name="b"), None, as_of=now)
+    progress.freshness.append(ChangeTimes(len(cas), quantiles, sum(cas), now))
+    batch = Batch("b", 1, len(cas), 0.1, 0.2, change_times=progress.freshness[0])
+    line = status_line(progress, batch, now)
+    behind = float(line.split("silver ")[-1].split(" s behind the bucket")[0])
+    assert 0 <= behind < 60, line
 
 
 def test_follow_closes_the_agents_files_at_least_every_rotate_seconds(tmp_path: Path) -> None:
