@@ -47,6 +47,7 @@ MODULES = {
     "thrift-server": "pipelines.commands.thrift_server",
     "metastore": "pipelines.commands.metastore",
     "status": "pipelines.commands.status",
+    "landing": "pipelines.commands.landing",
 }
 
 
@@ -127,6 +128,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             "status",
             "per bucket: each stage's lag behind the one before, the last quality check",
             [catalog, bucket],
+        ),
+        (
+            "landing",
+            "skip: declare a lost capture file, so its session's later files are ingested",
+            [job, bucket],
         ),
         (
             "spark-conf",
