@@ -220,6 +220,21 @@ QUALITY_RESULTS = T.StructType(
 """``quality.<bucket>_results``: one row per expectation and run; ``examples`` is a JSON
 array of failing rows (their ``where`` label and what is wrong there)."""
 
+HELD_BACK_METRICS = T.StructType(
+    _fields(
+        ("where", T.StringType()),
+        ("session_id", T.StringType()),
+        ("missing_sequence", T.LongType()),
+        ("held_back_files", T.LongType()),
+        ("held_back_bytes", T.LongType()),
+        ("held_back_s", T.DoubleType()),
+        ("held_back_overdue", T.LongType()),
+        ("held_back_detail", T.StringType()),
+    )
+)
+"""The ``landing_continuity`` metric frame
+(:func:`pipelines.quality.suites.held_back_rows`): one row per capture session."""
+
 SILVER = T.StructType(
     [
         T.StructField("key", T.StringType(), False),
