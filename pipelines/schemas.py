@@ -169,7 +169,9 @@ INGEST_LOG = T.StructType(
 planned, and the stream state the file ends in) then ``ingested`` per file and run;
 ``changed`` when a file ingested before is found with another size or time. A planned file
 whose bytes changed (``changed``) or that vanished (``missing``) before the run wrote it is
-left out of the run, with a ``message``; the run's closing rows are appended in one commit."""
+left out of the run, with a ``message``; the run's closing rows are appended in one commit.
+``lost``: a session's sequence declared lost (``dcp-cdc landing skip``; ``file`` names the
+session and sequence), past which ingest goes on."""
 
 FILES = T.StructType(
     _fields(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.bronze.decode import FileScan, StreamState
+from pipelines.bronze.decode import NO_STATE, FileScan, StreamState
 from pipelines.landing import CaptureFile, Problem
 
 
@@ -308,9 +308,7 @@ def stream_states(
 
     Folded in session order from the end state the log holds for the file before the run's
     first file of each session; a file's scan says what it changes. The file after one
-    declared lost starts from no state: what the lost file did to its streams is unknown, so
-    its items before their vbucket's next snapshot marker lie in no snapshot (which the
-    quality suites report)."""
+    declared lost starts from :func:`past_a_gap`'s state."""
     previous: dict[str, dict[int, StreamState]] = {}
     for row in state.ingested.values():
         states = json.loads(row["end_state"] or "{}")
@@ -319,11 +317,34 @@ def stream_states(
         }
     carries, ends = {}, {}
     for f in sorted(files, key=lambda f: (f.session_id, f.file_sequence)):
-        before = previous.get(f"{f.session_id}#{f.file_sequence - 1}", {})
+        before = previous.get(f"{f.session_id}#{f.file_sequence - 1}")
+        if before is None:
+            before = past_a_gap(state, previous, f.session_id, f.file_sequence)
         after = scans[f.path].apply(before) if f.path in scans else before
         previous[f"{f.session_id}#{f.file_sequence}"] = after
         carries[f.path], ends[f.path] = _states_json(before), _states_json(after)
     return carries, ends
+
+
+def past_a_gap(
+    state: LogState,
+    previous: Mapping[str, dict[int, StreamState]],
+    session_id: str,
+    sequence: int,
+) -> dict[int, StreamState]:
+    """The stream states file ``sequence`` starts in when the file before it is declared
+    lost: each vbucket's stream as the last file before the gap left it (its ``vb_uuid``),
+    in no snapshot, since what the lost files did to the snapshots is unknown. Its items
+    before their vbucket's next snapshot marker then lie in no snapshot, and the snapshot the
+    gap cut stays incomplete: the ``snapshot_completeness`` suite reports both. Nothing when
+    no file is lost there (a session's first file)."""
+    before = sequence - 1
+    while (session_id, before) in state.lost:
+        before -= 1
+    if before == sequence - 1:
+        return {}
+    known = previous.get(f"{session_id}#{before}", {})
+    return {vb: (*NO_STATE[:4], s[4]) for vb, s in known.items()}
 
 
 def _states_json(states: dict[int, StreamState]) -> str:

@@ -3,6 +3,7 @@ planned files are written, and a landing location that is not there."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from pipelines.bronze.plan import (
     lost_row,
     plan_files,
     settle,
+    stream_states,
     task_groups,
 )
 from pipelines.landing import CaptureFile, Problem, check_landing
@@ -191,3 +193,20 @@ def test_the_plan_reports_held_back_files_and_goes_on_past_lost_ones() -> None:
     ]
     chosen, summary = plan(LogState.of([*rows, {**_row("x", "", 1), **lost_row("a", 2, "")}]))
     assert chosen == ["a3", "a4"] and not summary.held_back and not summary.waiting
+
+
+def test_the_file_after_a_lost_one_keeps_its_streams_but_no_snapshot() -> None:
+    end = '{"0":[10,20,1,false,777],"1":[5,9,1,false,888]}'
+    rows = [{**_ingested("a", 0), "end_state": end}, {**_row("x", "", 1), **lost_row("a", 1, "")}]
+    a2 = _landed("a2", "a", 2)
+    carries, ends = stream_states(LogState.of(rows), [a2], {})
+    assert json.loads(carries["a2"]) == {
+        "0": [None, None, None, False, 777],
+        "1": [None, None, None, False, 888],
+    }
+    assert ends["a2"] == carries["a2"]  # no scan: the file changes nothing
+    # a session's first file, and the file after an ingested one, as before
+    carries, _ = stream_states(
+        LogState.of(rows[:1]), [_landed("a1", "a", 1), _landed("b0", "b", 0)], {}
+    )
+    assert json.loads(carries["a1"]) == json.loads(end) and carries["b0"] == "{}"
