@@ -256,6 +256,11 @@ def plan_files(
         if f.file_sequence == expected:
             chosen.append(f)
             next_seq[f.session_id] = state.past_lost(f.session_id, expected + 1)
+        elif (f.session_id, f.file_sequence) in state.lost:  # found after it was skipped
+            summary.skipped.append(
+                f"{f.path}: session {f.session_id} sequence {f.file_sequence} is declared "
+                "lost (dcp-cdc landing skip); its session went on without it"
+            )
         else:
             summary.waiting.append(
                 f"{f.path} (session {f.session_id} sequence {f.file_sequence}, "

@@ -193,6 +193,14 @@ def test_the_plan_reports_held_back_files_and_goes_on_past_lost_ones() -> None:
     ]
     chosen, summary = plan(LogState.of([*rows, {**_row("x", "", 1), **lost_row("a", 2, "")}]))
     assert chosen == ["a3", "a4"] and not summary.held_back and not summary.waiting
+    # the lost file found again after the skip: not ingested, and said so
+    landed.append(_landed("a2-found", "a", 2))
+    chosen, summary = plan(LogState.of([*rows, {**_row("x", "", 1), **lost_row("a", 2, "")}]))
+    assert chosen == ["a3", "a4"] and not summary.waiting
+    assert summary.skipped == [
+        "a2-found: session a sequence 2 is declared lost (dcp-cdc landing skip); its session "
+        "went on without it"
+    ]
 
 
 def test_the_file_after_a_lost_one_keeps_its_streams_but_no_snapshot() -> None:
