@@ -332,6 +332,10 @@ class QualityConfig(ConfigModel):
     quarantine_threshold: Annotated[int, Field(ge=0)] = 0
     """Malformed frames (quarantine records other than a session's cut tail) a bucket may
     hold before ``bronze_integrity.quarantine_within_threshold`` fails."""
+    held_back_after_s: Annotated[float, Field(gt=0)] = 3600.0
+    """Seconds a capture file may wait for a missing earlier file of its session, counted
+    from its arrival (its modification time in the landing), before
+    ``landing_continuity.no_file_held_back`` fails and follow mode's ``/readyz`` reports it."""
     severity: dict[str, Severity] = Field(default_factory=dict)
     """Severity overrides: ``"suite.expectation"`` or a whole ``"suite"`` → ``error`` (fails
     the run) or ``warn`` (reported only). Names are checked against the suites at run time."""

@@ -49,6 +49,7 @@ MODULES = {
     "beeline": "pipelines.commands.beeline",
     "metastore": "pipelines.commands.metastore",
     "status": "pipelines.commands.status",
+    "landing": "pipelines.commands.landing",
 }
 
 
@@ -129,6 +130,11 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             "status",
             "per bucket: each stage's lag behind the one before, the last quality check",
             [catalog, bucket],
+        ),
+        (
+            "landing",
+            "skip: declare a lost capture file, so its session's later files are ingested",
+            [job, bucket],
         ),
         (
             "spark-conf",

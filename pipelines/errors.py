@@ -59,6 +59,11 @@ class LandingChangedError(DcpError):
     committed; the next attempt leaves the file out and reports it."""
 
 
+class LandingSkipError(DcpError):
+    """A capture file cannot be declared lost (``dcp-cdc landing skip``): it is ingested, or
+    no later file of its session waits for it. The message names the session and sequence."""
+
+
 class S3SetupError(SparkSetupError):
     """A session on S3 (``s3a://``) lacks its jars (``make setup-s3``)."""
 

@@ -169,7 +169,9 @@ INGEST_LOG = T.StructType(
 planned, and the stream state the file ends in) then ``ingested`` per file and run;
 ``changed`` when a file ingested before is found with another size or time. A planned file
 whose bytes changed (``changed``) or that vanished (``missing``) before the run wrote it is
-left out of the run, with a ``message``; the run's closing rows are appended in one commit."""
+left out of the run, with a ``message``; the run's closing rows are appended in one commit.
+``lost``: a session's sequence declared lost (``dcp-cdc landing skip``; ``file`` names the
+session and sequence), past which ingest goes on."""
 
 FILES = T.StructType(
     _fields(
@@ -219,6 +221,21 @@ QUALITY_RESULTS = T.StructType(
 )
 """``quality.<bucket>_results``: one row per expectation and run; ``examples`` is a JSON
 array of failing rows (their ``where`` label and what is wrong there)."""
+
+HELD_BACK_METRICS = T.StructType(
+    _fields(
+        ("where", T.StringType()),
+        ("session_id", T.StringType()),
+        ("missing_sequence", T.LongType()),
+        ("held_back_files", T.LongType()),
+        ("held_back_bytes", T.LongType()),
+        ("held_back_s", T.DoubleType()),
+        ("held_back_overdue", T.LongType()),
+        ("held_back_detail", T.StringType()),
+    )
+)
+"""The ``landing_continuity`` metric frame
+(:func:`pipelines.quality.suites.held_back_rows`): one row per capture session."""
 
 SILVER = T.StructType(
     [

@@ -2,20 +2,91 @@
 (:class:`LogState`), which listed files a run plans (:func:`plan_files`) and which of a plan
 are written once their problems are known (:func:`settle`), the stream state each file starts
 and ends in (:func:`stream_states`), how the files are grouped into tasks
-(:func:`task_groups`), and what a run reports (:class:`IngestSummary`).
+(:func:`task_groups`), what a run reports (:class:`IngestSummary`), and the files a missing
+one holds back (:class:`HeldBack`, :func:`held_back`): what the ingest line, the quality
+suite ``landing_continuity``, ``dcp-cdc status`` and follow mode's readiness all report.
 
 :mod:`pipelines.bronze.job` runs the steps these decide; tests check them without Spark.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.bronze.decode import FileScan, StreamState
+from pipelines.bronze.decode import NO_STATE, FileScan, StreamState
 from pipelines.landing import CaptureFile, Problem
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    """The files of one capture session that wait for an earlier file the landing does not
+    have (lost in transfer, deleted, never uploaded, or there but not readable): ingest
+    takes a session's files in sequence order only, so these wait until it comes or is
+    declared lost (``dcp-cdc landing skip``).
+
+    ``missing`` lists the sequences absent below the last held-back file, the first being
+    the one ingest waits for; ``files`` are in sequence order. A file arrived when it was
+    last modified (its ``modified_ms`` as listed, on a local landing and on an object store
+    alike), so the group waits ``since_ms``: the earliest arrival among its files.
+    """
+
+    session_id: str
+    missing: tuple[int, ...]
+    files: tuple[CaptureFile, ...]
+
+    @property
+    def sequence(self) -> int:
+        """The sequence ingest waits for."""
+        return self.missing[0]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def since_ms(self) -> int:
+        return min(f.modified_ms for f in self.files)
+
+    def waited_s(self, now_ms: int) -> float:
+        return max(0, now_ms - self.since_ms) / 1000
+
+    def describe(self) -> str:
+        """One line: the session, the sequence missing, the files held back and since when."""
+        missing = ", ".join(str(n) for n in self.missing)
+        since = dt.datetime.fromtimestamp(self.since_ms / 1000, dt.UTC)
+        paths = ", ".join(f.path for f in self.files)
+        return (
+            f"session {self.session_id}: sequence{'s' if len(self.missing) > 1 else ''} "
+            f"{missing} missing; {len(self.files)} file{'s' if len(self.files) > 1 else ''} "
+            f"({self.bytes:,} bytes) held back since {since:%Y-%m-%dT%H:%M:%SZ}: {paths}"
+        )
+
+
+def held_back(candidates: Iterable[CaptureFile], state: LogState) -> list[HeldBack]:
+    """The files of ``candidates`` (headers read, not ingested) that wait for a missing
+    earlier file of their session, per session: those past the first sequence that is
+    neither ingested, nor declared lost, nor in ``candidates``. Sorted by session."""
+    by_session: dict[str, dict[int, CaptureFile]] = {}
+    for f in candidates:
+        by_session.setdefault(f.session_id, {}).setdefault(f.file_sequence, f)
+    next_sequence = state.next_sequences()
+    out = []
+    for sid, files in sorted(by_session.items()):
+        expected = next_sequence.get(sid, 0)
+        while expected in files:
+            expected = state.past_lost(sid, expected + 1)
+        later = sorted(n for n in files if n > expected)
+        if not later:
+            continue
+        missing = tuple(
+            n for n in range(expected, later[-1]) if n not in files and (sid, n) not in state.lost
+        )
+        out.append(HeldBack(sid, missing, tuple(files[n] for n in later)))
+    return out
 
 
 @dataclass
@@ -28,6 +99,8 @@ class IngestSummary:
     errors: int = 0
     seconds: float = 0.0
     waiting: list[str] = field(default_factory=list)
+    held_back: list[HeldBack] = field(default_factory=list)
+    """The files a missing earlier file of their session holds back (in ``waiting`` too)."""
     changed: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -52,6 +125,11 @@ class IngestSummary:
         lines += [
             f"  waiting (an earlier file of its session is missing): {w}" for w in self.waiting
         ]
+        lines += [
+            f"  HELD BACK: {h.describe()} (find the file, or declare it lost: dcp-cdc landing "
+            f"skip --bucket {self.bucket} --session {h.session_id} --sequence {h.sequence})"
+            for h in self.held_back
+        ]
         lines += [f"  CHANGED after ingest, not re-read: {c}" for c in self.changed]
         lines += [
             f"  LEFT OUT (changed or gone since planned, not ingested): {x}" for x in self.left_out
@@ -65,12 +143,47 @@ CLOSING = ("ingested", "changed", "missing")
 """The statuses that close a planned file in its run (logged together, in one commit)."""
 
 
+LOST = "lost"
+"""The status of an ingest log row that declares a session's file lost (``dcp-cdc landing
+skip``): ingest goes on from the next sequence."""
+
+
+def lost_row(session_id: str, sequence: int, message: str) -> dict[str, Any]:
+    """The ingest log row that declares sequence ``sequence`` of ``session_id`` lost; its
+    ``file`` names the session and sequence (there is no file)."""
+    return {
+        "file": f"(lost) session {session_id} sequence {sequence}",
+        "session_id": session_id,
+        "file_sequence": sequence,
+        "status": LOST,
+        "message": message,
+    }
+
+
 @dataclass
 class LogState:
     ingested: dict[str, dict[str, Any]]  # path -> the ingested row
     changed_seen: set[tuple[str, int, int]]
     open_plan: list[dict[str, Any]]  # planned rows of a run without closing rows
     last_version: int
+    lost: set[tuple[str, int]] = field(default_factory=set)  # (session, sequence) declared lost
+
+    def next_sequences(self) -> dict[str, int]:
+        """Each session's next sequence to ingest: past its last ingested file and past the
+        sequences declared lost that follow it."""
+        found: dict[str, int] = {}
+        for row in self.ingested.values():
+            sid = row["session_id"]
+            found[sid] = max(found.get(sid, 0), row["file_sequence"] + 1)
+        for sid in {s for s, _ in self.lost}:
+            found[sid] = self.past_lost(sid, found.get(sid, 0))
+        return found
+
+    def past_lost(self, session_id: str, sequence: int) -> int:
+        """``sequence``, or the first after it not declared lost when it is."""
+        while (session_id, sequence) in self.lost:
+            sequence += 1
+        return sequence
 
     @classmethod
     def of(cls, rows: list[dict[str, Any]]) -> LogState:
@@ -89,7 +202,8 @@ class LogState:
         open_version = max((r["run_version"] for r in planned), default=None)
         open_plan = [r for r in planned if r["run_version"] == open_version]
         last = max((r["run_version"] for r in rows if r["run_version"] is not None), default=0)
-        return cls(ingested, changed, open_plan, last)
+        lost = {(r["session_id"], r["file_sequence"]) for r in rows if r["status"] == LOST}
+        return cls(ingested, changed, open_plan, last, lost)
 
 
 def plan_files(
@@ -134,16 +248,19 @@ def plan_files(
             continue
         if found.bucket == bucket:
             candidates.append(found)
-    next_seq: dict[str, int] = {}
-    for row in state.ingested.values():
-        sid = row["session_id"]
-        next_seq[sid] = max(next_seq.get(sid, 0), row["file_sequence"] + 1)
+    next_seq = state.next_sequences()
+    summary.held_back = held_back(candidates, state)
     chosen = []
     for f in sorted(candidates, key=lambda c: (c.session_id, c.file_sequence)):
         expected = next_seq.get(f.session_id, 0)
         if f.file_sequence == expected:
             chosen.append(f)
-            next_seq[f.session_id] = expected + 1
+            next_seq[f.session_id] = state.past_lost(f.session_id, expected + 1)
+        elif (f.session_id, f.file_sequence) in state.lost:  # found after it was skipped
+            summary.skipped.append(
+                f"{f.path}: session {f.session_id} sequence {f.file_sequence} is declared "
+                "lost (dcp-cdc landing skip); its session went on without it"
+            )
         else:
             summary.waiting.append(
                 f"{f.path} (session {f.session_id} sequence {f.file_sequence}, "
@@ -195,7 +312,8 @@ def stream_states(
     """Each file's ``carry`` (its session's stream states before it) and end state, as JSON.
 
     Folded in session order from the end state the log holds for the file before the run's
-    first file of each session; a file's scan says what it changes."""
+    first file of each session; a file's scan says what it changes. The file after one
+    declared lost starts from :func:`past_a_gap`'s state."""
     previous: dict[str, dict[int, StreamState]] = {}
     for row in state.ingested.values():
         states = json.loads(row["end_state"] or "{}")
@@ -204,11 +322,34 @@ def stream_states(
         }
     carries, ends = {}, {}
     for f in sorted(files, key=lambda f: (f.session_id, f.file_sequence)):
-        before = previous.get(f"{f.session_id}#{f.file_sequence - 1}", {})
+        before = previous.get(f"{f.session_id}#{f.file_sequence - 1}")
+        if before is None:
+            before = past_a_gap(state, previous, f.session_id, f.file_sequence)
         after = scans[f.path].apply(before) if f.path in scans else before
         previous[f"{f.session_id}#{f.file_sequence}"] = after
         carries[f.path], ends[f.path] = _states_json(before), _states_json(after)
     return carries, ends
+
+
+def past_a_gap(
+    state: LogState,
+    previous: Mapping[str, dict[int, StreamState]],
+    session_id: str,
+    sequence: int,
+) -> dict[int, StreamState]:
+    """The stream states file ``sequence`` starts in when the file before it is declared
+    lost: each vbucket's stream as the last file before the gap left it (its ``vb_uuid``),
+    in no snapshot, since what the lost files did to the snapshots is unknown. Its items
+    before their vbucket's next snapshot marker then lie in no snapshot, and the snapshot the
+    gap cut stays incomplete: the ``snapshot_completeness`` suite reports both. Nothing when
+    no file is lost there (a session's first file)."""
+    before = sequence - 1
+    while (session_id, before) in state.lost:
+        before -= 1
+    if before == sequence - 1:
+        return {}
+    known = previous.get(f"{session_id}#{before}", {})
+    return {vb: (*NO_STATE[:4], s[4]) for vb, s in known.items()}
 
 
 def _states_json(states: dict[int, StreamState]) -> str:

@@ -2,7 +2,8 @@
 clustered and with the statistics runs filter on), the ingest log read
 (:func:`read_log`, folded by :class:`pipelines.bronze.plan.LogState`) and appended to
 (:func:`log_rows`), and the transaction application id the bronze writes are idempotent under
-(:data:`TXN_APP_ID`).
+(:data:`TXN_APP_ID`). Beside the log, what it says of the landing now: the files a missing one
+holds back (:func:`held_back_now`), and a session's file declared lost (:func:`declare_lost`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from dcp_cdc.config import AppConfig
+from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import delta_io, schemas
-from pipelines.bronze.plan import LogState
+from pipelines.bronze.plan import HeldBack, IngestSummary, LogState, lost_row, plan_files
+from pipelines.errors import LandingSkipError
+from pipelines.landing import header_or_problem, list_captures
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"
@@ -59,8 +62,13 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
     return names
 
 
-def read_log(spark: SparkSession, table: str) -> LogState:
-    return LogState.of([r.asDict() for r in spark.table(table).collect()])
+def read_log(spark: SparkSession, table: str, version: int | None = None) -> LogState:
+    """The ingest log's state, as it is now or at Delta ``version``."""
+    if version is None:
+        log = spark.table(table)
+    else:
+        log = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
+    return LogState.of([r.asDict() for r in log.collect()])
 
 
 def log_rows(
@@ -82,3 +90,63 @@ def log_rows(
         "logged_at", F.current_timestamp()
     )
     delta_io.append(df, table)
+
+
+def held_back_now(config: AppConfig, bucket: BucketConfig, state: LogState) -> list[HeldBack]:
+    """The files of ``bucket``'s landing that a missing earlier file of their session holds
+    back, as ingest would plan them now (:func:`pipelines.bronze.plan.plan_files`) against
+    the ingest log's ``state``: the landing is listed and the header of each file not
+    ingested read (no Spark)."""
+    storage = config.spark.conf
+    files, _ = list_captures(config.landing_for(bucket), storage)
+    summary = IngestSummary(bucket.name)
+    plan_files(
+        files,
+        state,
+        bucket.name,
+        0,
+        config.ingest.max_file_bytes,
+        summary,
+        lambda f: header_or_problem(f, storage),
+    )
+    return summary.held_back
+
+
+def declare_lost(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig, session_id: str, sequence: int
+) -> HeldBack | None:
+    """Log sequence ``sequence`` of ``session_id`` lost (one row, one commit), so that ingest
+    goes on from the next sequence; returns the files it held back, or None when it was
+    declared lost already (nothing is logged again: a repeat, or a rerun after a kill, which
+    finds the row or appends it whole). Only a sequence that holds files back now may be
+    declared lost, else a :class:`LandingSkipError` says why not."""
+    names = ensure_tables(spark, config, bucket.name)
+    state = read_log(spark, names.ingest_log)
+    if (session_id, sequence) in state.lost:
+        return None
+    where = f"bucket {bucket.name!r}: session {session_id} sequence {sequence}"
+    if any(
+        (r["session_id"], r["file_sequence"]) == (session_id, sequence)
+        for r in state.ingested.values()
+    ):
+        raise LandingSkipError(f"{where} is ingested; there is nothing to skip")
+    groups = {h.session_id: h for h in held_back_now(config, bucket, state)}
+    group = groups.get(session_id)
+    if group is None or sequence not in group.missing:
+        waits = "; ".join(f"session {h.session_id}: {list(h.missing)}" for h in groups.values())
+        raise LandingSkipError(
+            f"{where} holds no file back (only a missing file that later files of its "
+            f"session wait for can be skipped; missing now: {waits or 'none'})"
+        )
+    message = (
+        f"declared lost by dcp-cdc landing skip; {len(group.files)} held-back files "
+        f"ingested without it"
+    )
+    log_rows(
+        spark,
+        names.ingest_log,
+        [lost_row(session_id, sequence, message)],
+        state.last_version,
+        "lost",
+    )
+    return group

@@ -1,7 +1,8 @@
-"""``dcp-cdc check``: four Great Expectations suites over each bucket's bronze and silver.
+"""``dcp-cdc check``: five Great Expectations suites over each bucket's bronze and silver
+and its landing.
 
 Bronze is read once and placed in its streams and snapshots; silver's tables are read for
-coverage and reconciliation. The results are appended to ``quality.<bucket>_results`` (one
+coverage and reconciliation; the landing is listed for files a missing one holds back. The results are appended to ``quality.<bucket>_results`` (one
 row per expectation), with Data Docs and a one-page summary under
 ``<warehouse>/quality/<bucket>/``. A failed expectation of severity ``error`` fails the
 check (exit status 1, naming it); ``warn`` is reported only. The steps:

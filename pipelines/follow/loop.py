@@ -215,6 +215,7 @@ class Follower:
             merged=dict(applied.tables) if applied is not None else {},
             change_times=times,
             lag=progress.lag(),
+            held_back=tuple(ingested.held_back),
         )
         self._metrics().batch_done(batch, ended_at=now)
         self._say(status_line(progress, batch, now))
@@ -226,7 +227,11 @@ class Follower:
         """:attr:`metrics`, made on first use unless given."""
         if self.metrics is None:
             unready = self.config.follow.unready_after_failed_batches
-            self.metrics = FollowMetrics([b.name for b in self.buckets], unready_after=unready)
+            self.metrics = FollowMetrics(
+                [b.name for b in self.buckets],
+                unready_after=unready,
+                held_back_after_s=self.config.quality.held_back_after_s,
+            )
         return self.metrics
 
     def start_check(self) -> None:

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from dcp_cdc.agent.metrics import MetricSpec, Monitoring
 from dcp_cdc.agent.metrics_server import MetricsServer
 from dcp_cdc.config import FollowConfig
+from pipelines.bronze.plan import HeldBack
 from pipelines.demo import LoopThread
 from pipelines.follow.progress import Batch
 from pipelines.silver.steps import STEPS as APPLY_STEPS
@@ -75,7 +76,21 @@ METRICS: tuple[MetricSpec, ...] = (
         "dcp_cdc_follow_ready",
         "gauge",
         (),
-        "1 while the bucket's readiness check passes, 0 while its micro-batches fail in a row",
+        "1 while the bucket's readiness check passes, 0 while its micro-batches fail in a row "
+        "or a missing capture file has held later ones back too long",
+    ),
+    MetricSpec(
+        "dcp_cdc_follow_held_back_files",
+        "gauge",
+        (),
+        "Capture files in the landing that wait for a missing earlier file of their session, "
+        "as of the last micro-batch",
+    ),
+    MetricSpec(
+        "dcp_cdc_follow_held_back_bytes",
+        "gauge",
+        (),
+        "Bytes of the capture files that wait for a missing earlier file of their session",
     ),
     MetricSpec(
         "dcp_cdc_follow_batch_duration_seconds",
@@ -180,14 +195,22 @@ class _Bucket:
     last_success: float | None = None
     quality_passed: bool | None = None
     quality_at: float | None = None
+    held_back: tuple[HeldBack, ...] = ()
 
 
 class FollowMetrics(Collector):
     """The metrics of the buckets follow mode follows, kept between micro-batches and read at
     each scrape; and each bucket's readiness (:meth:`not_ready`)."""
 
-    def __init__(self, buckets: Sequence[str], *, unready_after: int = 3) -> None:
+    def __init__(
+        self,
+        buckets: Sequence[str],
+        *,
+        unready_after: int = 3,
+        held_back_after_s: float = 3600.0,
+    ) -> None:
         self.unready_after = unready_after
+        self.held_back_after_s = held_back_after_s
         self._buckets = {name: _Bucket() for name in buckets}
         self._lock = threading.Lock()
 
@@ -210,6 +233,7 @@ class FollowMetrics(Collector):
                 cumulative = times.cumulative(FRESHNESS_BOUNDS)
                 b.freshness.add(cumulative, times.changes, times.seconds_sum)
             b.lag_seqnos = batch.lag[0] if batch.lag is not None else None
+            b.held_back = batch.held_back
             b.last_success = ended
 
     def batch_failed(self, bucket: str, error: BaseException) -> int:
@@ -227,14 +251,23 @@ class FollowMetrics(Collector):
             b.quality_passed = passed
             b.quality_at = time.time() if at is None else at
 
-    def not_ready(self, bucket: str) -> str | None:
-        """Why ``bucket`` is not ready (its micro-batches failed ``unready_after`` times in a
-        row), or None."""
+    def not_ready(self, bucket: str, *, now: float | None = None) -> str | None:
+        """Why ``bucket`` is not ready, or None: its micro-batches failed ``unready_after``
+        times in a row, or files have waited longer than ``held_back_after_s`` (from their
+        arrival) for a missing earlier file of their session, as the last micro-batch found."""
         with self._lock:
-            b = self._buckets[bucket]
-            if b.failed_in_a_row < self.unready_after:
-                return None
+            return self._why_not_ready(self._buckets[bucket], time.time() if now is None else now)
+
+    def _why_not_ready(self, b: _Bucket, now: float) -> str | None:
+        if b.failed_in_a_row >= self.unready_after:
             return f"{b.failed_in_a_row} micro-batches failed in a row, the last: {b.last_error}"
+        now_ms = int(now * 1000)
+        overdue = [h for h in b.held_back if h.waited_s(now_ms) > self.held_back_after_s]
+        if overdue:
+            return "capture files held back too long (quality.held_back_after_s): " + "; ".join(
+                h.describe() for h in overdue
+            )
+        return None
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily] = {}
@@ -246,9 +279,10 @@ class FollowMetrics(Collector):
                 "histogram": HistogramMetricFamily,
             }[spec.kind]
             families[spec.name] = kind(spec.name, spec.help, labels=labels)
+        now = time.time()
         with self._lock:
             for name, b in self._buckets.items():
-                _add(families, name, b, self.unready_after)
+                _add(families, name, b, ready=self._why_not_ready(b, now) is None)
         yield from families.values()
 
 
@@ -256,7 +290,8 @@ def _add(
     families: dict[str, CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily],
     name: str,
     b: _Bucket,
-    unready_after: int,
+    *,
+    ready: bool,
 ) -> None:
     """One bucket's samples into ``families``."""
 
@@ -273,7 +308,9 @@ def _add(
     value("dcp_cdc_follow_batches_total", b.batches)
     value("dcp_cdc_follow_failed_batches_total", b.failed)
     value("dcp_cdc_follow_consecutive_failed_batches", b.failed_in_a_row)
-    value("dcp_cdc_follow_ready", 1 if b.failed_in_a_row < unready_after else 0)
+    value("dcp_cdc_follow_ready", 1 if ready else 0)
+    value("dcp_cdc_follow_held_back_files", sum(len(h.files) for h in b.held_back))
+    value("dcp_cdc_follow_held_back_bytes", sum(h.bytes for h in b.held_back))
     histogram("dcp_cdc_follow_batch_duration_seconds", b.batch_seconds)
     for step, h in sorted(b.step_seconds.items()):
         histogram("dcp_cdc_follow_step_duration_seconds", h, step)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import BucketConfig
+from pipelines.bronze.plan import HeldBack
 from pipelines.follow.agent import captured_seqnos
 from pipelines.freshness import ChangeTimes, window_quantile
 
@@ -87,6 +88,9 @@ class Batch:
     """The CAS times of the changes its apply committed (None: it committed none)."""
     lag: tuple[int, int] | None = None
     """After it: seqnos captured but not applied, and the vbuckets behind (None: unknown)."""
+    held_back: tuple[HeldBack, ...] = ()
+    """The landing's files a missing earlier file of their session holds back, as its
+    ingest found them."""
 
 
 def status_line(progress: BucketProgress, batch: Batch, now: float) -> str:

@@ -1,4 +1,5 @@
-"""The quality job: four Great Expectations suites over a bucket's bronze and silver tables.
+"""The quality job: five Great Expectations suites over a bucket's bronze and silver tables
+and its landing.
 
 Per bucket and run:
 
@@ -6,7 +7,8 @@ Per bucket and run:
    frames are computed from that (:mod:`pipelines.quality.frames`, ``streams``, ``branches``,
    ``metrics``): one row per stream, vbucket, collection and capture file. Silver's tables
    are read for coverage and reconciliation; the state bronze implies is computed without
-   silver;
+   silver. The landing is listed for the files a missing one holds back
+   (:func:`pipelines.bronze.store.held_back_now`), one row per capture session;
 2. Great Expectations validates each suite's frame (:mod:`pipelines.quality.validate`) and
    writes its Data Docs;
 3. the results are appended to ``quality.<bucket>_results`` (one row per expectation), and a
@@ -40,6 +42,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas, tables
 from pipelines.batch_metrics import RunMetrics, pushed
+from pipelines.bronze import store
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
 from pipelines.quality.branches import (
@@ -57,7 +60,7 @@ from pipelines.quality.frames import base_frames, stream_frames
 from pipelines.quality.metrics import coverage_metrics, file_metrics, reconciliation_metrics
 from pipelines.quality.report import OpenSnapshot, QualityReport
 from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
-from pipelines.quality.suites import SUITES, checks
+from pipelines.quality.suites import SUITES, checks, held_back_rows
 
 # Great Expectations is imported by validate() (import_soon() starts it in a thread while
 # Spark computes the metric frames): its import takes seconds a check need not wait for.
@@ -182,10 +185,31 @@ def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     return {t: delta_io.table_version(spark, t) for t in wanted if spark.catalog.tableExists(t)}
 
 
+def landing_frame(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    at: Mapping[str, int] | None = None,
+    now: dt.datetime | None = None,
+) -> Metrics:
+    """The ``landing_continuity`` metric frame: the ingest log (at its version in ``at``)
+    against the landing listed now."""
+    table = BucketTables(bucket.name).ingest_log
+    state = store.read_log(spark, table, (at or {}).get(table))
+    rows = held_back_rows(
+        {r["session_id"] for r in state.ingested.values()},
+        store.held_back_now(config, bucket, state),
+        now=now or dt.datetime.now(dt.UTC),
+        after_s=config.quality.held_back_after_s,
+    )
+    return Metrics(rows, spark.createDataFrame(rows, schema=schemas.HELD_BACK_METRICS))
+
+
 def metric_frames(
     spark: SparkSession, bucket: str, at: Mapping[str, int] | None = None
 ) -> dict[str, Metrics]:
-    """The metric frame of every suite, by suite name (bronze read once).
+    """The metric frame of every suite but ``landing_continuity`` (:func:`landing_frame`),
+    by suite name (bronze read once).
 
     Intermediate frames are local checkpoints: materialized once and cut from their lineage,
     so the later plans stay small to analyse (planning, not data, dominates small buckets).
@@ -247,7 +271,6 @@ def metric_frames(
         "silver_reconciliation": reconciliation,
         "bronze_integrity": files,
     }
-    assert set(metrics) == {s.name for s in SUITES}
     return metrics
 
 
@@ -289,6 +312,7 @@ def counts(metrics: dict[str, Metrics]) -> dict[str, int]:
         "collections": len(recon),
         "live_documents_bronze": sum(r["bronze_live"] for r in recon),
         "live_documents_silver": sum(r["silver_live"] for r in recon),
+        "held_back_files": sum(r["held_back_files"] for r in metrics["landing_continuity"].rows),
     }
 
 
@@ -300,7 +324,7 @@ def check_bucket(
     screenshot: bool = False,
     at: Mapping[str, int] | None = None,
 ) -> QualityReport:
-    """Run the four suites on one bucket: results table, Data Docs and summary page. ``at``
+    """Run the five suites on one bucket: results table, Data Docs and summary page. ``at``
     (:func:`pinned_versions`): read the tables at those versions, not as they are now."""
     started = time.perf_counter()
     import_soon()
@@ -315,6 +339,8 @@ def check_bucket(
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     metrics = metric_frames(spark, name, at)
+    metrics["landing_continuity"] = landing_frame(spark, config, bucket, at, now)
+    assert set(metrics) == {s.name for s in SUITES}
     target = tables.report_location(config, name)
     local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
     shutil.rmtree(local / DOCS_NAME, ignore_errors=True)  # the site shows this run only

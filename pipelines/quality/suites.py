@@ -1,7 +1,8 @@
-"""The four suites and their expectations, as plain data (no Spark, no Great Expectations).
+"""The five suites and their expectations, as plain data (no Spark, no Great Expectations).
 
 Each expectation checks one column of its suite's metric frame
-(:mod:`pipelines.quality.streams`, :mod:`pipelines.quality.metrics`): a problem count that
+(:mod:`pipelines.quality.streams`, :mod:`pipelines.quality.metrics`,
+:func:`held_back_rows`): a problem count that
 must be 0, a flag that must be true, or two columns that must agree. ``detail`` names the
 column that says, per failing row, what is wrong. Severities are ``error`` (fails the run)
 or ``warn`` (reported only); the configuration may override them per expectation or per
@@ -10,12 +11,16 @@ suite (``[quality] severity``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dcp_cdc.config import QualityConfig
 from dcp_cdc.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipelines.bronze.plan import HeldBack
 
 Severity = Literal["error", "warn"]
 
@@ -76,6 +81,12 @@ SUITES = (
         "capture file",
         "Per capture file: required columns filled, opcodes known, quarantine bounded.",
     ),
+    Suite(
+        "landing_continuity",
+        "capture session",
+        "Per capture session in the landing: no file waits long for a missing earlier file "
+        "of its session (ingest takes a session's files in sequence order).",
+    ),
 )
 
 
@@ -102,9 +113,11 @@ PAIR_EQUAL = "ExpectColumnPairValuesToBeEqual"
 SUM_BETWEEN = "ExpectColumnSumToBeBetween"
 
 
-def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
+def default_checks(
+    quarantine_threshold: int = 0, held_back_after_s: float = 3600.0
+) -> tuple[Check, ...]:
     """Every expectation with its default severity."""
-    sc, cov, rec, bi = (s.name for s in SUITES)
+    sc, cov, rec, bi, land = (s.name for s in SUITES)
     return (
         Check(
             sc,
@@ -306,6 +319,18 @@ def default_checks(quarantine_threshold: int = 0) -> tuple[Check, ...]:
             _zero("truncated_mid_session"),
             "truncated_detail",
         ),
+        Check(
+            land,
+            "no_file_held_back",
+            "error",
+            f"No capture file has waited longer than {held_back_after_s:g} s (quality."
+            "held_back_after_s, from its arrival: its modification time) for a missing "
+            "earlier file of its session; a failing session names the missing sequence and "
+            "the files held back (find the file, or declare it lost: dcp-cdc landing skip).",
+            IN_SET,
+            _zero("held_back_overdue"),
+            "held_back_detail",
+        ),
     )
 
 
@@ -315,7 +340,7 @@ def checks(config: QualityConfig) -> tuple[Check, ...]:
     An override key names an expectation (``suite.expectation``) or a whole suite; the more
     specific one wins. An unknown key is a :class:`ConfigError` listing the known names.
     """
-    base = default_checks(config.quarantine_threshold)
+    base = default_checks(config.quarantine_threshold, config.held_back_after_s)
     known = {c.key for c in base} | {s.name for s in SUITES}
     unknown = sorted(set(config.severity) - known)
     if unknown:
@@ -328,3 +353,32 @@ def checks(config: QualityConfig) -> tuple[Check, ...]:
         severity = config.severity.get(check.key) or config.severity.get(check.suite)
         out.append(replace(check, severity=severity) if severity else check)
     return tuple(out)
+
+
+def held_back_rows(
+    sessions: Iterable[str], held: Iterable[HeldBack], *, now: dt.datetime, after_s: float
+) -> list[dict[str, Any]]:
+    """The ``landing_continuity`` metric frame: one row per session of ``sessions`` (those
+    the ingest log knows) and of ``held`` (:func:`pipelines.bronze.plan.held_back`), with
+    its held-back files, bytes and wait; ``held_back_overdue`` is 1 when they have waited
+    longer than ``after_s``."""
+    groups = {h.session_id: h for h in held}
+    now_ms = int(now.timestamp() * 1000)
+    rows = []
+    for sid in sorted(set(sessions) | set(groups)):
+        h = groups.get(sid)
+        waited = h.waited_s(now_ms) if h else 0.0
+        overdue = h is not None and waited > after_s
+        rows.append(
+            {
+                "where": f"session {sid}",
+                "session_id": sid,
+                "missing_sequence": h.sequence if h else None,
+                "held_back_files": len(h.files) if h else 0,
+                "held_back_bytes": h.bytes if h else 0,
+                "held_back_s": waited,
+                "held_back_overdue": int(overdue),
+                "held_back_detail": f"{h.describe()}; waited {waited:,.0f} s" if h else None,
+            }
+        )
+    return rows

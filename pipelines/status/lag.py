@@ -24,6 +24,10 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipelines.bronze.plan import HeldBack
 
 STAGES = ("cluster", "capture", "bronze", "silver")
 """The stages, in pipeline order."""
@@ -114,6 +118,8 @@ class BucketStatus:
     stages: tuple[Stage, ...]
     newest_change: dt.datetime | None = None
     quality: QualityResult | None = None
+    held_back: tuple[HeldBack, ...] = ()
+    """The landing's files a missing earlier file of their session holds back, per session."""
 
     def stage(self, name: str) -> Stage:
         for s in self.stages:

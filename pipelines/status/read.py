@@ -8,6 +8,8 @@ metadata, never a scan of bronze's events or of silver's collection tables.
   last file (the end seqno of the last snapshot marker of each vbucket; a session's end
   state carries those of its earlier files), the highest per vbucket over sessions;
 - quality: the results of the newest run (its rows alone);
+- the landing: the files a missing earlier file of their session holds back (the landing
+  listed, the header of each file not ingested read: what ingest would plan);
 - capture and cluster: the agent's checkpoint (a small JSON document, local or in an object
   store) and the data nodes' high seqnos, asked with the capture section's settings
   (:mod:`pipelines.status.agent_side`, no Spark).
@@ -34,6 +36,8 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.protocol import cas_time
 from pipelines import tables
+from pipelines.bronze import store
+from pipelines.bronze.plan import HeldBack
 from pipelines.spark_session import session_for
 from pipelines.status.agent_side import capture_stage, cluster_stage, not_asked
 from pipelines.status.lag import BucketStatus, QualityResult, Stage, snapshot_ends
@@ -96,6 +100,17 @@ def bronze_stage(spark: SparkSession, names: BucketTables) -> Stage:
     return Stage("bronze", positions, _micros(logged), note)
 
 
+def held_back(
+    spark: SparkSession, config: AppConfig, bucket: BucketConfig, names: BucketTables
+) -> tuple[HeldBack, ...]:
+    """The landing's files a missing earlier file of their session holds back: the ingest
+    log against the landing listed (the header of each file not ingested is read)."""
+    if not spark.catalog.tableExists(names.ingest_log):
+        return ()
+    state = store.read_log(spark, names.ingest_log)
+    return tuple(store.held_back_now(config, bucket, state))
+
+
 def last_quality(
     spark: SparkSession, config: AppConfig, names: BucketTables
 ) -> QualityResult | None:
@@ -145,9 +160,10 @@ def bucket_status(
     silver, newest = silver_stage(spark, names)
     bronze = bronze_stage(spark, names)
     quality = last_quality(spark, config, names)
+    held = held_back(spark, config, bucket, names)
     capture = capture_stage(config, bucket)
     asked = cluster_stage(config, bucket) if cluster else not_asked("--no-cluster")
-    return BucketStatus(bucket.name, (asked, capture, bronze, silver), newest, quality)
+    return BucketStatus(bucket.name, (asked, capture, bronze, silver), newest, quality, held)
 
 
 def run(

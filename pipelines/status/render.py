@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from pipelines.bronze.plan import HeldBack
 from pipelines.status.lag import BucketStatus, Lag, QualityResult, Stage
 
 FORMAT = 1
@@ -92,6 +93,19 @@ def bucket_json(status: BucketStatus, now: dt.datetime) -> dict[str, Any]:
         "newest_change_at": _iso(status.newest_change),
         "freshness_s": _age_s(status.newest_change, now),
         "quality": _quality_json(status.quality),
+        "held_back": [_held_back_json(h, now) for h in status.held_back],
+    }
+
+
+def _held_back_json(group: HeldBack, now: dt.datetime) -> dict[str, Any]:
+    since = dt.datetime.fromtimestamp(group.since_ms / 1000, dt.UTC)
+    return {
+        "session_id": group.session_id,
+        "missing_sequences": list(group.missing),
+        "files": [f.path for f in group.files],
+        "bytes": group.bytes,
+        "since": _iso(since),
+        "age_s": _age_s(since, now),
     }
 
 
@@ -202,7 +216,17 @@ def bucket_screen(status: BucketStatus, now: dt.datetime) -> list[str]:
     lines.append("  " + _end_to_end(status, now))
     lines.append("  " + _quality(status.quality, now))
     lines += [f"  {s.name}: {s.note}" for s in status.stages if s.note]
+    lines += [_held_back(status.bucket, h, now) for h in status.held_back]
     return lines
+
+
+def _held_back(bucket: str, group: HeldBack, now: dt.datetime) -> str:
+    waited = age(group.waited_s(int(now.timestamp() * 1000)))
+    return (
+        f"  HELD BACK for {waited}: {group.describe()}; find the file, or declare it lost: "
+        f"dcp-cdc landing skip --bucket {bucket} --session {group.session_id} "
+        f"--sequence {group.sequence}"
+    )
 
 
 def screen(statuses: Sequence[BucketStatus], now: dt.datetime) -> str:

@@ -132,8 +132,9 @@ def test_the_clean_bucket_passes_with_the_interrupted_warnings_only(bucket: Buck
     report = bucket.clean
     assert report.passed and report.failed_errors == []
     assert set(report.failed_warnings) == INTERRUPTED_WARNINGS
-    assert len(report.outcomes) == 20
+    assert len(report.outcomes) == 21
     counts = report.counts
+    assert counts["held_back_files"] == 0  # every session's files landed whole
     assert counts["vbuckets"] == VBUCKETS * len(SCENARIOS)
     assert counts["live_documents_bronze"] == counts["live_documents_silver"] == bucket.live_now
     assert counts["quarantined_malformed"] == 0
@@ -184,7 +185,7 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
         f"SELECT suite, expectation, success, severity, observed_value, examples "
         f"FROM {BucketTables(bucket.name).results} WHERE run_id = '{report.run_id}'"
     ).collect()
-    assert len(rows) == 20
+    assert len(rows) == 21
     failed = {f"{r['suite']}.{r['expectation']}": r for r in rows if not r["success"]}
     assert set(failed) == INTERRUPTED_WARNINGS
     assert {r["severity"] for r in failed.values()} == {"warn"}

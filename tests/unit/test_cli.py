@@ -192,3 +192,23 @@ def test_help_states_the_configuration_rule() -> None:
         (sub,) = [a for a in parser._actions if a.dest == "command"]
         text = " ".join(sub.choices[verb].format_help().split())  # type: ignore[attr-defined]
         assert "--config FILE a TOML file (default: $DCP_CDC_CONFIG, else" in text, verb
+
+
+def test_landing_skip_needs_the_session_and_sequence_and_one_bucket(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines import cli
+
+    parser = cli.build_parser("landing")
+    args = parser.parse_args(["landing", "skip", "--session", "s1", "--sequence", "2"])
+    assert (args.action, args.session, args.sequence, args.bucket) == ("skip", "s1", 2, None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["landing", "skip", "--session", "s1"])
+    capsys.readouterr()
+    config = tmp_path / "two.toml"
+    config.write_text(
+        'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "a"\n[[buckets]]\nname = "b"\n'
+    )
+    argv = ["landing", "skip", "--config", str(config), "--session", "s1", "--sequence", "2"]
+    assert cli.main(argv) == 2  # before any Spark starts
+    assert "landing skip: name the bucket (--bucket)" in capsys.readouterr().err

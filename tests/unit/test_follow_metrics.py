@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,12 +22,13 @@ from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.errors import ConfigError
-from pipelines.bronze.plan import IngestSummary
+from pipelines.bronze.plan import HeldBack, IngestSummary
 from pipelines.follow import loop
 from pipelines.follow.loop import Follower
 from pipelines.follow.metrics import APPLY_STEPS, METRICS, STEPS, FollowMetrics, monitoring_for
 from pipelines.follow.progress import Batch, BucketProgress, freshness_text
 from pipelines.freshness import PROBABILITIES, ChangeTimes
+from pipelines.landing import CaptureFile
 from pipelines.silver.job import ApplySummary
 from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.steps import STEPS as SILVER_STEPS
@@ -160,6 +162,36 @@ def test_the_step_label_is_the_apply_steps_and_ingest() -> None:
     recorded = set(re.findall(r'summary\.step\("([a-z_]+)"', source))
     assert recorded == set(SILVER_STEPS), "every step the apply records is declared"
     assert STEPS[0] == "ingest" and len(STEPS) == len(set(STEPS)) == 10
+
+
+def test_files_held_back_too_long_make_a_bucket_unready_and_are_counted() -> None:
+    metrics = FollowMetrics(["b"], held_back_after_s=3600)
+    monitoring = monitoring_for(metrics, ["b"])
+    files = tuple(
+        CaptureFile(f"/l/b-{n}.dcpcap", 1500, 1_000_000, session_id="s1", file_sequence=n)
+        for n in (3, 4)
+    )
+    held = HeldBack("s1", (2,), files)
+    metrics.batch_done(replace(batch(1), held_back=(held,)), ended_at=1_100.0)
+    # arrived at 1000 s: ready until it has waited an hour
+    assert metrics.not_ready("b", now=1_000.0 + 3600) is None
+    why = metrics.not_ready("b", now=1_000.0 + 3601)
+    assert why == (
+        "capture files held back too long (quality.held_back_after_s): session s1: sequence "
+        "2 missing; 2 files (3,000 bytes) held back since 1970-01-01T00:16:40Z: /l/b-3.dcpcap, "
+        "/l/b-4.dcpcap"
+    )
+    ready, text = monitoring.ready()  # now: long after 1970
+    assert not ready and text.splitlines()[0] == f"[-]follow:b failed: {why}"
+    exposition = monitoring.exposition()[0].decode()
+    assert value(exposition, "dcp_cdc_follow_held_back_files", bucket="b") == 2
+    assert value(exposition, "dcp_cdc_follow_held_back_bytes", bucket="b") == 3000
+    assert value(exposition, "dcp_cdc_follow_ready", bucket="b") == 0
+    metrics.batch_done(batch(2))  # the file came, or was declared lost
+    assert monitoring.ready()[0]
+    exposition = monitoring.exposition()[0].decode()
+    assert value(exposition, "dcp_cdc_follow_held_back_files", bucket="b") == 0
+    assert value(exposition, "dcp_cdc_follow_ready", bucket="b") == 1
 
 
 def test_every_follow_metric_is_in_the_docs() -> None:

@@ -3,6 +3,7 @@ planned files are written, and a landing location that is not there."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,17 @@ import pytest
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
-from pipelines.bronze.plan import IngestSummary, LogState, settle, task_groups
+from pipelines.bronze.plan import (
+    LOST,
+    IngestSummary,
+    LogState,
+    held_back,
+    lost_row,
+    plan_files,
+    settle,
+    stream_states,
+    task_groups,
+)
 from pipelines.landing import CaptureFile, Problem, check_landing
 
 
@@ -111,3 +122,99 @@ def test_big_files_get_tasks_by_bytes_and_the_biggest_spread_first() -> None:
 def test_fewer_files_than_cores_make_a_task_each() -> None:
     assert task_groups([5, 7], target_bytes=100, parallelism=4) == [[1], [0]]
     assert task_groups([], target_bytes=100, parallelism=4) == []
+
+
+# --- files a missing one holds back ---------------------------------------------------------
+
+
+def _landed(path: str, session: str, sequence: int, size: int = 100, at_ms: int = 0) -> CaptureFile:
+    return CaptureFile(path, size, at_ms, bucket="bk", session_id=session, file_sequence=sequence)
+
+
+def _ingested(session: str, sequence: int) -> dict[str, Any]:
+    return _row("ingested", f"{session}{sequence}", 1, file_sequence=sequence, session_id=session)
+
+
+def test_held_back_names_the_missing_sequences_and_the_files_in_order() -> None:
+    state = LogState.of([_ingested("a", 0), _ingested("a", 1), _ingested("c", 0)])
+    landed = [
+        _landed("a6", "a", 6, at_ms=5_000),
+        _landed("a3", "a", 3, at_ms=2_000),
+        _landed("a4", "a", 4, at_ms=3_000),
+        _landed("b0", "b", 0),
+        _landed("b1", "b", 1),  # a whole session: nothing held back
+        _landed("c1", "c", 1),  # the next of c: nothing held back
+        _landed("d2", "d", 2, size=7),  # d's first two never landed
+    ]
+    [a, d] = held_back(landed, state)
+    assert (a.session_id, a.missing, a.sequence) == ("a", (2, 5), 2)
+    assert [f.path for f in a.files] == ["a3", "a4", "a6"]
+    assert (a.bytes, a.since_ms, a.waited_s(12_000)) == (300, 2_000, 10.0)
+    assert a.waited_s(0) == 0  # a clock behind the file's time waits nothing, not less
+    assert a.describe() == (
+        "session a: sequences 2, 5 missing; 3 files (300 bytes) held back since "
+        "1970-01-01T00:00:02Z: a3, a4, a6"
+    )
+    assert (d.missing, [f.path for f in d.files], d.bytes) == ((0, 1), ["d2"], 7)
+
+
+def test_a_sequence_declared_lost_lets_its_session_go_on() -> None:
+    lost = lost_row("a", 2, "gone")
+    assert lost["status"] == LOST and (lost["session_id"], lost["file_sequence"]) == ("a", 2)
+    rows = [_ingested("a", 0), _ingested("a", 1), {**_row("x", "", 1), **lost}]
+    state = LogState.of(rows)
+    assert state.lost == {("a", 2)} and state.next_sequences() == {"a": 3}
+    assert set(state.ingested) == {"a0", "a1"} and state.open_plan == []
+    landed = [_landed("a3", "a", 3), _landed("a4", "a", 4), _landed("a6", "a", 6)]
+    [left] = held_back(landed, state)
+    assert (left.missing, [f.path for f in left.files]) == ((5,), ["a6"])
+    # a session whose very first file is lost, and two lost in a row
+    two = LogState.of([{**_row("x", "", 1), **lost_row("e", n, "gone")} for n in (0, 1)])
+    assert two.next_sequences() == {"e": 2} and held_back([_landed("e2", "e", 2)], two) == []
+
+
+def test_the_plan_reports_held_back_files_and_goes_on_past_lost_ones() -> None:
+    rows = [_ingested("a", 0), _ingested("a", 1)]
+    landed = [_landed("a3", "a", 3), _landed("a4", "a", 4)]
+
+    def plan(state: LogState) -> tuple[list[str], IngestSummary]:
+        summary = IngestSummary("bk")
+        chosen, _ = plan_files(landed, state, "bk", 0, 1 << 30, summary, lambda f: f)
+        return [f.path for f in chosen], summary
+
+    chosen, summary = plan(LogState.of(rows))
+    assert chosen == [] and [h.missing for h in summary.held_back] == [(2,)]
+    assert len(summary.waiting) == 2
+    held = [line for line in summary.render().splitlines() if "HELD BACK" in line]
+    assert held == [
+        "  HELD BACK: session a: sequence 2 missing; 2 files (200 bytes) held back since "
+        "1970-01-01T00:00:00Z: a3, a4 (find the file, or declare it lost: dcp-cdc landing "
+        "skip --bucket bk --session a --sequence 2)"
+    ]
+    chosen, summary = plan(LogState.of([*rows, {**_row("x", "", 1), **lost_row("a", 2, "")}]))
+    assert chosen == ["a3", "a4"] and not summary.held_back and not summary.waiting
+    # the lost file found again after the skip: not ingested, and said so
+    landed.append(_landed("a2-found", "a", 2))
+    chosen, summary = plan(LogState.of([*rows, {**_row("x", "", 1), **lost_row("a", 2, "")}]))
+    assert chosen == ["a3", "a4"] and not summary.waiting
+    assert summary.skipped == [
+        "a2-found: session a sequence 2 is declared lost (dcp-cdc landing skip); its session "
+        "went on without it"
+    ]
+
+
+def test_the_file_after_a_lost_one_keeps_its_streams_but_no_snapshot() -> None:
+    end = '{"0":[10,20,1,false,777],"1":[5,9,1,false,888]}'
+    rows = [{**_ingested("a", 0), "end_state": end}, {**_row("x", "", 1), **lost_row("a", 1, "")}]
+    a2 = _landed("a2", "a", 2)
+    carries, ends = stream_states(LogState.of(rows), [a2], {})
+    assert json.loads(carries["a2"]) == {
+        "0": [None, None, None, False, 777],
+        "1": [None, None, None, False, 888],
+    }
+    assert ends["a2"] == carries["a2"]  # no scan: the file changes nothing
+    # a session's first file, and the file after an ingested one, as before
+    carries, _ = stream_states(
+        LogState.of(rows[:1]), [_landed("a1", "a", 1), _landed("b0", "b", 0)], {}
+    )
+    assert json.loads(carries["a1"]) == json.loads(end) and carries["b0"] == "{}"

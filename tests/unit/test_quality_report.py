@@ -3,6 +3,7 @@ outcomes, the report's text and its one-page HTML summary."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 
 from dcp_cdc.config import QualityConfig, load_config
 from dcp_cdc.errors import ConfigError, DcpError
+from pipelines.bronze.plan import HeldBack
+from pipelines.landing import CaptureFile
 from pipelines.quality.report import (
     ExpectationOutcome,
     OpenSnapshot,
@@ -20,7 +23,7 @@ from pipelines.quality.report import (
     render_summary,
     result_rows,
 )
-from pipelines.quality.suites import SUITES, checks, default_checks
+from pipelines.quality.suites import SUITES, checks, default_checks, held_back_rows
 
 
 def _check(key: str, config: QualityConfig | None = None) -> Any:
@@ -34,8 +37,9 @@ def test_every_suite_has_expectations_with_unique_names_and_known_columns() -> N
         "stream_coverage",
         "silver_reconciliation",
         "bronze_integrity",
+        "landing_continuity",
     ]
-    assert len({c.key for c in all_checks}) == len(all_checks) == 20
+    assert len({c.key for c in all_checks}) == len(all_checks) == 21
     assert {c.suite for c in all_checks} == {s.name for s in SUITES}
     warn = {c.key for c in all_checks if c.severity == "warn"}
     assert warn == {
@@ -74,6 +78,7 @@ def test_unknown_severity_override_names_the_known_ones() -> None:
     ("section", "message"),
     [
         ("[quality]\nquarantine_threshold = -1\n", "quality.quarantine_threshold"),
+        ("[quality]\nheld_back_after_s = 0\n", "quality.held_back_after_s"),
         ('[quality.severity]\n"stream_coverage" = "fatal"\n', "quality.severity.stream_coverage"),
         ('[quality.severity]\n"Bad Key" = "warn"\n', "suite.expectation"),
         ("[quality]\ncolour = 1\n", "quality.colour: Extra inputs"),
@@ -98,6 +103,7 @@ def test_quality_section_loads_with_defaults(tmp_path: Path) -> None:
     )
     q = load_config(path).quality
     assert (q.quarantine_threshold, q.max_examples, q.results_retention_days) == (2, 20, 90)
+    assert q.held_back_after_s == 3600.0
     assert q.severity == {"bronze_integrity.opcodes_known": "warn"}
 
 
@@ -407,3 +413,55 @@ def test_summary_page_shows_where_silver_left_the_clusters_branch() -> None:
     assert report.render().splitlines()[1] == (
         f"  ERROR stream_coverage.on_cluster_branch: 1 of 3 vbuckets; e.g. vb 3: {detail}"
     )
+
+
+def _group(session: str, missing: tuple[int, ...], *arrived_s: float) -> HeldBack:
+    files = tuple(
+        CaptureFile(f"/l/{session}-{i}.dcpcap", 1000, int(at * 1000), session_id=session)
+        for i, at in enumerate(arrived_s)
+    )
+    return HeldBack(session, missing, files)
+
+
+def test_a_session_held_back_longer_than_the_threshold_is_overdue() -> None:
+    now = dt.datetime.fromtimestamp(10_000, dt.UTC)
+    rows = held_back_rows(
+        ["a", "b", "c"],
+        [_group("b", (2,), 5_000, 9_000), _group("c", (7,), 9_500), _group("d", (0,), 9_990)],
+        now=now,
+        after_s=3600,
+    )
+    by = {r["session_id"]: r for r in rows}
+    assert list(by) == ["a", "b", "c", "d"]  # the log's sessions, and those only held back
+    assert by["a"] == {
+        "where": "session a",
+        "session_id": "a",
+        "missing_sequence": None,
+        "held_back_files": 0,
+        "held_back_bytes": 0,
+        "held_back_s": 0.0,
+        "held_back_overdue": 0,
+        "held_back_detail": None,
+    }
+    b = by["b"]
+    assert (b["missing_sequence"], b["held_back_files"], b["held_back_bytes"]) == (2, 2, 2000)
+    assert (b["held_back_s"], b["held_back_overdue"]) == (5000.0, 1)
+    assert b["held_back_detail"] == (
+        "session b: sequence 2 missing; 2 files (2,000 bytes) held back since "
+        "1970-01-01T01:23:20Z: /l/b-0.dcpcap, /l/b-1.dcpcap; waited 5,000 s"
+    )
+    assert [by[s]["held_back_overdue"] for s in "cd"] == [0, 0]  # fresh: under the threshold
+    assert [r["held_back_overdue"] for r in held_back_rows([], [], now=now, after_s=1)] == []
+
+
+def test_the_held_back_expectation_reads_the_threshold_and_takes_overrides() -> None:
+    check = _check("landing_continuity.no_file_held_back")
+    assert (check.severity, check.columns, check.detail) == (
+        "error",
+        ("held_back_overdue",),
+        "held_back_detail",
+    )
+    assert "3600 s" in check.description
+    config = QualityConfig(held_back_after_s=600, severity={"landing_continuity": "warn"})
+    check = _check("landing_continuity.no_file_held_back", config)
+    assert check.severity == "warn" and "600 s" in check.description

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from pipelines.bronze.plan import HeldBack
+from pipelines.landing import CaptureFile
 from pipelines.status.lag import BucketStatus, QualityResult, Stage, lag, snapshot_ends
 from pipelines.status.render import age, as_json, screen
 
@@ -220,6 +222,39 @@ def test_the_json_object() -> None:
         "failed_warnings": 1,
         "report": "/w/quality/travel_sample/summary.html",
     }
+    assert bucket["held_back"] == []
+
+
+HELD = HeldBack(
+    "s-42",
+    (2,),
+    tuple(
+        CaptureFile(f"/landing/b-s42-0000{n}.dcpcap", 4000, int(_ago(age).timestamp() * 1000))
+        for n, age in ((3, 7200), (4, 7000))
+    ),
+)
+
+
+def test_files_held_back_by_a_missing_one_show_with_since_when() -> None:
+    status = BucketStatus("b", (SILVER,), held_back=(HELD,))
+    held = [line for line in screen([status], NOW).splitlines() if "HELD BACK" in line]
+    assert held == [
+        "  HELD BACK for 2.0 h: session s-42: sequence 2 missing; 2 files (8,000 bytes) held "
+        "back since 2026-01-02T01:04:05Z: /landing/b-s42-00003.dcpcap, "
+        "/landing/b-s42-00004.dcpcap; find the file, or declare it lost: dcp-cdc landing skip "
+        "--bucket b --session s-42 --sequence 2"
+    ]
+    (bucket,) = as_json([status], NOW)["buckets"]
+    assert bucket["held_back"] == [
+        {
+            "session_id": "s-42",
+            "missing_sequences": [2],
+            "files": ["/landing/b-s42-00003.dcpcap", "/landing/b-s42-00004.dcpcap"],
+            "bytes": 8000,
+            "since": "2026-01-02T01:04:05.000Z",
+            "age_s": 7200.0,
+        }
+    ]
 
 
 def test_the_json_of_an_unknown_stage() -> None:
