@@ -22,15 +22,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from pipelines.errors import MetastoreError
 from pipelines.local_catalog import METASTORE_DIR_NAME
-
-if TYPE_CHECKING:
-    from pipelines.metastore_server import ServerRecord
 
 HOLDERS_NAME = f"{METASTORE_DIR_NAME}.server.holders"
 
@@ -46,15 +43,29 @@ class Verdict(enum.Enum):
     """Kept (``dcp-cdc metastore start``): it runs until ``dcp-cdc metastore stop``."""
     GONE = "gone"
     """No live server recorded, or another one than the watchdog's: nothing to watch."""
+    ORPHAN = "orphan"
+    """The watchdog's server runs but no record names it: its starter died before writing
+    the record (or the record was replaced), so no client can find it. It is ended."""
 
 
-def verdict(record: ServerRecord | None, *, alive: bool, held: bool, pid: int | None) -> Verdict:
-    """The fate of ``record`` (the warehouse's recorded server): ``alive`` whether its
-    process runs, ``held`` whether any lease is held, ``pid`` the server a watchdog watches
-    (None: whichever is recorded)."""
-    if record is None or not alive or (pid is not None and record.pid != pid):
+def verdict(
+    recorded: int | None,
+    *,
+    on_demand: bool,
+    pid: int | None,
+    alive: Callable[[int], bool],
+    held: bool,
+) -> Verdict:
+    """The fate of the warehouse's recorded server (``recorded``: its pid, None when none is
+    recorded; ``on_demand`` as recorded; read under the start lock) and of ``pid``, the
+    server a watchdog watches (None: whichever is recorded). ``alive`` tells whether a pid
+    runs a server; ``held`` whether any lease is held."""
+    named = recorded is not None and (pid is None or recorded == pid)
+    if pid is not None and not named and alive(pid):
+        return Verdict.ORPHAN
+    if recorded is None or not named or not alive(recorded):
         return Verdict.GONE
-    if not record.on_demand:
+    if not on_demand:
         return Verdict.KEEP
     return Verdict.SERVE if held else Verdict.STOP
 

@@ -290,7 +290,6 @@ def hold(warehouse: Path, *, jars: Path, timeout: float = 60.0) -> tuple[ServerR
             return running, lease
         try:
             record = _launch(warehouse, served, DEFAULT_HOST, None, jars, timeout, on_demand=True)
-            _start_watchdog(warehouse, record, jars)
         except BaseException:
             lease.release()
             raise
@@ -303,8 +302,9 @@ def hold(warehouse: Path, *, jars: Path, timeout: float = 60.0) -> tuple[ServerR
     return record, lease
 
 
-def _start_watchdog(warehouse: Path, record: ServerRecord, jars: Path) -> None:
-    """The detached process that stops an on-demand server once no lease is held
+def _start_watchdog(warehouse: Path, pid: int, jars: Path) -> None:
+    """The detached process that stops the on-demand server ``pid`` once no lease is held, or
+    once it is found unrecorded (its starter died while starting it)
     (:mod:`pipelines.metastore_watchdog`), running this process's ``pipelines``."""
     source = str(Path(pipelines.__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH")
@@ -312,7 +312,7 @@ def _start_watchdog(warehouse: Path, record: ServerRecord, jars: Path) -> None:
     command = [sys.executable, "-m", "pipelines.metastore_watchdog"]
     with open(warehouse / LOG_NAME, "ab") as output:
         subprocess.Popen(
-            [*command, str(warehouse), str(record.pid), str(jars)],
+            [*command, str(warehouse), str(pid), str(jars)],
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -369,6 +369,8 @@ def _launch(
     finally:
         lock.close()
     _children[process.pid] = process
+    if on_demand:  # now: a starter killed before the record is written leaves no server
+        _start_watchdog(warehouse, process.pid, jars)
     deadline = time.monotonic() + timeout
     while not answers(host, chosen, timeout=0.5):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -436,17 +438,25 @@ def stop_if_unheld(
     warehouse: Path, *, jars: Path, pid: int | None = None, timeout: float = 30.0
 ) -> Verdict:
     """Stop ``warehouse``'s server when it is on demand and no process holds a lease on it
-    (:func:`pipelines.metastore_leases.verdict`; ``pid``: only that server). Returns the
-    verdict. :class:`MetastoreError` when another process keeps the start lock ``timeout``
-    seconds."""
+    (:func:`pipelines.metastore_leases.verdict`); with ``pid`` (a watchdog's), only that
+    server, which is ended by signals when no record names it. Returns the verdict.
+    :class:`MetastoreError` when another process keeps the start lock ``timeout`` seconds."""
     warehouse = warehouse.resolve()
     with _start_lock(warehouse, timeout):
         record = read_record(warehouse)
-        alive = record is not None and _is_server_process(record.pid)
         with metastore_leases.unheld(warehouse) as free:
-            decided = metastore_leases.verdict(record, alive=alive, held=not free, pid=pid)
+            decided = metastore_leases.verdict(
+                record.pid if record is not None else None,
+                on_demand=record is not None and record.on_demand,
+                pid=pid,
+                alive=_is_server_process,
+                held=not free,
+            )
             if decided is Verdict.STOP and record is not None:
                 _stop_recorded(warehouse, record, jars, timeout, running=True)
+            if decided is Verdict.ORPHAN and pid is not None:
+                log.warning("metastore: pid %d serves no record (its starter died): ending it", pid)
+                _terminate(pid, timeout)
     return decided
 
 
@@ -459,13 +469,18 @@ def _stop_recorded(
         _control(jars, "shutdown", "-h", record.host, "-p", str(record.port))
         if not _ended(record.pid, timeout):
             log.warning("metastore: pid %d ignored shutdown; terminating it", record.pid)
-            _signal(record.pid, signal.SIGTERM)
-            if not _ended(record.pid, timeout):
-                _signal(record.pid, signal.SIGKILL)
-                _ended(record.pid, timeout)
+            _terminate(record.pid, timeout)
     record_path(warehouse).unlink(missing_ok=True)
     if running:
         log.info("metastore: stopped %s (pid %d)", record.address, record.pid)
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """End the server ``pid``: SIGTERM, then SIGKILL if it does not end within ``timeout``."""
+    _signal(pid, signal.SIGTERM)
+    if not _ended(pid, timeout):
+        _signal(pid, signal.SIGKILL)
+        _ended(pid, timeout)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -5,7 +5,9 @@ Every second it applies :func:`pipelines.metastore_leases.verdict` to the server
 ``WAREHOUSE`` under the start lock, and stops the server when no process holds a lease on it
 any more: the case of a last holder killed, which cannot stop the server itself. It ends when
 the server is gone (stopped by it, by a holder's clean exit or by ``dcp-cdc metastore stop``)
-or kept (``dcp-cdc metastore start`` took it over). Its lines go to the server's log.
+or kept (``dcp-cdc metastore start`` took it over). It starts with the server, before the
+server's record is written: when the starter dies before writing it, no client can find the
+server, and the watchdog ends it. Its lines go to the server's log.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ def watch(
         sleep(interval)
         try:
             decided = decide()
-        except MetastoreError as exc:
-            log.info("metastore watchdog: %s; deciding next round", exc)
+        except MetastoreError as exc:  # the start lock is busy: a server starting or stopping
+            log.debug("metastore watchdog: %s; deciding next round", exc)
             continue
         if decided is not Verdict.SERVE:
             return decided
@@ -68,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 _said = {
     Verdict.STOP: "held by no process any more: stopped",
     Verdict.GONE: "gone",
+    Verdict.ORPHAN: "named by no record (its starter died while starting it): ended",
     Verdict.KEEP: "kept (dcp-cdc metastore start)",
     Verdict.SERVE: "serving",
 }

@@ -220,7 +220,7 @@ class Holder:
     """A process that holds ``warehouse``'s server the way follow mode does
     (:func:`metastore_server.serving`) until it is told to end, or killed."""
 
-    def __init__(self, warehouse: Path) -> None:
+    def __init__(self, warehouse: Path, *, wait: bool = True) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-c", SERVED, str(warehouse)],
             env=_env(),
@@ -229,6 +229,10 @@ class Holder:
             stderr=subprocess.PIPE,
             text=True,
         )
+        if wait:
+            self.started()
+
+    def started(self) -> None:
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         if not line:
@@ -247,13 +251,25 @@ class Holder:
 
 def _watchdogs(warehouse: Path) -> list[int]:
     """The pids of the watchdogs running for ``warehouse``."""
+    return _running(b"pipelines.metastore_watchdog", str(warehouse).encode())
+
+
+def _servers(warehouse: Path) -> list[int]:
+    """The pids of the Derby servers running on ``warehouse``."""
+    return _running(
+        metastore_server.SERVER_CLASS.encode(), f"-Dderby.system.home={warehouse}".encode()
+    )
+
+
+def _running(*words: bytes) -> list[int]:
+    """The pids of the processes with each of ``words`` among their arguments."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"pipelines.metastore_watchdog" in argv and str(warehouse).encode() in argv:
+        if all(word in argv for word in words):
             found.append(int(entry.name))
     return found
 
@@ -290,6 +306,25 @@ def test_an_on_demand_server_ends_when_its_last_holder_is_killed(
         for holder in (first, second):
             if holder.process.poll() is None:
                 holder.kill()
+
+
+def test_a_server_whose_starter_was_killed_while_starting_it_ends(warehouse: Path) -> None:
+    """Killed after the server's process started and before its record was written: no
+    client can find that server, and its watchdog ends it; the next holder starts another."""
+    starter = Holder(warehouse, wait=False)
+    try:
+        _until(lambda: bool(_servers(warehouse.resolve())), "the server's process started")
+        assert metastore_server.read_record(warehouse) is None  # not answering yet
+        starter.kill()
+        _until(lambda: not _servers(warehouse.resolve()), "the unrecorded server ended")
+        _until(lambda: not _watchdogs(warehouse.resolve()), "the watchdog ended")
+        assert metastore_server.read_record(warehouse) is None
+    finally:
+        if starter.process.poll() is None:
+            starter.kill()
+    after = Holder(warehouse)  # the catalog lock went with the server
+    after.end()
+    _until(lambda: not _servers(warehouse.resolve()), "the next server ended with its holder")
 
 
 def test_a_kept_server_outlives_its_holders(tmp_path: Path, warehouse: Path) -> None:

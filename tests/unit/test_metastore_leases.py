@@ -38,20 +38,27 @@ def _record(*, on_demand: bool, pid: int = 4242) -> ServerRecord:
 @pytest.mark.parametrize(
     ("record", "alive", "held", "pid", "expected"),
     [
-        (_record(on_demand=True), True, True, None, Verdict.SERVE),
-        (_record(on_demand=True), True, False, None, Verdict.STOP),
-        (_record(on_demand=True), True, False, 4242, Verdict.STOP),
-        (_record(on_demand=False), True, False, None, Verdict.KEEP),  # kept: never on its own
-        (_record(on_demand=False), True, True, 4242, Verdict.KEEP),
-        (_record(on_demand=True), False, False, None, Verdict.GONE),  # its process died
-        (_record(on_demand=True), True, False, 7, Verdict.GONE),  # another server now
-        (None, False, False, 4242, Verdict.GONE),  # stopped, record removed
+        (_record(on_demand=True), {4242}, True, None, Verdict.SERVE),
+        (_record(on_demand=True), {4242}, False, None, Verdict.STOP),
+        (_record(on_demand=True), {4242}, False, 4242, Verdict.STOP),
+        (_record(on_demand=False), {4242}, False, None, Verdict.KEEP),  # kept: never on its own
+        (_record(on_demand=False), {4242}, True, 4242, Verdict.KEEP),
+        (_record(on_demand=True), set(), False, None, Verdict.GONE),  # its process died
+        (_record(on_demand=True), {4242}, False, 7, Verdict.GONE),  # another server now
+        (None, set(), False, 4242, Verdict.GONE),  # stopped, record removed
+        (None, set(), False, None, Verdict.GONE),
+        # the watchdog's server runs, named by no record: its starter died while starting it
+        (None, {4242}, True, 4242, Verdict.ORPHAN),
+        (_record(on_demand=True, pid=7), {7, 4242}, True, 4242, Verdict.ORPHAN),
     ],
 )
 def test_the_verdict(
-    record: ServerRecord | None, alive: bool, held: bool, pid: int | None, expected: Verdict
+    record: ServerRecord | None, alive: set[int], held: bool, pid: int | None, expected: Verdict
 ) -> None:
-    assert verdict(record, alive=alive, held=held, pid=pid) is expected
+    recorded = record.pid if record is not None else None
+    on_demand = record is not None and record.on_demand
+    decided = verdict(recorded, on_demand=on_demand, pid=pid, alive=alive.__contains__, held=held)
+    assert decided is expected
 
 
 HOLDER = """
@@ -137,6 +144,7 @@ def stops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(metastore_server, "_is_server_process", lambda pid: True)
     monkeypatch.setattr(metastore_server, "_stop_recorded", stop_recorded)
+    monkeypatch.setattr(metastore_server, "_terminate", lambda pid, timeout: stopped.append(-pid))
     return stopped
 
 
@@ -150,7 +158,6 @@ def test_an_on_demand_server_is_stopped_once_no_holder_is_left(
 
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
-    assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path, pid=7) is Verdict.GONE
     assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path, pid=4242) is Verdict.STOP
     assert stops == [4242] and metastore_server.read_record(tmp_path) is None
     assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path) is Verdict.GONE
@@ -190,3 +197,13 @@ def test_the_watchdog_decides_each_round_until_the_server_is_not_served() -> Non
     assert watch(decide, interval=0.5, sleep=slept.append) is Verdict.STOP
     assert slept == [0.5] * 4 and decisions == [Verdict.SERVE]
     assert watch(lambda: Verdict.KEEP, sleep=slept.append) is Verdict.KEEP
+
+
+def test_a_server_no_record_names_is_ended_by_its_watchdog(
+    tmp_path: Path, stops: list[int], holders: list[subprocess.Popen[str]]
+) -> None:
+    """Its starter was killed before it wrote the record: no client can find the server."""
+    _hold(tmp_path, holders)  # even held: the lease is no use without a record
+    assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path, pid=4242) is Verdict.ORPHAN
+    assert stops == [-4242]
+    assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path) is Verdict.GONE  # no pid
