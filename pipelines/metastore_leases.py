@@ -82,8 +82,14 @@ class Lease:
         self._handle = handle
 
     def release(self) -> None:
-        """Give the lease back (closing the file drops the lock); idempotent."""
+        """Give the lease back (closing the file drops the lock, unless a child process
+        shares it); idempotent."""
         self._handle.close()
+
+    def fileno(self) -> int:
+        """The lease's file descriptor: a child process given it (``pass_fds``) shares the
+        lease, which then lasts as long as either process."""
+        return self._handle.fileno()
 
 
 def take(warehouse: Path) -> Lease:
@@ -105,8 +111,14 @@ def take(warehouse: Path) -> Lease:
 @contextlib.contextmanager
 def unheld(warehouse: Path) -> Iterator[bool]:
     """Whether no process holds a lease on ``warehouse``'s server; while the block runs with
-    True, none can take one (the exclusive lock is held)."""
-    with open(holders_path(warehouse), "a", encoding="utf-8") as handle:
+    True, none can take one (the exclusive lock is held). A warehouse removed meanwhile (the
+    demo starts afresh) has no holder."""
+    try:
+        opened = open(holders_path(warehouse), "a", encoding="utf-8")  # noqa: SIM115
+    except FileNotFoundError:
+        yield True
+        return
+    with opened as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

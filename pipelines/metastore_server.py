@@ -66,6 +66,8 @@ SERVER_HEAP = "-Xmx256m"
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
 """Servers this process started, by pid: reaped when stopped (no zombie left behind)."""
+_holding: list[Lease] = []
+"""The leases this process holds while :func:`serving` blocks run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,7 @@ def answers(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def _is_server_process(pid: int) -> bool:
+def is_server_process(pid: int) -> bool:
     """True when ``pid`` runs a Derby network server (not a recycled pid, not a zombie)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -131,7 +133,7 @@ def _is_server_process(pid: int) -> bool:
 def live_server(warehouse: Path) -> ServerRecord | None:
     """The server recorded for ``warehouse`` if it still runs and accepts connections."""
     record = read_record(warehouse.resolve())
-    if record is None or not _is_server_process(record.pid):
+    if record is None or not is_server_process(record.pid):
         return None
     return record if answers(record.host, record.port) else None
 
@@ -429,7 +431,7 @@ def stop(warehouse: Path, *, jars: Path, timeout: float = 30.0) -> ServerRecord 
         record = read_record(warehouse)
         if record is None:
             return None
-        running = _is_server_process(record.pid)
+        running = is_server_process(record.pid)
         _stop_recorded(warehouse, record, jars, timeout, running=running)
     return record if running else None
 
@@ -449,7 +451,7 @@ def stop_if_unheld(
                 record.pid if record is not None else None,
                 on_demand=record is not None and record.on_demand,
                 pid=pid,
-                alive=_is_server_process,
+                alive=is_server_process,
                 held=not free,
             )
             if decided is Verdict.STOP and record is not None:
@@ -499,7 +501,7 @@ def _ended(pid: int, timeout: float) -> bool:
         del _children[pid]
         return True
     deadline = time.monotonic() + timeout
-    while _is_server_process(pid):
+    while is_server_process(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -521,8 +523,17 @@ def serving(warehouse: Path, *, jars: Path) -> Iterator[ServerRecord]:
     that no process holds any more is stopped; one this process leaves behind by dying is
     stopped by its watchdog."""
     record, lease = hold(warehouse, jars=jars)
+    _holding.append(lease)
     try:
         yield record
     finally:
+        _holding.remove(lease)
         lease.release()
         stop_if_unheld(warehouse, jars=jars)
+
+
+def lease_fds() -> tuple[int, ...]:
+    """The file descriptors of the leases this process holds (:func:`serving`), for a child
+    process that uses the server too (``pass_fds``): the server then lasts as long as the
+    child, also when this process is killed."""
+    return tuple(lease.fileno() for lease in _holding)

@@ -49,7 +49,7 @@ def watch(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipelines.metastore_server import stop_if_unheld
+    from pipelines.metastore_server import is_server_process, stop_if_unheld
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3 or not args[1].isdigit():
@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     def decide() -> Verdict:
+        if not is_server_process(pid):  # ended: nothing to decide, no lock file to recreate
+            return Verdict.GONE
         return stop_if_unheld(warehouse, jars=jars, pid=pid, timeout=LOCK_WAIT_S)
 
     log.info("metastore watchdog: watching pid %d for %s", pid, warehouse)

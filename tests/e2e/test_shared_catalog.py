@@ -9,6 +9,7 @@ runs on the local default, which starts the server and stops it when it exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -204,13 +205,27 @@ def test_the_demo_does_not_wipe_a_served_warehouse(tmp_path: Path) -> None:
     assert not warehouse.exists()
 
 
+def test_the_demo_starts_afresh_over_a_killed_demos_server(tmp_path: Path) -> None:
+    """A demo killed with kill -9 and started again at once: the server it started on demand,
+    held by no one, is stopped first instead of refusing the start."""
+    from pipelines.demo import fresh_workdir
+
+    warehouse = tmp_path / "work" / "warehouse"
+    killed = Holder(warehouse)
+    killed.kill()
+    fresh_workdir(tmp_path / "work")
+    assert not warehouse.exists() and not metastore_server.is_server_process(killed.pid)
+
+
 SERVED = """
-import sys
+import subprocess, sys
 from pathlib import Path
-from pipelines.metastore_server import serving
+from pipelines.metastore_server import lease_fds, serving
 from pipelines.spark_session import delta_jars_dir
 with serving(Path(sys.argv[1]), jars=delta_jars_dir()) as record:
-    print(record.pid, record.port, flush=True)
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    child = subprocess.Popen(["sleep", "600"], pass_fds=lease_fds(), **quiet) if sys.argv[2:] else None
+    print(record.pid, record.port, child.pid if child else 0, flush=True)
     sys.stdin.readline()
 print("done", flush=True)
 """
@@ -220,9 +235,11 @@ class Holder:
     """A process that holds ``warehouse``'s server the way follow mode does
     (:func:`metastore_server.serving`) until it is told to end, or killed."""
 
-    def __init__(self, warehouse: Path, *, wait: bool = True) -> None:
+    def __init__(self, warehouse: Path, *, wait: bool = True, child: bool = False) -> None:
+        """``child``: with a child process that shares the lease (as the Thrift server's JVM
+        does), its pid in ``self.child``."""
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVED, str(warehouse)],
+            [sys.executable, "-c", SERVED, str(warehouse), *(["child"] if child else [])],
             env=_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -238,7 +255,7 @@ class Holder:
         if not line:
             self.process.wait()
             raise AssertionError(self.process.stderr.read()[-3000:])  # type: ignore[union-attr]
-        self.pid, self.port = (int(n) for n in line.split())
+        self.pid, self.port, self.child = (int(n) for n in line.split())
 
     def end(self) -> None:
         out, err = self.process.communicate("\n", timeout=120)
@@ -285,7 +302,7 @@ def test_an_on_demand_server_ends_when_its_last_holder_is_killed(
     tmp_path: Path, warehouse: Path
 ) -> None:
     first = Holder(warehouse)
-    second = Holder(warehouse)
+    second = Holder(warehouse, child=True)
     try:
         assert (second.pid, second.port) == (first.pid, first.port)  # reused, not another
         status = _cli("metastore", "status", "--warehouse", str(warehouse), cwd=tmp_path)
@@ -297,15 +314,20 @@ def test_an_on_demand_server_ends_when_its_last_holder_is_killed(
         record = metastore_server.live_server(warehouse)
         assert record is not None and record.pid == first.pid and record.on_demand
 
-        second.kill()  # the last holder, killed: the watchdog stops the server
+        second.kill()  # the last holder, killed; its child shares its lease
+        time.sleep(3 * metastore_watchdog.INTERVAL_S)
+        assert metastore_server.live_server(warehouse) == record
+        os.kill(second.child, signal.SIGKILL)  # the last lease gone: the watchdog stops it
         _until(lambda: metastore_server.read_record(warehouse) is None, "the record removed")
         _until(lambda: not _accepts(first.port), "the port free")
-        _until(lambda: not metastore_server._is_server_process(first.pid), "the server ended")
+        _until(lambda: not metastore_server.is_server_process(first.pid), "the server ended")
         _until(lambda: not _watchdogs(warehouse.resolve()), "the watchdog ended")
     finally:
         for holder in (first, second):
             if holder.process.poll() is None:
                 holder.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(second.child, signal.SIGKILL)
 
 
 def test_a_server_whose_starter_was_killed_while_starting_it_ends(warehouse: Path) -> None:

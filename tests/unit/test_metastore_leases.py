@@ -108,6 +108,7 @@ def test_a_lease_counts_while_its_holder_lives(
     tmp_path: Path, holders: list[subprocess.Popen[str]]
 ) -> None:
     assert _unheld(tmp_path)  # none ever held
+    assert _unheld(tmp_path / "removed")  # a warehouse removed meanwhile holds none
     first, second = _hold(tmp_path, holders), _hold(tmp_path, holders)
     assert not _unheld(tmp_path)
 
@@ -142,7 +143,7 @@ def stops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         stopped.append(record.pid)
         metastore_server.record_path(warehouse).unlink()
 
-    monkeypatch.setattr(metastore_server, "_is_server_process", lambda pid: True)
+    monkeypatch.setattr(metastore_server, "is_server_process", lambda pid: True)
     monkeypatch.setattr(metastore_server, "_stop_recorded", stop_recorded)
     monkeypatch.setattr(metastore_server, "_terminate", lambda pid, timeout: stopped.append(-pid))
     return stopped
