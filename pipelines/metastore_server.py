@@ -2,7 +2,7 @@
 
 Embedded Derby (the default catalog, :mod:`pipelines.local_catalog`) admits one process at a
 time. Run by ``dcp-cdc metastore start`` (or by follow mode and the Thrift server, for as long
-as they run), a network server opens ``<warehouse>/metastore_db`` in a JVM of its own and
+as any of them runs), a network server opens ``<warehouse>/metastore_db`` in a JVM of its own and
 serves it on a loopback port; every Spark session of the warehouse then reaches the catalog
 through Derby's client driver (:mod:`pipelines.metastore`), as many processes as need it.
 
@@ -15,9 +15,10 @@ its output in ``metastore_db.server.log``. One that ``dcp-cdc metastore start`` 
 finds running) is kept until ``dcp-cdc metastore stop``; one a long-running command starts
 (:func:`serving`) is on demand: the processes using it hold leases, and it stops when the
 last lease goes, by a clean exit or by its watchdog when the last holder was killed
-(:mod:`pipelines.metastore_leases`, :mod:`pipelines.metastore_watchdog`). It holds the warehouse's catalog lock while it runs, so an
-embedded session cannot open the database under it. Starting and stopping take
-``<warehouse>/.dcp-cdc-metastore.lock``: two processes starting at once get one server.
+(:mod:`pipelines.metastore_leases`, :mod:`pipelines.metastore_watchdog`). It holds the
+warehouse's catalog lock while it runs, so an embedded session cannot open the database under
+it. Starting and stopping take ``<warehouse>/.dcp-cdc-metastore.lock``: two processes
+starting at once get one server.
 
 The server checks no password, so it listens on loopback only: any user of this machine who
 reaches the port can read and change the catalog (not the tables' files).

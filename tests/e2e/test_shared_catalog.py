@@ -223,8 +223,12 @@ from pathlib import Path
 from pipelines.metastore_server import lease_fds, serving
 from pipelines.spark_session import delta_jars_dir
 with serving(Path(sys.argv[1]), jars=delta_jars_dir()) as record:
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    child = subprocess.Popen(["sleep", "600"], pass_fds=lease_fds(), **quiet) if sys.argv[2:] else None
+    child = None
+    if sys.argv[2:]:  # no pipe of the test's: it waits for this process's output to end
+        quiet = subprocess.DEVNULL
+        child = subprocess.Popen(
+            ["sleep", "600"], pass_fds=lease_fds(), stdin=quiet, stdout=quiet, stderr=quiet
+        )
     print(record.pid, record.port, child.pid if child else 0, flush=True)
     sys.stdin.readline()
 print("done", flush=True)
