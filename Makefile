@@ -12,7 +12,8 @@
 #                   kill -9 at every step; the capture agent through every fault, four server
 #                   behaviours × 10 runs and 20 kills;
 #                   dcp-cdc run on a standalone Spark cluster; dcp-cdc run --follow stopped
-#                   by SIGTERM and started again, and dcp-cdc sql while it runs; the pipeline
+#                   by SIGTERM and started again, killed (kill -9) without leaving its catalog
+#                   server behind, and dcp-cdc sql while it runs; the pipeline
 #                   DAG run by Airflow's scheduler; the production rehearsal (S3, the shared
 #                   catalog, the scheduler, the cluster, queries and maintenance beside the
 #                   DAG: tests/e2e/test_rehearsal.py); on a moto S3 server (needs setup-s3):

@@ -28,7 +28,7 @@ from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
 from pipelines.errors import MetastoreError
-from pipelines.metastore_server import live_server
+from pipelines.metastore_server import live_server, stop_if_unheld
 
 DEMO_NODES = 4
 DEMO_USER = "dcp-cdc-demo"
@@ -36,9 +36,16 @@ DEMO_USER = "dcp-cdc-demo"
 
 def fresh_workdir(workdir: str | Path) -> tuple[Path, AppConfig]:
     """The demo's folder (its landing, truth and warehouse removed: the demo starts afresh)
-    and the configuration with its landing and warehouse there."""
+    and the configuration with its landing and warehouse there. An on-demand metastore server
+    no process holds (a killed demo's, which its watchdog is about to stop) is stopped first;
+    any other server that runs is an error."""
     target = Path(workdir).resolve()
     running = live_server(target / "warehouse")
+    if running is not None and running.on_demand:
+        from pipelines.spark_session import delta_jars_dir
+
+        stop_if_unheld(target / "warehouse", jars=delta_jars_dir())
+        running = live_server(target / "warehouse")
     if running is not None:  # its database would go from under it
         raise MetastoreError(
             f"a metastore server ({running.address}, pid {running.pid}) serves "

@@ -136,8 +136,9 @@ def shared_catalog(config: AppConfig, jars: Path) -> Iterator[ServerRecord | Non
     """For a long-running command (follow mode, the Thrift server): a catalog that other
     processes can use meanwhile. The configured service must answer; on the local default, a
     Derby network server for the warehouse (its ``derbynet`` from ``jars``, the project's jars
-    folder): the one that runs, else one started now and stopped when the block ends. Yields
-    the local server, if that is the catalog."""
+    folder), held while the block runs: the one that runs, else one started now on demand,
+    which stops when no process holds it any more (:func:`pipelines.metastore_server.serving`).
+    Yields the local server, if that is the catalog."""
     if config.spark.metastore:
         check_reachable(config.spark.metastore)
     warehouse = local_default(config)

@@ -2,7 +2,7 @@
 
 Embedded Derby (the default catalog, :mod:`pipelines.local_catalog`) admits one process at a
 time. Run by ``dcp-cdc metastore start`` (or by follow mode and the Thrift server, for as long
-as they run), a network server opens ``<warehouse>/metastore_db`` in a JVM of its own and
+as any of them runs), a network server opens ``<warehouse>/metastore_db`` in a JVM of its own and
 serves it on a loopback port; every Spark session of the warehouse then reaches the catalog
 through Derby's client driver (:mod:`pipelines.metastore`), as many processes as need it.
 
@@ -10,10 +10,15 @@ The server is ``org.apache.derby.drda.NetworkServerControl`` on the Derby that p
 (``derby``, ``derbyshared``, ``derbytools`` in ``pyspark/jars``) plus ``derbynet`` from the
 project's jars (``make setup``). It is started detached (a session of its own: Ctrl-C on the
 terminal that started it does not reach it) and recorded beside the database, in
-``<warehouse>/metastore_db.server.json`` (pid, host, port, database), with its output in
-``metastore_db.server.log``. It holds the warehouse's catalog lock while it runs, so an
-embedded session cannot open the database under it. Starting and stopping take
-``<warehouse>/.dcp-cdc-metastore.lock``: two processes starting at once get one server.
+``<warehouse>/metastore_db.server.json`` (pid, host, port, database, whether on demand), with
+its output in ``metastore_db.server.log``. One that ``dcp-cdc metastore start`` starts (or
+finds running) is kept until ``dcp-cdc metastore stop``; one a long-running command starts
+(:func:`serving`) is on demand: the processes using it hold leases, and it stops when the
+last lease goes, by a clean exit or by its watchdog when the last holder was killed
+(:mod:`pipelines.metastore_leases`, :mod:`pipelines.metastore_watchdog`). It holds the
+warehouse's catalog lock while it runs, so an embedded session cannot open the database under
+it. Starting and stopping take ``<warehouse>/.dcp-cdc-metastore.lock``: two processes
+starting at once get one server.
 
 The server checks no password, so it listens on loopback only: any user of this machine who
 reaches the port can read and change the catalog (not the tables' files).
@@ -32,14 +37,18 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pipelines
 from dcp_cdc.config import is_loopback
+from pipelines import metastore_leases
 from pipelines.errors import MetastoreError
 from pipelines.local_catalog import METASTORE_DIR_NAME, lock_for_server
+from pipelines.metastore_leases import Lease, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +67,8 @@ SERVER_HEAP = "-Xmx256m"
 
 _children: dict[int, subprocess.Popen[bytes]] = {}
 """Servers this process started, by pid: reaped when stopped (no zombie left behind)."""
+_holding: list[Lease] = []
+"""The leases this process holds while :func:`serving` blocks run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,9 @@ class ServerRecord:
     database: str
     """The database's absolute path, as clients name it in their URL."""
     started: str
+    on_demand: bool = False
+    """Started by a long-running command: it stops when no process holds a lease on it.
+    False: kept until ``dcp-cdc metastore stop``."""
 
     @property
     def address(self) -> str:
@@ -93,6 +107,7 @@ def read_record(warehouse: Path) -> ServerRecord | None:
             port=int(raw["port"]),
             database=str(raw["database"]),
             started=str(raw["started"]),
+            on_demand=raw.get("on_demand") is True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -118,7 +133,7 @@ def answers(host: str, port: int, timeout: float = 2.0) -> bool:
     return unreachable(host, port, timeout) is None
 
 
-def _is_server_process(pid: int) -> bool:
+def is_server_process(pid: int) -> bool:
     """True when ``pid`` runs a Derby network server (not a recycled pid, not a zombie)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -130,7 +145,7 @@ def _is_server_process(pid: int) -> bool:
 def live_server(warehouse: Path) -> ServerRecord | None:
     """The server recorded for ``warehouse`` if it still runs and accepts connections."""
     record = read_record(warehouse.resolve())
-    if record is None or not _is_server_process(record.pid):
+    if record is None or not is_server_process(record.pid):
         return None
     return record if answers(record.host, record.port) else None
 
@@ -227,41 +242,109 @@ def start(
     database: Path | None = None,
     timeout: float = 60.0,
 ) -> tuple[ServerRecord, bool]:
-    """The server of ``warehouse``: the one that runs, else one started now on ``port`` (None:
-    a free port). Returns it and whether this call started it. ``warehouse`` is the folder of
-    the server's record, lock and log; ``database`` the catalog it serves, by default
+    """The kept server of ``warehouse`` (``dcp-cdc metastore start``): the one that runs
+    (an on-demand one is kept from now on), else one started now on ``port`` (None: a free
+    port). Returns it and whether this call started it. ``warehouse`` is the folder of the
+    server's record, lock and log; ``database`` the catalog it serves, by default
     ``<warehouse>/metastore_db`` (another path for a warehouse on object storage, whose
     catalog lives on a local disk: ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"``)."""
+    _check_host(host)
+    warehouse = warehouse.resolve()
+    served = database.resolve() if database is not None else warehouse / METASTORE_DIR_NAME
+    with _start_lock(warehouse, timeout):
+        running = _running(warehouse, served, port)
+        if running is not None:
+            if running.on_demand:
+                running = dataclasses.replace(running, on_demand=False)
+                _write_record(warehouse, running)
+                log.info("metastore: %s (pid %d) is kept from now on", running.address, running.pid)
+            return running, False
+        record = _launch(warehouse, served, host, port, jars, timeout, on_demand=False)
+    log.info("metastore: started %s (pid %d) for %s", record.address, record.pid, record.database)
+    return record, True
+
+
+def _check_host(host: str) -> None:
     if not is_loopback(host):
         raise MetastoreError(
             f"the metastore server listens on loopback only (it checks no password), got "
             f"host {host!r}; across machines use a Hive metastore ([spark] metastore = "
             '"thrift://HOST:9083")'
         )
+
+
+def _running(warehouse: Path, served: Path, port: int | None) -> ServerRecord | None:
+    """The live server of ``warehouse`` when it serves ``served`` (on ``port``, if given);
+    :class:`MetastoreError` when it serves another database or listens elsewhere."""
+    running = live_server(warehouse)
+    if running is not None and running.database != str(served):
+        raise MetastoreError(
+            f"the metastore server recorded in {record_path(warehouse)} serves "
+            f"{running.database}, not {served}: stop it first (`dcp-cdc metastore stop`)"
+        )
+    if running is not None and port is not None and running.port != port:
+        raise MetastoreError(
+            f"the metastore server of {warehouse} already runs on {running.address} "
+            f"(pid {running.pid}), not on port {port}: stop it first "
+            "(`dcp-cdc metastore stop`)"
+        )
+    return running
+
+
+def hold(warehouse: Path, *, jars: Path, timeout: float = 60.0) -> tuple[ServerRecord, Lease]:
+    """A lease on ``warehouse``'s server: the one that runs, else one started now on demand
+    (on a free loopback port, with its watchdog). The lease is taken before the server is
+    started and under the start lock, so the server is never unheld in between."""
     warehouse = warehouse.resolve()
-    served = database.resolve() if database is not None else warehouse / METASTORE_DIR_NAME
+    served = warehouse / METASTORE_DIR_NAME
     with _start_lock(warehouse, timeout):
-        running = live_server(warehouse)
-        if running is not None and running.database != str(served):
-            raise MetastoreError(
-                f"the metastore server recorded in {record_path(warehouse)} serves "
-                f"{running.database}, not {served}: stop it first (`dcp-cdc metastore stop`)"
-            )
+        running = _running(warehouse, served, None)
+        lease = metastore_leases.take(warehouse)
         if running is not None:
-            if port is not None and running.port != port:
-                raise MetastoreError(
-                    f"the metastore server of {warehouse} already runs on {running.address} "
-                    f"(pid {running.pid}), not on port {port}: stop it first "
-                    "(`dcp-cdc metastore stop`)"
-                )
-            return running, False
-        record = _launch(warehouse, served, host, port, jars, timeout)
-    log.info("metastore: started %s (pid %d) for %s", record.address, record.pid, record.database)
-    return record, True
+            return running, lease
+        try:
+            record = _launch(warehouse, served, DEFAULT_HOST, None, jars, timeout, on_demand=True)
+        except BaseException:
+            lease.release()
+            raise
+    log.info(
+        "metastore: started %s (pid %d) for %s, on demand",
+        record.address,
+        record.pid,
+        record.database,
+    )
+    return record, lease
+
+
+def _start_watchdog(warehouse: Path, pid: int, jars: Path) -> None:
+    """The detached process that stops the on-demand server ``pid`` once no lease is held, or
+    once it is found unrecorded (its starter died while starting it)
+    (:mod:`pipelines.metastore_watchdog`), running this process's ``pipelines``."""
+    source = str(Path(pipelines.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, path] if path else [source])}
+    command = [sys.executable, "-m", "pipelines.metastore_watchdog"]
+    with open(warehouse / LOG_NAME, "ab") as output:
+        subprocess.Popen(
+            [*command, str(warehouse), str(pid), str(jars)],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=warehouse,
+            env=env,
+        )
 
 
 def _launch(
-    warehouse: Path, database: Path, host: str, port: int | None, jars: Path, timeout: float
+    warehouse: Path,
+    database: Path,
+    host: str,
+    port: int | None,
+    jars: Path,
+    timeout: float,
+    *,
+    on_demand: bool,
 ) -> ServerRecord:
     """A new server process on ``warehouse``'s catalog, recorded once it accepts connections."""
     chosen = port if port is not None else _free_port(host)
@@ -300,6 +383,8 @@ def _launch(
     finally:
         lock.close()
     _children[process.pid] = process
+    if on_demand:  # now: a starter killed before the record is written leaves no server
+        _start_watchdog(warehouse, process.pid, jars)
     deadline = time.monotonic() + timeout
     while not answers(host, chosen, timeout=0.5):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -324,6 +409,7 @@ def _launch(
         port=chosen,
         database=str(database),
         started=f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}",
+        on_demand=on_demand,
     )
     _write_record(warehouse, record)
     return record
@@ -357,19 +443,58 @@ def stop(warehouse: Path, *, jars: Path, timeout: float = 30.0) -> ServerRecord 
         record = read_record(warehouse)
         if record is None:
             return None
-        running = _is_server_process(record.pid)
-        if running:
-            _control(jars, "shutdown", "-h", record.host, "-p", str(record.port))
-            if not _ended(record.pid, timeout):
-                log.warning("metastore: pid %d ignored shutdown; terminating it", record.pid)
-                _signal(record.pid, signal.SIGTERM)
-                if not _ended(record.pid, timeout):
-                    _signal(record.pid, signal.SIGKILL)
-                    _ended(record.pid, timeout)
-        record_path(warehouse).unlink(missing_ok=True)
+        running = is_server_process(record.pid)
+        _stop_recorded(warehouse, record, jars, timeout, running=running)
+    return record if running else None
+
+
+def stop_if_unheld(
+    warehouse: Path, *, jars: Path, pid: int | None = None, timeout: float = 30.0
+) -> Verdict:
+    """Stop ``warehouse``'s server when it is on demand and no process holds a lease on it
+    (:func:`pipelines.metastore_leases.verdict`); with ``pid`` (a watchdog's), only that
+    server, which is ended by signals when no record names it. Returns the verdict.
+    :class:`MetastoreError` when another process keeps the start lock ``timeout`` seconds."""
+    warehouse = warehouse.resolve()
+    with _start_lock(warehouse, timeout):
+        record = read_record(warehouse)
+        with metastore_leases.unheld(warehouse) as free:
+            decided = metastore_leases.verdict(
+                record.pid if record is not None else None,
+                on_demand=record is not None and record.on_demand,
+                pid=pid,
+                alive=is_server_process,
+                held=not free,
+            )
+            if decided is Verdict.STOP and record is not None:
+                _stop_recorded(warehouse, record, jars, timeout, running=True)
+            if decided is Verdict.ORPHAN and pid is not None:
+                log.warning("metastore: pid %d serves no record (its starter died): ending it", pid)
+                _terminate(pid, timeout)
+    return decided
+
+
+def _stop_recorded(
+    warehouse: Path, record: ServerRecord, jars: Path, timeout: float, *, running: bool
+) -> None:
+    """Stop ``record``'s server if ``running`` and remove the record (the caller holds the
+    start lock)."""
+    if running:
+        _control(jars, "shutdown", "-h", record.host, "-p", str(record.port))
+        if not _ended(record.pid, timeout):
+            log.warning("metastore: pid %d ignored shutdown; terminating it", record.pid)
+            _terminate(record.pid, timeout)
+    record_path(warehouse).unlink(missing_ok=True)
     if running:
         log.info("metastore: stopped %s (pid %d)", record.address, record.pid)
-    return record if running else None
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """End the server ``pid``: SIGTERM, then SIGKILL if it does not end within ``timeout``."""
+    _signal(pid, signal.SIGTERM)
+    if not _ended(pid, timeout):
+        _signal(pid, signal.SIGKILL)
+        _ended(pid, timeout)
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -388,7 +513,7 @@ def _ended(pid: int, timeout: float) -> bool:
         del _children[pid]
         return True
     deadline = time.monotonic() + timeout
-    while _is_server_process(pid):
+    while is_server_process(pid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -404,12 +529,23 @@ def _end(process: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def serving(warehouse: Path, *, jars: Path) -> Iterator[ServerRecord]:
-    """A server for ``warehouse`` while the block runs: the one that runs, else one started
-    now and stopped at the end (a long-running command's, so that other processes share the
-    catalog meanwhile)."""
-    record, started = start(warehouse, jars=jars)
+    """A server for ``warehouse`` while the block runs (a long-running command's, so that
+    other processes share the catalog meanwhile), held by a lease: the one that runs, else
+    one started now on demand. At the end the lease is given back, and an on-demand server
+    that no process holds any more is stopped; one this process leaves behind by dying is
+    stopped by its watchdog."""
+    record, lease = hold(warehouse, jars=jars)
+    _holding.append(lease)
     try:
         yield record
     finally:
-        if started:
-            stop(warehouse, jars=jars)
+        _holding.remove(lease)
+        lease.release()
+        stop_if_unheld(warehouse, jars=jars)
+
+
+def lease_fds() -> tuple[int, ...]:
+    """The file descriptors of the leases this process holds (:func:`serving`), for a child
+    process that uses the server too (``pass_fds``): the server then lasts as long as the
+    child, also when this process is killed."""
+    return tuple(lease.fileno() for lease in _holding)

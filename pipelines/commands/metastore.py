@@ -3,7 +3,8 @@ processes share a local warehouse's catalog (``dcp-cdc sql`` while ``dcp-cdc run
 runs, the Thrift server beside a job). ``start`` serves ``<warehouse>/metastore_db``, or the
 database ``[spark] metastore = "derby://HOST:PORT/ABS/PATH"`` names (the way for a warehouse
 on object storage), on 127.0.0.1 and returns (the server runs detached, recorded beside the
-database); every Spark session of dcp-cdc on that warehouse then uses it. ``status`` exits 1
+database, until ``stop``; a server follow mode started on demand is kept from then on);
+every Spark session of dcp-cdc on that warehouse then uses it. ``status`` exits 1
 when no server answers. With ``[spark] metastore = "derby://127.0.0.1:PORT"`` in the
 configuration, the server listens on that port.
 """
@@ -44,12 +45,19 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     jars = delta_jars_dir(config.spark.jars_dir)
     if args.action == "start":
         host, port = _listen_on(config, args.port)
+        before = metastore_server.read_record(warehouse)
         record, started = metastore_server.start(
             warehouse, host=host, port=port, jars=jars, database=database
         )
         verb = "started" if started else "already running:"
+        kept = (
+            " (started on demand; kept from now on, until `dcp-cdc metastore stop`)"
+            if not started and before is not None and before.on_demand
+            else ""
+        )
         out.write(
-            f"{verb} metastore server {record.address} (pid {record.pid}) for {record.database}\n"
+            f"{verb} metastore server {record.address} (pid {record.pid}) for "
+            f"{record.database}{kept}\n"
         )
         return 0
     if args.action == "stop":
@@ -70,9 +78,10 @@ def _status(record: ServerRecord, warehouse: Path, jars: Path, out: TextIO) -> i
     from pipelines import metastore_server
 
     if metastore_server.ping(record, jars):
+        lifetime = "on demand: it stops when no process uses it" if record.on_demand else "kept"
         out.write(
             f"running: metastore server {record.address} (pid {record.pid}, since "
-            f"{record.started}) for {record.database}\n"
+            f"{record.started}, {lifetime}) for {record.database}\n"
         )
         return 0
     out.write(

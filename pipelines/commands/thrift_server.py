@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """Serve the catalog over JDBC/ODBC (HiveServer2 protocol) until stopped."""
+    from pipelines import metastore_server
     from pipelines.metastore import shared_catalog, sharing_line
     from pipelines.spark_session import delta_jars_dir, properties_text, thrift_server_launch
 
@@ -53,7 +54,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     )
     # the properties may hold credentials ([spark] conf): a file only its owner reads (0600).
     # Other processes share the catalog meanwhile: on the local default through a metastore
-    # server, started for as long as this serves if none runs.
+    # server, started on demand if none runs, held while this or its server JVM runs.
     with (
         terminate_through_cleanup(),
         shared_catalog(config, delta_jars_dir(config.spark.jars_dir)) as server,
@@ -77,7 +78,10 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        return subprocess.call([spark_script("spark-submit"), *arguments])
+        # the Thrift server's JVM shares this process's lease on the metastore server
+        return subprocess.call(
+            [spark_script("spark-submit"), *arguments], pass_fds=metastore_server.lease_fds()
+        )
 
 
 @contextlib.contextmanager

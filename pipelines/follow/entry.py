@@ -50,8 +50,9 @@ def stop_signals(stop: threading.Event, check_now: threading.Event) -> Iterator[
 @contextlib.contextmanager
 def shared_catalog_while_following(config: AppConfig, out: TextIO) -> Iterator[None]:
     """The catalog stays open to other processes while following (``dcp-cdc sql``, ``tables``,
-    the Thrift server): on the local default, a metastore server for the warehouse, started
-    if none runs and then stopped at the end (:func:`pipelines.metastore.shared_catalog`).
+    the Thrift server): on the local default, a metastore server for the warehouse, held by
+    a lease while following and started on demand if none runs; it stops when no process
+    holds it any more, also after a kill (:func:`pipelines.metastore.shared_catalog`).
     Under ``spark-submit`` the JVM was launched already: the submitter chose its catalog."""
     if spark_session.launched_by_spark_submit():
         yield

@@ -1,12 +1,15 @@
 """A catalog several processes share: ``dcp-cdc metastore`` runs a real Derby network server
 on a warehouse (started and stopped here, on 127.0.0.1), and two Spark processes use the
-catalog at once through it. Then the issue's own case, behind ``DCP_CDC_FOLLOW=1`` (``make
+catalog at once through it. A server started on demand (what follow mode and the Thrift server
+do) ends when its last holder goes, killed or not; one ``dcp-cdc metastore start`` started or
+took over stays. Then the issue's own case, behind ``DCP_CDC_FOLLOW=1`` (``make
 test-long``): ``dcp-cdc sql`` from a second process answers while ``dcp-cdc run --follow``
 runs on the local default, which starts the server and stops it when it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,12 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from pipelines import metastore_server
+from pipelines import metastore_server, metastore_watchdog
 from pipelines.errors import CatalogError
 from pipelines.local_catalog import open_local_catalog, release
 from pipelines.spark_session import delta_jars_dir
@@ -200,6 +203,178 @@ def test_the_demo_does_not_wipe_a_served_warehouse(tmp_path: Path) -> None:
         metastore_server.stop(warehouse, jars=delta_jars_dir())
     fresh_workdir(tmp_path / "work")  # stopped: the demo starts afresh
     assert not warehouse.exists()
+
+
+def test_the_demo_starts_afresh_over_a_killed_demos_server(tmp_path: Path) -> None:
+    """A demo killed with kill -9 and started again at once: the server it started on demand,
+    held by no one, is stopped first instead of refusing the start."""
+    from pipelines.demo import fresh_workdir
+
+    warehouse = tmp_path / "work" / "warehouse"
+    killed = Holder(warehouse)
+    killed.kill()
+    fresh_workdir(tmp_path / "work")
+    assert not warehouse.exists() and not metastore_server.is_server_process(killed.pid)
+
+
+SERVED = """
+import subprocess, sys
+from pathlib import Path
+from pipelines.metastore_server import lease_fds, serving
+from pipelines.spark_session import delta_jars_dir
+with serving(Path(sys.argv[1]), jars=delta_jars_dir()) as record:
+    child = None
+    if sys.argv[2:]:  # no pipe of the test's: it waits for this process's output to end
+        quiet = subprocess.DEVNULL
+        child = subprocess.Popen(
+            ["sleep", "600"], pass_fds=lease_fds(), stdin=quiet, stdout=quiet, stderr=quiet
+        )
+    print(record.pid, record.port, child.pid if child else 0, flush=True)
+    sys.stdin.readline()
+print("done", flush=True)
+"""
+
+
+class Holder:
+    """A process that holds ``warehouse``'s server the way follow mode does
+    (:func:`metastore_server.serving`) until it is told to end, or killed."""
+
+    def __init__(self, warehouse: Path, *, wait: bool = True, child: bool = False) -> None:
+        """``child``: with a child process that shares the lease (as the Thrift server's JVM
+        does), its pid in ``self.child``."""
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVED, str(warehouse), *(["child"] if child else [])],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if wait:
+            self.started()
+
+    def started(self) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            raise AssertionError(self.process.stderr.read()[-3000:])  # type: ignore[union-attr]
+        self.pid, self.port, self.child = (int(n) for n in line.split())
+
+    def end(self) -> None:
+        out, err = self.process.communicate("\n", timeout=120)
+        assert self.process.returncode == 0 and out.strip() == "done", err[-3000:]
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.communicate()
+
+
+def _watchdogs(warehouse: Path) -> list[int]:
+    """The pids of the watchdogs running for ``warehouse``."""
+    return _running(b"pipelines.metastore_watchdog", str(warehouse).encode())
+
+
+def _servers(warehouse: Path) -> list[int]:
+    """The pids of the Derby servers running on ``warehouse``."""
+    return _running(
+        metastore_server.SERVER_CLASS.encode(), f"-Dderby.system.home={warehouse}".encode()
+    )
+
+
+def _running(*words: bytes) -> list[int]:
+    """The pids of the processes with each of ``words`` among their arguments."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(word in argv for word in words):
+            found.append(int(entry.name))
+    return found
+
+
+def _until(condition: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within:g} s: {what}"
+        time.sleep(0.1)
+
+
+def test_an_on_demand_server_ends_when_its_last_holder_is_killed(
+    tmp_path: Path, warehouse: Path
+) -> None:
+    first = Holder(warehouse)
+    second = Holder(warehouse, child=True)
+    try:
+        assert (second.pid, second.port) == (first.pid, first.port)  # reused, not another
+        status = _cli("metastore", "status", "--warehouse", str(warehouse), cwd=tmp_path)
+        assert "on demand: it stops when no process uses it" in status.stdout, status.stdout
+        assert len(_watchdogs(warehouse.resolve())) == 1
+
+        first.kill()  # the starter, killed: the other holder keeps the server
+        time.sleep(3 * metastore_watchdog.INTERVAL_S)
+        record = metastore_server.live_server(warehouse)
+        assert record is not None and record.pid == first.pid and record.on_demand
+
+        second.kill()  # the last holder, killed; its child shares its lease
+        time.sleep(3 * metastore_watchdog.INTERVAL_S)
+        assert metastore_server.live_server(warehouse) == record
+        os.kill(second.child, signal.SIGKILL)  # the last lease gone: the watchdog stops it
+        _until(lambda: metastore_server.read_record(warehouse) is None, "the record removed")
+        _until(lambda: not _accepts(first.port), "the port free")
+        _until(lambda: not metastore_server.is_server_process(first.pid), "the server ended")
+        _until(lambda: not _watchdogs(warehouse.resolve()), "the watchdog ended")
+    finally:
+        for holder in (first, second):
+            if holder.process.poll() is None:
+                holder.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(second.child, signal.SIGKILL)
+
+
+def test_a_server_whose_starter_was_killed_while_starting_it_ends(warehouse: Path) -> None:
+    """Killed after the server's process started and before its record was written: no
+    client can find that server, and its watchdog ends it; the next holder starts another."""
+    starter = Holder(warehouse, wait=False)
+    try:
+        _until(lambda: bool(_servers(warehouse.resolve())), "the server's process started")
+        assert metastore_server.read_record(warehouse) is None  # not answering yet
+        starter.kill()
+        _until(lambda: not _servers(warehouse.resolve()), "the unrecorded server ended")
+        _until(lambda: not _watchdogs(warehouse.resolve()), "the watchdog ended")
+        assert metastore_server.read_record(warehouse) is None
+    finally:
+        if starter.process.poll() is None:
+            starter.kill()
+    after = Holder(warehouse)  # the catalog lock went with the server
+    after.end()
+    _until(lambda: not _servers(warehouse.resolve()), "the next server ended with its holder")
+
+
+def test_a_kept_server_outlives_its_holders(tmp_path: Path, warehouse: Path) -> None:
+    """``dcp-cdc metastore start`` on a server started on demand keeps it: its holders end,
+    the server stays; a holder that reused a kept server ends, the server stays."""
+    flags = ("--warehouse", str(warehouse))
+    starter = Holder(warehouse)
+    kept = _cli("metastore", "start", *flags, cwd=tmp_path, timeout=120)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.startswith(
+        f"already running: metastore server derby://127.0.0.1:{starter.port}"
+    )
+    assert "kept from now on" in kept.stdout
+    starter.end()
+    _until(lambda: not _watchdogs(warehouse.resolve()), "the watchdog ended")
+
+    user = Holder(warehouse)  # follow mode on a kept server
+    assert user.pid == starter.pid
+    user.end()
+    time.sleep(2 * metastore_watchdog.INTERVAL_S)
+    record = metastore_server.live_server(warehouse)
+    assert record is not None and record.pid == starter.pid and not record.on_demand
+    status = _cli("metastore", "status", *flags, cwd=tmp_path)
+    assert status.returncode == 0 and ", kept) for " in status.stdout, status.stdout
 
 
 HOLDER = """

@@ -204,7 +204,7 @@ class Launch:
         self.sharing.append(config.warehouse)
         yield
 
-    def __call__(self, command: list[str]) -> int:
+    def __call__(self, command: list[str], *, pass_fds: tuple[int, ...] = ()) -> int:
         assert self.sharing, "the Thrift server launched with its catalog not shared"
         self.commands.append(command)
         path = command[command.index("--properties-file") + 1]
