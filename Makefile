@@ -1,6 +1,7 @@
 # dcp-cdc developer and CI entry points. Nothing here needs an activated venv.
 #
-#   make setup      .venv from requirements.lock, the project installed editable, Delta jars
+#   make setup      .venv from requirements.lock, the project installed editable, Delta jars,
+#                   dcp-cdc's log store of local tables (compiled: needs a JDK's javac)
 #   make setup-s3   also the jars of a warehouse on S3 (s3a://): hadoop-aws, AWS SDK modules,
 #                   dcp-cdc's S3 log store (docs/object-storage.md)
 #   make test-unit  the pure tests (tests/unit: no Spark, no Go, no servers beyond loopback
@@ -18,7 +19,9 @@
 #                   catalog, the scheduler, the cluster, queries and maintenance beside the
 #                   DAG: tests/e2e/test_rehearsal.py); on a moto S3 server (needs setup-s3):
 #                   ingest, apply, check and maintain, and two Spark drivers committing to
-#                   the same tables, 20 rounds with each log store
+#                   the same tables, 20 rounds with each log store; two Spark drivers on the
+#                   same local tables, 100 rounds (400 commits), and Delta's stock local store
+#                   losing commits to a racing JVM
 #   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
 #                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
 #   make airflow-down  stop what airflow-up started (from another terminal)
@@ -41,6 +44,8 @@ JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
 S3_JARS_DIR := .cache/jars-s3
 S3_JARS_STAMP := $(S3_JARS_DIR)/.stamp
+LOCAL_LOG_STORE_JAR := $(JARS_DIR)/dcp-cdc-local-logstore.jar
+BUILD_JAR := build-support/jars/build_jar.py
 PIP := $(PY) -m pip --disable-pip-version-check
 
 PYTEST_ARGS ?=
@@ -53,7 +58,7 @@ help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
 	@echo "  make lint | format | typecheck | run ARGS=... | bench | pyfiles | wheel | clean | distclean"
 
-setup: $(STAMPS)/editable $(JARS_STAMP)
+setup: $(STAMPS)/editable $(JARS_STAMP) $(LOCAL_LOG_STORE_JAR)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,12 +78,17 @@ $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STA
 	$(PY) build-support/jars/fetch_jars.py --dest $(JARS_DIR)
 	@mkdir -p $(@D) && touch $@
 
+# The log store every session gives local tables (several writers keep every commit:
+# docs/object-storage.md), beside the Delta jars; rebuilt when fetch_jars.py renews the folder.
+$(LOCAL_LOG_STORE_JAR): $(JARS_STAMP) $(BUILD_JAR) $(wildcard build-support/jars/local/src/dcpcdc/delta/*.java)
+	$(PY) $(BUILD_JAR) --src build-support/jars/local/src --jar $@ --classpath $(JARS_DIR) --needs delta-storage-
+
 # Only for a warehouse on S3: not part of setup, which stays light.
 setup-s3: setup $(S3_JARS_STAMP)
 
-$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py build-support/jars/s3/build_logstore.py $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java)
+$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py $(BUILD_JAR) $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java)
 	$(PY) build-support/jars/fetch_jars.py --pom build-support/jars/s3/pom.xml --dest $(S3_JARS_DIR) --require hadoop-aws
-	$(PY) build-support/jars/s3/build_logstore.py --dest $(S3_JARS_DIR) --delta-jars $(JARS_DIR)
+	$(PY) $(BUILD_JAR) --src build-support/jars/s3/src --jar $(S3_JARS_DIR)/dcp-cdc-s3-logstore.jar --classpath $(JARS_DIR) --classpath $(S3_JARS_DIR) --needs delta-storage- --needs hadoop-aws-
 	@mkdir -p $(@D) && touch $@
 
 # The inner loop: no lint, no types, no JVM. Two workers: the tests are independent, and the
@@ -100,7 +110,7 @@ check: test
 # test runs 2,000); the tests marked `long` (history and MERGEs in any arrival order, the
 # document variant, a later run's rollback with history, more kill points, the pipeline DAG's
 # dag.test() and `check` on the demo's warehouse, a capture file lost and skipped through
-# the quality check: minutes each, so
+# the quality check, two Spark drivers committing to the same local tables: minutes each, so
 # make test leaves them here, to stay under 25 minutes in CI); kill -9 of ingest and apply at
 # every step; the capture agent through each fault into silver, a failover to a shorter branch
 # and 20 kill -9 of the agent.
@@ -108,7 +118,7 @@ test-long: setup setup-s3
 	DCP_CDC_SEEDS=200 DCP_CDC_ARRIVAL_SEEDS=24 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
 	DCP_CDC_ARRIVAL_ALL=1 $(PY) -m pytest tests/spark/test_silver_arrival.py $(PYTEST_ARGS)
 	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
-	$(PY) -m pytest -m long tests/spark/test_silver_history.py tests/spark/test_silver_apply.py tests/spark/test_kill_resume.py tests/spark/test_silver.py::test_incremental_runs_in_any_arrival_order_equal_one_run tests/dags/test_dcp_cdc_dags.py tests/e2e/test_run.py tests/e2e/test_submitted_jars.py tests/spark/test_apply_memory.py tests/spark/test_cluster_branch.py tests/spark/test_landing_gap.py $(PYTEST_ARGS)
+	$(PY) -m pytest -m long tests/spark/test_silver_history.py tests/spark/test_silver_apply.py tests/spark/test_kill_resume.py tests/spark/test_silver.py::test_incremental_runs_in_any_arrival_order_equal_one_run tests/dags/test_dcp_cdc_dags.py tests/e2e/test_run.py tests/e2e/test_submitted_jars.py tests/spark/test_apply_memory.py tests/spark/test_cluster_branch.py tests/spark/test_landing_gap.py tests/e2e/test_local_writers.py $(PYTEST_ARGS)
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)

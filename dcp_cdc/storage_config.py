@@ -1,12 +1,14 @@
-"""The ``[storage]`` section: how Delta commits to tables on object storage (``s3a://``).
+"""The ``[storage]`` section and the Delta log stores: how Delta commits to tables.
 
 Delta commits version N of a table by creating ``_delta_log/<N>.json``, and that create must
 fail when N exists already, or two writers that both chose N both succeed and one commit is
-lost. A local filesystem gives that for free; S3 gives it only with a conditional PUT
-(``If-None-Match: *``). Delta's own S3 log store (``S3SingleDriverLogStore``) checks and writes
-under a lock held in its JVM: safe for one driver, not for the follow process, the maintenance
-job, the quality check and Airflow's tasks writing the same tables. So a warehouse on S3 is
-refused unless its log store is one several drivers may share (docs/object-storage.md).
+lost. Delta's own stores check and then write under a lock held in their JVM: safe for one
+driver, not for the follow process, a hand-run apply, the maintenance job, the quality check
+and Airflow's tasks writing the same tables. So dcp-cdc brings a store whose create is atomic
+for each kind of warehouse (docs/object-storage.md, "Several writers"): on S3 a conditional PUT
+(``If-None-Match: *``), chosen by ``[storage] log_store``; on local disk a hard link, in every
+session. A configuration that would replace either with a store unsafe for several drivers is
+refused when it loads.
 """
 
 from __future__ import annotations
@@ -26,16 +28,21 @@ LOG_STORE_CLASSES: dict[str, str] = {
 SAFE_LOG_STORES = frozenset({"s3-conditional-put"})
 """The choices that keep every commit with several drivers writing at once."""
 
-LOG_STORE_KEYS = (
-    "spark.delta.logStore.s3a.impl",
-    "spark.delta.logStore.s3.impl",
-    "spark.delta.logStore.class",
-)
-"""The Spark settings Delta picks an S3 table's log store from (per scheme, then global)."""
+S3_LOG_STORE_KEYS = ("spark.delta.logStore.s3a.impl", "spark.delta.logStore.s3.impl")
+"""The Spark settings Delta picks an S3 table's log store from."""
+
+LOCAL_LOG_STORE_CLASS = "dcpcdc.delta.LocalHardLinkLogStore"
+"""The Delta log store of local tables (``file:``) in every session: each commit is a file
+linked to ``<N>.json`` (``link(2)``, which fails when the name exists), so of two drivers
+committing the same version one is refused and retries. Built by ``make setup``."""
+LOCAL_LOG_STORE_KEY = "spark.delta.logStore.file.impl"
+"""The Spark setting of the log store of local tables."""
+_GLOBAL_LOG_STORE = "spark.delta.logStore.class"
 
 
 class StorageConfig(ConfigModel):
-    """How Delta commits to tables on S3 (``s3a://``); see ``docs/object-storage.md``."""
+    """How Delta commits to tables on S3 (``s3a://``); local tables always commit through
+    ``dcpcdc.delta.LocalHardLinkLogStore``. See ``docs/object-storage.md``."""
 
     log_store: LogStore = "s3-conditional-put"
     """``s3-conditional-put``: each commit is written with S3's conditional PUT
@@ -49,8 +56,28 @@ class StorageConfig(ConfigModel):
 def unsafe_log_store(
     warehouse_on_s3: bool, storage: StorageConfig, spark_conf: dict[str, str]
 ) -> str | None:
-    """Why the configuration would let two drivers lose a commit on S3, naming the setting;
-    None when it is safe (or the warehouse is not on S3)."""
+    """Why the configuration would let two drivers lose a commit, naming the setting; None
+    when it is safe."""
+    # Delta reads its log store settings with or without the "spark." prefix.
+    chosen = {
+        f"spark.{key.removeprefix('spark.')}": (key, value) for key, value in spark_conf.items()
+    }
+    if _GLOBAL_LOG_STORE in chosen:
+        key, value = chosen[_GLOBAL_LOG_STORE]
+        return (
+            f"spark.conf.{key}: {value!r} would replace every log store dcp-cdc sets, among "
+            f"them the local tables' {LOCAL_LOG_STORE_CLASS}, which keeps every commit when "
+            "several drivers (follow mode, apply, maintain) write the same tables: remove the "
+            "setting"
+        )
+    key, value = chosen.get(LOCAL_LOG_STORE_KEY, ("", LOCAL_LOG_STORE_CLASS))
+    if value != LOCAL_LOG_STORE_CLASS:
+        return (
+            f"spark.conf.{key}: {value!r} would replace the local tables' log store "
+            f"({LOCAL_LOG_STORE_CLASS}); several drivers (follow mode, apply, maintain) commit "
+            "to the same tables, and Delta's own local store can lose a commit then: remove "
+            "the setting"
+        )
     if not warehouse_on_s3:
         return None
     if storage.log_store not in SAFE_LOG_STORES:
@@ -60,11 +87,11 @@ def unsafe_log_store(
             'maintenance commit from several drivers: use log_store = "s3-conditional-put"'
         )
     ours = LOG_STORE_CLASSES[storage.log_store]
-    for key in LOG_STORE_KEYS:
-        chosen = spark_conf.get(key)
-        if chosen is not None and chosen != ours:
+    for setting in S3_LOG_STORE_KEYS:
+        key, value = chosen.get(setting, ("", ours))
+        if value != ours:
             return (
-                f"spark.conf.{key}: {chosen!r} would replace the log store of "
+                f"spark.conf.{key}: {value!r} would replace the log store of "
                 f"storage.log_store ({ours}); several drivers commit to a warehouse on S3, "
                 "so remove the setting and choose the log store with [storage] log_store"
             )

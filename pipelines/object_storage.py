@@ -23,7 +23,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from dcp_cdc.config import is_uri
-from dcp_cdc.storage_config import LOG_STORE_CLASSES, LOG_STORE_KEYS
+from dcp_cdc.storage_config import LOG_STORE_CLASSES, S3_LOG_STORE_KEYS
 from pipelines.errors import (
     S3BucketNotFoundError,
     S3CredentialsError,
@@ -105,7 +105,7 @@ def s3_session_conf(log_store: str) -> dict[str, str]:
         "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.s3a.create.conditional.enabled": "true",
     }
-    conf |= {key: store for key in LOG_STORE_KEYS[:2]}
+    conf |= {key: store for key in S3_LOG_STORE_KEYS}
     return conf
 
 

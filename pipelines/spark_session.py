@@ -3,8 +3,11 @@
 Every session gets Delta Lake (SQL extension and ``DeltaCatalog``) from jars resolved once by
 ``make setup`` into ``.cache/jars`` (or the folder ``$DCP_CDC_JARS_DIR`` or ``[spark] jars_dir``
 names); nothing is downloaded at run time (no ``spark.jars.packages``, so no ivy, unlike
-``delta.configure_spark_with_delta_pip``). Every session of a job gets the code its executors
-run from ``[spark] py_files`` (:mod:`pipelines.shipping`), whoever started it. Tables
+``delta.configure_spark_with_delta_pip``). Local tables commit through dcp-cdc's log store
+(``dcp-cdc-local-logstore.jar``, built by ``make setup`` into the same folder), which keeps
+every commit when several processes write the same tables (:mod:`dcp_cdc.storage_config`).
+Every session of a job gets the code its executors run from ``[spark] py_files``
+(:mod:`pipelines.shipping`), whoever started it. Tables
 registered in the catalog persist across sessions: the catalog is Spark's built-in Hive metastore
 on an embedded Derby database kept in ``<warehouse>/metastore_db``, with ``derby.log`` beside it,
 so a session writes nothing to the working directory.
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from dcp_cdc.config import is_uri
+from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
 from pipelines.errors import SparkSetupError
 from pipelines.local_catalog import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 from pipelines.metastore import catalog_service, hive_client_conf
@@ -59,6 +63,8 @@ JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 
 CHECKOUT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
 """Where ``make setup`` puts the jars, when this package runs from a checkout."""
+LOCAL_LOG_STORE_JAR = "dcp-cdc-local-logstore.jar"
+"""The jar of :data:`~dcp_cdc.storage_config.LOCAL_LOG_STORE_CLASS`, beside the Delta jars."""
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
@@ -87,7 +93,7 @@ def delta_jars_dir(setting: str | None = None) -> Path:
 
 def find_delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
     """Every jar in :func:`delta_jars_dir` of ``jars_dir`` (``[spark] jars_dir``), which must
-    hold delta-spark."""
+    hold delta-spark and dcp-cdc's log store of local tables."""
     folder = delta_jars_dir(str(jars_dir) if jars_dir is not None else None)
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     if not any(jar.name.startswith("delta-spark_") for jar in jars):
@@ -96,7 +102,18 @@ def find_delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
             f"{len(jars)} jar(s). Run `make setup` to resolve them from Maven Central, or set "
             f"{JARS_DIR_ENV} to a folder that has them."
         )
+    if not any(jar.name == LOCAL_LOG_STORE_JAR for jar in jars):
+        raise SparkSetupError(
+            f"{folder} has the Delta jars but not {_LOG_STORE_ROLE}. Run `make setup`, which "
+            "compiles it (it needs a JDK's javac), or copy it beside the Delta jars."
+        )
     return jars
+
+
+_LOG_STORE_ROLE = (
+    f"{LOCAL_LOG_STORE_JAR}, the log store that keeps every commit to local tables when "
+    f"several processes write them ({LOCAL_LOG_STORE_CLASS})"
+)
 
 
 def spark_conf(
@@ -126,6 +143,7 @@ def spark_conf(
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.catalogImplementation": "hive",
         "spark.sql.warehouse.dir": str(warehouse),
+        LOCAL_LOG_STORE_KEY: LOCAL_LOG_STORE_CLASS,
     }
     if metastore:
         conf |= hive_client_conf(metastore, warehouse, jars)
@@ -186,13 +204,30 @@ def submitted_delta_jars() -> str | None:
     """Under ``spark-submit``: the ``spark.jars`` its JVM was launched with, if they hold
     delta-spark (the DAGs' and ``dcp-cdc spark-conf``'s launches do). Such a driver must not
     look for jars itself: it may run the code from a shipped zip, with no checkout (and no
-    ``.cache/jars``) around it. None when not launched so, or launched without Delta."""
+    ``.cache/jars``) around it. None when not launched so, or launched without Delta. Jars
+    with Delta but without dcp-cdc's log store raise :class:`SparkSetupError`."""
     if not launched_by_spark_submit():
         return None
     from pyspark import SparkConf, SparkContext
 
     SparkContext._ensure_initialized()  # joins the submitter's JVM (PYSPARK_GATEWAY_PORT)
-    return delta_jars_given(SparkConf().get("spark.jars"))
+    given = delta_jars_given(SparkConf().get("spark.jars"))
+    if given is not None:
+        check_submitted_log_store(given)
+    return given
+
+
+def check_submitted_log_store(spark_jars: str) -> None:
+    """A driver that ``spark-submit`` started with the Delta jars must have the log store of
+    local tables among them too (``launch_conf`` lists it), or its first commit would fail
+    deep in Delta with ``ClassNotFoundException``."""
+    names = [Path(urlparse(uri.strip()).path).name for uri in spark_jars.split(",")]
+    if LOCAL_LOG_STORE_JAR not in names:
+        raise SparkSetupError(
+            "this driver was launched by spark-submit with the Delta jars but without "
+            f"{_LOG_STORE_ROLE}. Launch it with `dcp-cdc spark-conf`'s properties (or the "
+            "DAGs), which list it after `make setup`."
+        )
 
 
 def _warehouse_location(warehouse: str | Path) -> str | Path:

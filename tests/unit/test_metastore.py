@@ -16,7 +16,7 @@ from dcp_cdc.errors import ConfigError
 from pipelines import cli
 from pipelines.errors import MetastoreError, MetastoreUnreachableError
 from pipelines.metastore import catalog_service, check_reachable, hive_client_conf
-from pipelines.spark_session import JARS_DIR_ENV, launch_conf
+from pipelines.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
 from tests.support.ports import free_port
 
 BASE = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
@@ -107,7 +107,7 @@ def test_a_derby_server_is_reached_through_the_hive_clients_jdo_settings(tmp_pat
 def jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "jars"
     folder.mkdir()
-    for name in ("delta-spark_2.13-4.4.0.jar", "derbyclient-10.16.1.1.jar"):
+    for name in ("delta-spark_2.13-4.4.0.jar", "derbyclient-10.16.1.1.jar", LOCAL_LOG_STORE_JAR):
         (folder / name).write_bytes(b"")
     monkeypatch.setenv(JARS_DIR_ENV, str(folder))
     return folder

@@ -11,7 +11,7 @@ import pytest
 
 from dcp_cdc.config import load_config
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.storage_config import LOG_STORE_CLASSES
+from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOG_STORE_CLASSES
 from pipelines import object_storage
 from pipelines.errors import (
     S3BucketNotFoundError,
@@ -75,6 +75,30 @@ def test_a_log_store_unsafe_for_several_writers_is_refused(
         load_config(_config(tmp_path, S3_WAREHOUSE + extra))
     assert named in str(caught.value)
     assert str(tmp_path / "c.toml") in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("spark.delta.logStore.file.impl", "io.delta.storage.HDFSLogStore"),
+        ("delta.logStore.file.impl", "io.delta.storage.LocalLogStore"),  # Delta reads both
+        ("spark.delta.logStore.class", "dcpcdc.delta.LocalHardLinkLogStore"),
+        ("delta.logStore.class", "io.delta.storage.HDFSLogStore"),
+    ],
+)
+def test_replacing_the_local_tables_log_store_is_refused(
+    tmp_path: Path, setting: str, value: str
+) -> None:
+    """Local tables always commit through LocalHardLinkLogStore: follow mode, a hand-run
+    apply and maintenance are several drivers on the same local tables too."""
+    text = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
+    text += f'[spark.conf]\n"{setting}" = "{value}"\n'
+    with pytest.raises(ConfigError) as caught:
+        load_config(_config(tmp_path, text))
+    assert f"spark.conf.{setting}" in str(caught.value)
+    same = text.replace(value, LOCAL_LOG_STORE_CLASS)
+    if "file.impl" in setting:  # naming the store every session sets is harmless
+        assert load_config(_config(tmp_path, same)).spark.conf[setting] == LOCAL_LOG_STORE_CLASS
 
 
 def test_a_local_warehouse_may_keep_the_single_driver_store(tmp_path: Path) -> None:

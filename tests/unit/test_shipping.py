@@ -14,7 +14,7 @@ from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
 from dcp_cdc.errors import ConfigError
 from pipelines.errors import SparkSetupError
 from pipelines.shipping import code_zip, main, package_files, py_files_for
-from pipelines.spark_session import JARS_DIR_ENV, launch_conf
+from pipelines.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,8 @@ def test_jars_from_the_setting_else_the_checkout_else_a_typed_error(
 ) -> None:
     folder = tmp_path / "jars"
     folder.mkdir()
-    (folder / "delta-spark_2.13-4.4.0.jar").write_bytes(b"")
+    for name in ("delta-spark_2.13-4.4.0.jar", LOCAL_LOG_STORE_JAR):
+        (folder / name).write_bytes(b"")
     monkeypatch.delenv(JARS_DIR_ENV, raising=False)
     config = AppConfig(
         landing="l",
@@ -87,8 +88,8 @@ def test_jars_from_the_setting_else_the_checkout_else_a_typed_error(
         buckets=[BucketConfig(name="b")],
         spark=SparkConfig(jars_dir=str(folder)),
     )
-    assert launch_conf(config, "app", master=None)["spark.jars"] == str(
-        folder / "delta-spark_2.13-4.4.0.jar"
+    assert launch_conf(config, "app", master=None)["spark.jars"] == ",".join(
+        str(folder / name) for name in (LOCAL_LOG_STORE_JAR, "delta-spark_2.13-4.4.0.jar")
     )
     # an installed package has no checkout beside it: without a setting, the error names it
     monkeypatch.setattr(spark_session, "CHECKOUT_JARS_DIR", tmp_path / "no-checkout")

@@ -12,6 +12,8 @@ from pipelines.errors import SparkSetupError
 from pipelines.spark_session import (
     C1_ONLY,
     JARS_DIR_ENV,
+    LOCAL_LOG_STORE_JAR,
+    check_submitted_log_store,
     ingest_jvm_conf,
     launch_conf,
     merge_conf,
@@ -23,7 +25,7 @@ from pipelines.spark_session import (
 def jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "jars"
     folder.mkdir()
-    for name in ("delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar"):
+    for name in ("delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar", LOCAL_LOG_STORE_JAR):
         (folder / name).write_bytes(b"")
     monkeypatch.setenv(JARS_DIR_ENV, str(folder))
     s3 = tmp_path / "jars-s3"  # what `make setup-s3` leaves, for a warehouse on S3
@@ -43,10 +45,12 @@ def test_local_launch_has_jars_catalog_and_driver_settings(tmp_path: Path, jars:
     )
     conf = launch_conf(config, "app", master="local[2]")
     assert conf["spark.master"] == "local[2]"
-    assert (
-        conf["spark.jars"]
-        == f"{jars / 'delta-spark_2.13-4.4.0.jar'},{jars / 'delta-storage-4.4.0.jar'}"
+    assert conf["spark.jars"] == ",".join(
+        str(jars / name)
+        for name in (LOCAL_LOG_STORE_JAR, "delta-spark_2.13-4.4.0.jar", "delta-storage-4.4.0.jar")
     )
+    # local tables commit through the log store that keeps every commit of several writers
+    assert conf["spark.delta.logStore.file.impl"] == "dcpcdc.delta.LocalHardLinkLogStore"
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.warehouse.dir"] == str(tmp_path / "w")
     assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"] == (
@@ -83,6 +87,23 @@ def test_missing_jars_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.Mo
     config = AppConfig(landing="l", warehouse=str(tmp_path / "w"), buckets=[BucketConfig(name="b")])
     with pytest.raises(SparkSetupError, match="make setup"):
         launch_conf(config, "app", master="local[1]")
+
+
+def test_delta_jars_without_the_local_log_store_say_how_to_get_it(
+    tmp_path: Path, jars: Path
+) -> None:
+    (jars / LOCAL_LOG_STORE_JAR).unlink()
+    config = AppConfig(landing="l", warehouse=str(tmp_path / "w"), buckets=[BucketConfig(name="b")])
+    with pytest.raises(SparkSetupError, match=f"not {LOCAL_LOG_STORE_JAR}.*make setup.*javac"):
+        launch_conf(config, "app", master="local[1]")
+
+
+def test_a_submitted_driver_needs_the_local_log_store_among_its_jars() -> None:
+    check_submitted_log_store(
+        f"file:/x/.cache/jars/delta-spark_2.13-4.4.0.jar,file:/x/.cache/jars/{LOCAL_LOG_STORE_JAR}"
+    )
+    with pytest.raises(SparkSetupError, match=f"without {LOCAL_LOG_STORE_JAR}.*spark-conf"):
+        check_submitted_log_store("spark://127.0.0.1:4040/jars/delta-spark_2.13-4.4.0.jar")
 
 
 def test_properties_file_escapes_backslashes() -> None:

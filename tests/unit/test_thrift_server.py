@@ -25,7 +25,12 @@ from dcp_cdc.config import (
 )
 from dcp_cdc.errors import ConfigError
 from pipelines import cli
-from pipelines.spark_session import JARS_DIR_ENV, thrift_hiveconf, thrift_server_launch
+from pipelines.spark_session import (
+    JARS_DIR_ENV,
+    LOCAL_LOG_STORE_JAR,
+    thrift_hiveconf,
+    thrift_server_launch,
+)
 
 BASE = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
 SECRET = "s3-secret-never-logged"
@@ -130,7 +135,8 @@ def test_command_line_overrides_are_validated_again(tmp_path: Path) -> None:
 def jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "jars"
     folder.mkdir()
-    (folder / "delta-spark_2.13-4.4.0.jar").write_bytes(b"")
+    for name in ("delta-spark_2.13-4.4.0.jar", LOCAL_LOG_STORE_JAR):
+        (folder / name).write_bytes(b"")
     monkeypatch.setenv(JARS_DIR_ENV, str(folder))
     return folder
 
