@@ -347,6 +347,28 @@ def catalog_step(name: str, step: Callable[[], object], race: str | tuple[str, .
     faults.point("cataloged", name)
 
 
+_VANISHED = {
+    "TABLE_OR_VIEW_NOT_FOUND": "relationName",
+    "DELTA_MISSING_DELTA_TABLE": "tableName",
+    "DELTA_TABLE_NOT_FOUND": "tableName",
+}
+"""The conditions of a table that is not (or no longer) in the catalog, and the parameter
+that names it."""
+
+
+def vanished_table(exc: BaseException) -> str | None:
+    """The table (``layer.name``) ``exc`` says the catalog does not hold, or None when
+    ``exc`` is about something else."""
+    if not isinstance(exc, AnalysisException):
+        return None
+    key = _VANISHED.get(exc.getCondition() or "")
+    name = (exc.getMessageParameters() or {}).get(key or "")
+    if not name:
+        return None
+    parts = [part.strip("`").lower() for part in name.split(".")]
+    return ".".join(parts[1:] if len(parts) > 2 and parts[0] == "spark_catalog" else parts)
+
+
 def replace_rows(df: DataFrame, table: str) -> None:
     """All of ``table``'s rows become ``df``'s, in one Delta commit. An overwrite by filter
     keeps the catalog entry as it is (``saveAsTable`` would alter it, which the Hive metastore

@@ -39,7 +39,8 @@ from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
 from pipelines.batch_metrics import RunMetrics, pushed
-from pipelines.delta_io import table_version
+from pipelines.delta_io import table_version, vanished_table
+from pipelines.errors import CommitConflictError
 from pipelines.freshness import ChangeTimes
 from pipelines.silver import state, store, transforms
 from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
@@ -125,9 +126,16 @@ def apply_bucket(
     tables are still at the versions it wrote, and updated; forgotten if the run fails."""
     try:
         return _apply(spark, config, bucket, collection, rebuild, memory)
-    except BaseException:
+    except BaseException as exc:
         if memory is not None:
             memory.forget()
+        gone = vanished_table(exc)
+        if gone is not None and gone.startswith(f"silver.{bucket.name}__"):
+            raise CommitConflictError(
+                f"{gone}: gone from the catalog while this apply of bucket {bucket.name!r} "
+                "ran (a concurrent run retired or renamed it, or it was dropped by hand); the "
+                "steps done are kept, the rest is not: run again"
+            ) from exc
         raise
 
 

@@ -22,8 +22,9 @@ from pyspark.sql import types as T
 from dcp_cdc.config import AppConfig, BucketConfig, ProjectionConfig, SilverConfig
 from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import SimulationResult, simulate
-from pipelines import delta_io, schemas, tables
+from pipelines import delta_io, faults, schemas, tables
 from pipelines.bronze.job import ingest_bucket
+from pipelines.errors import CommitConflictError
 from pipelines.silver import state, store
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.silver.registry import CHANGE_DATA_FEED
@@ -290,6 +291,53 @@ def test_two_apply_runs_at_once_leave_correct_tables(
             f"{type(f).__name__}: {str(f)[:800]}" for f in failures
         ]
         assert len(failures) < 2
+        apply_bucket(spark, config, config.buckets[0])
+        assert_equal_to_truth(spark, bucket, result)
+    finally:
+        drop_all(spark, bucket)
+
+
+def test_a_table_that_vanishes_during_an_apply_fails_it_typed_and_a_later_run_gives_the_truth(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a concurrent run that retires or renames a collection's table does to this one: the
+    table is gone between this run's read of the registry and its MERGE. The run fails with a
+    typed error naming the table (not Spark's TABLE_OR_VIEW_NOT_FOUND); once the table is back,
+    the next run gives the truth."""
+    bucket = "vanish_test"
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, seed=3, vbuckets=4, docs=60, ops=300, max_file_bytes=20_000
+    )
+    files = list(result.files)
+    assert len(files) >= 2
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    half = len(files) // 2
+    try:
+        for batch in (files[:half], files[half:]):
+            for f in batch:
+                (landing / f.name).write_bytes(f.read_bytes())
+            ingest_bucket(spark, config, config.buckets[0])
+            if batch is files[:half]:
+                apply_bucket(spark, config, config.buckets[0])  # the tables exist
+        moved: list[str] = []
+        point = faults.point
+
+        def rename_away(step: str, name: str) -> None:
+            if step == "commit" and name.endswith(tables.ALL_SUFFIX) and not moved:
+                moved.append(name)
+                spark.sql(f"ALTER TABLE {name} RENAME TO {name}_gone")
+            point(step, name)
+
+        monkeypatch.setattr(faults, "point", rename_away)
+        with pytest.raises(CommitConflictError, match=r"gone from the catalog") as failed:
+            apply_bucket(spark, config, config.buckets[0])
+        assert moved and moved[0] in str(failed.value)
+        monkeypatch.setattr(faults, "point", point)
+        spark.sql(f"ALTER TABLE {moved[0]}_gone RENAME TO {moved[0]}")
         apply_bucket(spark, config, config.buckets[0])
         assert_equal_to_truth(spark, bucket, result)
     finally:
