@@ -102,7 +102,8 @@ class Probe:
             return None
         self.state_version, state_at = state[-1]
         chosen = []
-        for table in sorted(self.silver.glob(f"{BUCKET}__*_all")):
+        tables = [*self.silver.glob(f"{BUCKET}__*_all"), self.silver / f"{BUCKET}__pending"]
+        for table in sorted(t for t in tables if t.exists()):  # the live layer's too
             before = [(v, t) for v, t in _versions(table) if t <= state_at]
             if before:
                 chosen.append((table, *before[-1]))
@@ -223,9 +224,11 @@ def _pid_of(match: str) -> int | None:
     return None
 
 
-def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[str, Any]:
+def run_one(
+    rate: float, seconds: float, warmup: float, probe_s: float, *, live_layer: bool = False
+) -> dict[str, Any]:
     from dcp_cdc.agent.settings import CaptureSettings
-    from dcp_cdc.config import AppConfig, BucketConfig
+    from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
     from pipelines.spark_session import session_for
 
     work = DATA / f"rate{int(rate)}"
@@ -240,6 +243,7 @@ def run_one(rate: float, seconds: float, warmup: float, probe_s: float) -> dict[
         landing=str(work / "landing"),
         warehouse=str(work / "warehouse"),
         buckets=[BucketConfig(name=BUCKET)],
+        silver=SilverConfig(live_layer=live_layer),
     )
     producer = Producer(work)
     try:
@@ -377,7 +381,7 @@ def _compare(spark: Any, truth_dir: Path) -> tuple[bool, str]:
     """Every live document of the truth in silver at its seqno, and nothing else."""
     import base64
 
-    from pipelines import tables
+    from pipelines.silver.live import current_rows
     from pipelines.silver.registry import read_registry
 
     truth = {}
@@ -390,7 +394,7 @@ def _compare(spark: Any, truth_dir: Path) -> tuple[bool, str]:
         if reg["status"] == "retired":
             continue
         for r in (
-            spark.table(tables.all_rows(reg["table_name"]))
+            current_rows(spark, BUCKET, reg["table_name"], reg["collection_id"])
             .where("NOT _deleted")
             .select("_collection_id", "key", "_seqno")
             .collect()
@@ -410,10 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=600.0, help="how long each rate runs")
     parser.add_argument("--warmup-s", type=float, default=60.0)
     parser.add_argument("--probe-s", type=float, default=0.2, help="how often the probe looks")
+    parser.add_argument(
+        "--live-layer",
+        action="store_true",
+        help="apply through the live layer ([silver] live_layer)",
+    )
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:
-        result = run_one(args.one, args.seconds, args.warmup_s, args.probe_s)
+        result = run_one(
+            args.one, args.seconds, args.warmup_s, args.probe_s, live_layer=args.live_layer
+        )
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     results = []
@@ -421,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- {rate:g} changes/s for {args.seconds:g} s", flush=True)
         command = [sys.executable, "-m", "benchmarks.freshness", "--one", str(rate)]
         command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
+        command += ["--live-layer"] if args.live_layer else []
         done = subprocess.run(
             [*command, "--probe-s", str(args.probe_s)],
             capture_output=True,

@@ -15,11 +15,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import QueryError, TableNotFoundError
+from pipelines.silver.live import current_rows
 from pipelines.tables import (
     LAYERS,
     WITH_TABLES,
     BucketTables,
-    all_rows,
     missing_database,
     missing_table,
 )
@@ -150,7 +150,8 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
             F.count_if(~deleted & (expiry != 0) & (expiry <= now)).alias("expired"),
         ]
         for reg in sorted(registry, key=lambda r: (r["scope"], r["name"])):
-            row = spark.table(all_rows(reg["table_name"])).agg(*tallies).collect()[0]
+            rows = current_rows(spark, bucket, reg["table_name"], reg["collection_id"])
+            row = rows.agg(*tallies).collect()[0]
             overview.collections.append(
                 CollectionCount(
                     f"{reg['scope']}.{reg['name']}",

@@ -512,6 +512,15 @@ def table_version(spark: SparkSession, table: str) -> int:
     return int(_delta_log(spark, table).update(False, nothing, nothing).version())
 
 
+def table_size(spark: SparkSession, table: str) -> tuple[int, int]:
+    """The files and bytes of the latest version of the Delta table ``table``, from its log
+    (its checksum file when there is one: no Spark job)."""
+    jvm: Any = spark._jvm
+    nothing = jvm.scala.Option.empty()
+    snapshot = _delta_log(spark, table).update(False, nothing, nothing)
+    return int(snapshot.numOfFiles()), int(snapshot.sizeInBytes())
+
+
 def metric(metrics: DataFrame | None, name: str) -> int:
     """One number of the metrics a MERGE, UPDATE or DELETE returns (0 when it returned none)."""
     if metrics is None:

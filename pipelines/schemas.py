@@ -290,6 +290,13 @@ tombstones) or is not JSON."""
 SILVER_VARIANT = T.StructType([*SILVER.fields, T.StructField(DOCUMENT_VARIANT, T.VariantType())])
 """A silver collection table with the companion column :data:`DOCUMENT_VARIANT` (last)."""
 
+PENDING = T.StructType([*SILVER.fields, T.StructField("_batch", T.LongType(), False)])
+"""``silver.<bucket>__pending``, the live layer (``[silver] live_layer``): the rows the applies
+since the last compaction chose for every collection of the bucket (the collection is
+``_collection_id``), each with the version of the pending table its append read
+(``_batch``): a key's newest row there, if newer than its row in the collection table, is
+what the collection's view shows."""
+
 REGISTRY = T.StructType(
     [
         T.StructField("collection_id", T.LongType()),

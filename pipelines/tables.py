@@ -98,6 +98,11 @@ class BucketTables:
     def _silver(self) -> str:
         return f"silver.{self._id}"
 
+    def holds(self, table: str) -> bool:
+        """Whether ``table`` (``layer.name``, lower case) is one of the bucket's silver
+        tables or views."""
+        return table.startswith(f"{self._silver}__")
+
     @property
     def registry(self) -> str:
         """The collection registry (``pipelines.schemas.REGISTRY``)."""
@@ -112,6 +117,12 @@ class BucketTables:
     def purges(self) -> str:
         """The tombstone-purge marks (``pipelines.schemas.PURGES``)."""
         return f"{self._silver}__tombstone_purges"
+
+    @property
+    def pending(self) -> str:
+        """The live layer: changes applied but not yet compacted into the collection tables
+        (``pipelines.schemas.PENDING``)."""
+        return f"{self._silver}__pending"
 
     @property
     def silver_support(self) -> tuple[str, str, str]:

@@ -66,6 +66,7 @@ from pipelines.quality.suites import SUITES, checks, held_back_rows
 # Spark computes the metric frames): its import takes seconds a check need not wait for.
 from pipelines.quality.validate import import_soon, validate
 from pipelines.schemas import REGISTRY, SILVER, STATE, projection
+from pipelines.silver import live as live_layer
 from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
@@ -146,7 +147,7 @@ def silver_frames(
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
     for r in (
         reg.where(F.col("status").isin(*tables.WITH_TABLES))
-        .select("table_name")
+        .select("table_name", "collection_id")
         .distinct()
         .collect()
     ):
@@ -155,19 +156,21 @@ def silver_frames(
         if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):
             log.warning("silver table %s (or its _all table) is missing", table)
             continue
-        rows = rows.unionByName(
-            read_at(spark, all_rows, at).select(*rows_columns, F.lit(table).alias("table"))
-        )
+        current = live_layer.current_rows(spark, bucket, table, r["collection_id"], at)
+        rows = rows.unionByName(current.select(*rows_columns, F.lit(table).alias("table")))
         live = live.unionByName(
-            live_rows(spark, table, at).select(*live_columns, F.lit(table).alias("table"))
+            live_rows(spark, table, current, at).select(*live_columns, F.lit(table).alias("table"))
         )
     return SilverFrames(states, rows, live, names)
 
 
-def live_rows(spark: SparkSession, view: str, at: Mapping[str, int] | None) -> DataFrame:
-    """The rows of a collection's view: the view, or its ``_all`` table at its version."""
+def live_rows(
+    spark: SparkSession, view: str, current: DataFrame, at: Mapping[str, int] | None
+) -> DataFrame:
+    """The rows of a collection's view: the view itself, or, read at the versions of ``at``,
+    its ``current`` rows (:func:`live_layer.current_rows`) that the view shows."""
     if at is not None and tables.all_rows(view) in at:
-        return read_at(spark, tables.all_rows(view), at).where(tables.LIVE_ROWS)
+        return current.where(tables.LIVE_ROWS)
     return spark.table(view)
 
 
@@ -176,6 +179,7 @@ def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     :func:`check_bucket`'s ``at``); taken between two micro-batches."""
     names = BucketTables(bucket)
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
+    wanted += [names.pending, names.purges]
     if spark.catalog.tableExists(names.registry):
         wanted.append(names.registry)
         for r in spark.table(names.registry).collect():

@@ -42,7 +42,7 @@ from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.delta_io import table_version, vanished_table
 from pipelines.errors import CommitConflictError
 from pipelines.freshness import ChangeTimes
-from pipelines.silver import state, store, transforms
+from pipelines.silver import live, state, store, transforms
 from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
 from pipelines.silver.registry import (
     Registry,
@@ -130,7 +130,7 @@ def apply_bucket(
         if memory is not None:
             memory.forget()
         gone = vanished_table(exc)
-        if gone is not None and gone.startswith(f"silver.{bucket.name}__"):
+        if gone is not None and BucketTables(bucket.name).holds(gone):
             raise CommitConflictError(
                 f"{gone}: gone from the catalog while this apply of bucket {bucket.name!r} "
                 "ran (a concurrent run retired or renamed it, or it was dropped by hand); the "
@@ -152,7 +152,7 @@ def _apply(
     name = bucket.name
     names = BucketTables(name)
     if memory is None or not memory.support_ready:
-        ensure_support_tables(spark, name, config.tables.properties)
+        ensure_support_tables(spark, name, config.tables.properties, live=config.silver.live_layer)
         if not spark.catalog.tableExists(names.events):
             log.info("no bronze table for bucket %s yet", name)
             return summary
@@ -168,6 +168,7 @@ def _apply(
             memory.states = Kept(version, copy.deepcopy(states))
     at = summary.step("read_states", at)
     if rebuild:
+        live.compact(spark, name, read_registry(spark, name))  # none left to overlay the rebuild
         emptied = empty_tables(spark, name, collection)
         log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), name)
         # Every vbucket is walked from its first frame again; the tables not emptied see
@@ -213,34 +214,42 @@ def _apply(
             versions = versions.where(F.col("collection_id").isin(keep))
             change_cids &= set(keep)
             version_cids &= set(keep)
-        if rollbacks:
-            summary.rebuilt_keys = store.rebuild_rolled_back(
-                spark, name, names.events, registry, rollbacks, new_states, changes
+        overlap = MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1
+        if _through_live_layer(config, bucket, collection, rebuild, registry, controls):
+            summary.tables = _append_pending(spark, name, registry, changes)
+            summary.changes = sum(summary.tables.values())
+            at = summary.step("append", at)
+            summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
+            if live.compaction_due(spark, name, config.silver):
+                live.compact(spark, name, registry, overlap=overlap)
+                at = summary.step("compact", at)
+        else:
+            if live.has_pending(spark, name):  # the steps below need the tables complete
+                live.compact(spark, name, registry, overlap=overlap)
+                at = summary.step("compact", at)
+            if rollbacks:
+                summary.rebuilt_keys = store.rebuild_rolled_back(
+                    spark, name, names.events, registry, rollbacks, new_states, changes
+                )
+            summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
+            at = summary.step("rollbacks_drops", at)
+            summary.tables = store.merge_changes(
+                spark, name, registry, changes, change_cids, overlap=overlap
             )
-        summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
-        at = summary.step("rollbacks_drops", at)
-        summary.tables = store.merge_changes(
-            spark,
-            name,
-            registry,
-            changes,
-            change_cids,
-            overlap=MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1,
-        )
-        summary.changes = sum(summary.tables.values())
-        at = summary.step("merge", at)
-        summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
-        if bucket.history:
-            summary.history = store.apply_history(
-                spark,
-                registry,
-                versions,
-                version_cids,
-                controls,
-                bucket.keeps_history,
-                history_properties(config),
-            )
-            at = summary.step("history", at)
+            summary.changes = sum(summary.tables.values())
+            at = summary.step("merge", at)
+            summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
+            if bucket.history:
+                summary.history = store.apply_history(
+                    spark,
+                    registry,
+                    versions,
+                    version_cids,
+                    controls,
+                    bucket.keeps_history,
+                    history_properties(config),
+                )
+                at = summary.step("history", at)
         if retire_dropped(spark, name, registry, new_states, config) and memory is not None:
             memory.registry = None  # tables renamed or dropped: read and check them again
             memory.ensured.clear()
@@ -257,6 +266,43 @@ def _apply(
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary
+
+
+def _through_live_layer(
+    config: AppConfig,
+    bucket: BucketConfig,
+    collection: str | None,
+    rebuild: bool,
+    registry: Registry,
+    controls: list[dict[str, Any]],
+) -> bool:
+    """Whether this apply's changes go to the live layer (:mod:`pipelines.silver.live`):
+    it is on, and nothing of the apply needs the collection tables complete (a rollback, a
+    drop or flush, a collection being retired, history tables, one collection's run, a
+    rebuild)."""
+    cuts = ("drop_collection", "flush_collection")
+    return (
+        config.silver.live_layer
+        and collection is None
+        and not rebuild
+        and not bucket.history
+        and not any(r["kind"] == "rollback" for r in controls)
+        and not any(r["kind"] == "system_event" and r["event"] in cuts for r in controls)
+        and not any(r["status"] in ("dropped", "retiring") for r in registry)
+    )
+
+
+def _append_pending(
+    spark: SparkSession, bucket: str, registry: Registry, changes: DataFrame
+) -> dict[str, int]:
+    """The newest change per key of ``changes`` (walked rows) of each collection with a
+    table, appended to the live layer in one commit; returns rows appended per view."""
+    views = {
+        r["collection_id"]: r["table_name"] for r in registry if r["status"] in tables.WITH_TABLES
+    }
+    rows = transforms.silver_rows(changes).where(F.col("_collection_id").isin(sorted(views)))
+    counts = live.append_pending(spark, bucket, rows)
+    return {views[cid]: n for cid, n in sorted(counts.items())}
 
 
 def _walk(
@@ -324,6 +370,7 @@ def _update_registry(
         change_cids,
         document_variant=config.silver.document_variant,
         stored=kept,
+        live=config.silver.live_layer,
         ensured=memory.ensured if memory is not None else None,
     )
     if memory is not None:
@@ -371,6 +418,7 @@ def purge_tombstones(
         return {}
     ensure_support_tables(spark, bucket.name, config.tables.properties)
     registry = read_registry(spark, bucket.name)
+    live.compact(spark, bucket.name, registry)  # a pending change below a purged tombstone
     purged = store.purge_tombstones(
         spark, bucket.name, registry, config.silver.tombstone_retention_hours
     )

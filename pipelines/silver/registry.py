@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,14 +34,18 @@ Registry = list[dict[str, Any]]
 # --- tables and views ----------------------------------------------------------------------
 
 
-def ensure_support_tables(spark: SparkSession, bucket: str, properties: dict[str, str]) -> None:
-    """The registry, stream state and purge marks of ``bucket`` exist."""
+def ensure_support_tables(
+    spark: SparkSession, bucket: str, properties: dict[str, str], *, live: bool = False
+) -> None:
+    """The registry, stream state and purge marks of ``bucket`` exist (with ``live``, the
+    live layer's pending table too)."""
     names = BucketTables(bucket)
     delta_io.ensure_database(spark, names.registry)
     support = (
         (names.registry, schemas.REGISTRY),
         (names.stream_state, schemas.STATE),
         (names.purges, schemas.PURGES),
+        *([(names.pending, schemas.PENDING)] if live else []),
     )
     for table, schema in support:
         delta_io.create_table(spark, table, schema, properties)
@@ -72,8 +77,41 @@ def history_properties(config: AppConfig) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class Overlay:
+    """What a collection's view overlays on its table with the live layer on
+    (:func:`pipelines.silver.transforms.overlay_query`)."""
+
+    pending: str
+    purges: str
+    collection_id: int
+
+    @classmethod
+    def of(cls, bucket: str, collection_id: int) -> Overlay:
+        names = BucketTables(bucket)
+        return cls(names.pending, names.purges, collection_id)
+
+
+def view_query(table: str, columns: list[str], overlay: Overlay | None) -> str:
+    """The query of the view of live documents over the ``_all`` table ``table`` (whose
+    columns are ``columns``): its rows, or with ``overlay`` its rows overlaid with the
+    pending ones; tombstones and expired documents left out."""
+    rows = table
+    if overlay is not None:
+        overlaid = transforms.overlay_query(
+            table, overlay.pending, overlay.purges, overlay.collection_id, columns
+        )
+        rows = f"({overlaid})"
+    return f"SELECT * FROM {rows} WHERE {tables.LIVE_ROWS}"
+
+
 def ensure_collection_table(
-    spark: SparkSession, name: str, properties: dict[str, str], *, document_variant: bool = False
+    spark: SparkSession,
+    name: str,
+    properties: dict[str, str],
+    *,
+    document_variant: bool = False,
+    overlay: Overlay | None = None,
 ) -> None:
     """The ``_all`` table of the collection whose view is ``name``, and the view, exist, with
     every column of :data:`pipelines.schemas.SILVER` (a table of an earlier version gains
@@ -81,7 +119,8 @@ def ensure_collection_table(
     say otherwise. With ``document_variant`` the table has
     :data:`pipelines.schemas.DOCUMENT_VARIANT` too: a table without it gains it, filled for
     the rows it holds (:func:`fill_document_variant`). Without, a table that has it keeps it
-    (and the MERGEs keep it filled: :func:`transforms.merge_values`)."""
+    (and the MERGEs keep it filled: :func:`transforms.merge_values`). With ``overlay`` the
+    view shows the live layer's pending rows over the table (:func:`view_query`)."""
     table = tables.all_rows(name)
     schema = schemas.SILVER_VARIANT if document_variant else schemas.SILVER
     delta_io.create_table(
@@ -91,19 +130,23 @@ def ensure_collection_table(
         {CHANGE_DATA_FEED: "true", **properties},
         cluster_by=("_vbucket", "key"),
     )
-    query = f"SELECT * FROM {table} WHERE {tables.LIVE_ROWS}"
     # The view shows what the table had when it was made, and a table only gains columns: a
     # view with them all (a catalog lookup) says the table has them too, with no Delta read.
     # (A table that has the VARIANT keeps it when the setting is turned off: so does its view.)
     found = delta_io.view_metadata(spark, name)
-    shown = set(found[1]) if found is not None and found[0] == query else set()
-    if set(schema.fieldNames()) <= shown <= set(schemas.SILVER_VARIANT.fieldNames()):
+    shown = found[1] if found is not None else []
+    if (
+        found is not None
+        and set(schema.fieldNames()) <= set(shown) <= set(schemas.SILVER_VARIANT.fieldNames())
+        and found[0] == view_query(table, shown, overlay)
+    ):
         return
     delta_io.add_missing_columns(spark, table, schema)
     if document_variant and found is not None and schemas.DOCUMENT_VARIANT not in found[1]:
         # the view is made again after the fill: a run killed before it fills again
         fill_document_variant(spark, table)
-    delta_io.ensure_view(spark, name, query, spark.table(table).columns)
+    columns = spark.table(table).columns
+    delta_io.ensure_view(spark, name, view_query(table, columns, overlay), columns)
 
 
 def fill_document_variant(spark: SparkSession, table: str) -> int:
@@ -168,6 +211,7 @@ def update_registry(
     document_variant: bool = False,
     stored: Registry | None = None,
     ensured: set[str] | None = None,
+    live: bool = False,
 ) -> tuple[Registry, bool]:
     """Apply committed system events to the collection registry; create new tables (with
     ``document_variant``: :func:`ensure_collection_table`). Returns the registry and whether
@@ -175,7 +219,8 @@ def update_registry(
 
     ``stored``: the registry's rows as the caller knows the table holds them (else read);
     ``ensured``: the collection tables the caller made or checked already, which are not
-    checked again (and to which those checked now are added).
+    checked again (and to which those checked now are added); ``live``: the views overlay
+    the live layer's pending rows (:class:`Overlay`).
 
     A collection whose changes arrive without its create event (a stream that started after
     it, or files that arrive newest first) is registered as ``_unknown.collection_<id hex>``
@@ -251,7 +296,11 @@ def update_registry(
             ensured is None or row["table_name"] not in ensured
         ):
             ensure_collection_table(
-                spark, row["table_name"], properties, document_variant=document_variant
+                spark,
+                row["table_name"],
+                properties,
+                document_variant=document_variant,
+                overlay=Overlay.of(bucket, row["collection_id"]) if live else None,
             )
             if ensured is not None:
                 ensured.add(row["table_name"])

@@ -8,6 +8,8 @@ STEPS = (
     "unconsumed",
     "walk",
     "registry",
+    "append",
+    "compact",
     "rollbacks_drops",
     "merge",
     "history",

@@ -80,11 +80,26 @@ def merge_changes(
     its own table, each its own commit, as one at a time) may run at once: a small batch's
     MERGE is mostly the driver planning and committing, which others can overlap.
     """
-    purges = spark.table(BucketTables(bucket).purges)
-    rows = transforms.silver_rows(changes)
     if collection_ids is None:
         found = changes.select("collection_id").distinct().collect()
         collection_ids = [r["collection_id"] for r in found]
+    rows = transforms.silver_rows(changes)
+    return merge_rows(spark, bucket, registry, rows, collection_ids, overlap=overlap)
+
+
+def merge_rows(
+    spark: SparkSession,
+    bucket: str,
+    registry: Registry,
+    rows: DataFrame,
+    collection_ids: Iterable[int],
+    *,
+    overlap: int = 1,
+) -> dict[str, int]:
+    """MERGE ``rows`` (silver rows, one per collection and key: :func:`transforms.silver_rows`)
+    of each of ``collection_ids`` into its collection's table, only where newer than the row
+    (the rule of :func:`merge_changes`, which this runs); returns rows merged per view."""
+    purges = spark.table(BucketTables(bucket).purges)
     targets = [
         (cid, table)
         for cid in sorted(collection_ids)

@@ -123,6 +123,16 @@ def silver_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFr
     return version_rows(ranked, run_column)
 
 
+def newest_rows(rows: DataFrame) -> DataFrame:
+    """Silver rows (several per key: the live layer's pending rows) → the newest per
+    collection and key, as :func:`silver_rows` chooses among changes."""
+    newest = Window.partitionBy("_collection_id", "key").orderBy(
+        F.col("_seqno").desc(), F.col("_rev_seqno").desc()
+    )
+    ranked = rows.withColumn("_rank", F.row_number().over(newest))
+    return ranked.where(F.col("_rank") == 1).drop("_rank")
+
+
 def version_rows(changes: DataFrame, run_column: str = "ingest_run_id") -> DataFrame:
     """Walked change rows → the silver table's columns, one row per change."""
     deleted = F.col("op") != "mutation"
@@ -227,6 +237,56 @@ def merge_source(rows: DataFrame, collection_id: int, purges: DataFrame, table: 
     )
     return rows.where(F.col("_collection_id") == collection_id).join(
         F.broadcast(marks), on="_vbucket", how="left"
+    )
+
+
+# --- the live layer ------------------------------------------------------------------------
+
+
+def overlay_query(
+    table: str,
+    pending: str,
+    purges: str,
+    collection_id: int,
+    columns: list[str],
+    *,
+    name: str | None = None,
+) -> str:
+    """The rows of collection ``collection_id`` as its MERGEs would leave ``table`` (its
+    ``_all`` table) once the live layer's rows in ``pending`` are compacted into it, in
+    ``table``'s ``columns`` (tombstones and expired rows included, as in ``table``).
+
+    The rule is the MERGE's (:func:`pipelines.silver.store.merge_rows`): a key's newest
+    pending row (by seqno) replaces the table's row when its seqno is higher, and is added
+    when the table has no row for the key unless its seqno is at or below its vbucket's
+    tombstone-purge mark in ``purges``. A pending row the table already holds (compacted,
+    not yet removed from ``pending``) changes nothing, so a read between a compaction's MERGE
+    and its removal of the rows sees each key once. ``pending`` is small (compaction keeps
+    it so): both joins broadcast its rows, and ``table`` is read as a plain scan.
+
+    ``table``, ``pending`` and ``purges`` may be relations with a time-travel clause
+    (``silver.t_all VERSION AS OF 12``); ``name`` is then the ``_all`` table's name, by
+    which its purge marks are found."""
+    from_pending = ", ".join(
+        f"try_parse_json(doc) AS {c}" if c == schemas.DOCUMENT_VARIANT else c for c in columns
+    )
+    newest = (
+        f"SELECT *, row_number() OVER (PARTITION BY key ORDER BY _seqno DESC, _rev_seqno DESC)"
+        f" AS _rank FROM {pending} WHERE _collection_id = {int(collection_id)}"
+    )
+    return (
+        f"WITH p AS (SELECT {from_pending} FROM ({newest}) WHERE _rank = 1), "
+        f"h AS (SELECT /*+ BROADCAST(p) */ p.key AS _h_key, t._seqno AS _h_seqno "
+        f"FROM {table} t JOIN p ON t.key = p.key), "
+        f"m AS (SELECT vbucket AS _m_vbucket, purged_through_seqno AS _m_seqno FROM {purges} "
+        f"WHERE table_name = '{name or table}') "
+        f"SELECT /*+ BROADCAST(p) */ {', '.join(f't.{c}' for c in columns)} FROM {table} t "
+        f"LEFT ANTI JOIN p ON t.key = p.key AND p._seqno > t._seqno "
+        f"UNION ALL "
+        f"SELECT {', '.join(f'p.{c}' for c in columns)} FROM p "
+        f"LEFT JOIN h ON h._h_key = p.key LEFT JOIN m ON m._m_vbucket = p._vbucket "
+        f"WHERE p._seqno > h._h_seqno "
+        f"OR (h._h_seqno IS NULL AND (m._m_seqno IS NULL OR p._seqno > m._m_seqno))"
     )
 
 

@@ -13,15 +13,25 @@ from pyspark.sql import functions as F
 
 from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SimulationResult
+from pipelines.silver.live import current_rows
 from pipelines.tables import BucketTables, all_rows
 
 
-def silver_live(spark: SparkSession, bucket: str) -> dict[tuple[int, str], dict[str, Any]]:
-    """Every non-deleted row of every live collection table (expired ones included)."""
+def silver_live(
+    spark: SparkSession, bucket: str, *, compacted: bool = False
+) -> dict[tuple[int, str], dict[str, Any]]:
+    """Every non-deleted row of every live collection (expired ones included) as its view
+    shows it (the live layer's pending rows overlaid), or with ``compacted`` as its ``_all``
+    table holds it (no pending row overlaid)."""
     registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for reg in registry:
-        for r in spark.table(all_rows(reg["table_name"])).where(~F.col("_deleted")).collect():
+        table = (
+            spark.table(all_rows(reg["table_name"]))
+            if compacted
+            else current_rows(spark, bucket, reg["table_name"], reg["collection_id"])
+        )
+        for r in table.where(~F.col("_deleted")).collect():
             assert (r["_collection_id"], r["key"]) not in rows
             rows[(r["_collection_id"], r["key"])] = r.asDict()
     return rows
@@ -38,11 +48,18 @@ def truth_live(result: SimulationResult) -> dict[tuple[int, str], dict[str, Any]
 
 
 def assert_equal_to_truth(
-    spark: SparkSession, bucket: str, result: SimulationResult, key_prefix: str = ""
+    spark: SparkSession,
+    bucket: str,
+    result: SimulationResult,
+    key_prefix: str = "",
+    *,
+    compacted: bool = False,
 ) -> None:
     """Live silver rows (of keys with ``key_prefix``) equal the truth: keys, bodies, user
-    xattrs, seqno, rev seqno, expiry, flags, cas, the time of the cas and vbucket."""
-    silver = {k: v for k, v in silver_live(spark, bucket).items() if k[1].startswith(key_prefix)}
+    xattrs, seqno, rev seqno, expiry, flags, cas, the time of the cas and vbucket
+    (``compacted``: the ``_all`` tables alone, :func:`silver_live`)."""
+    live = silver_live(spark, bucket, compacted=compacted)
+    silver = {k: v for k, v in live.items() if k[1].startswith(key_prefix)}
     truth = truth_live(result)
     assert set(silver) == set(truth), (
         f"missing {sorted(set(truth) - set(silver))[:3]}, extra {sorted(set(silver) - set(truth))[:3]}"

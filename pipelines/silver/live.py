@@ -1,0 +1,128 @@
+"""The live layer (``[silver] live_layer``): an apply appends its changes for every collection
+of the bucket to one pending table (one commit, whatever the number of collections), and each
+collection's view shows its table overlaid with them; a compaction MERGEs them into the
+collection tables on its own cadence.
+
+- :func:`append_pending`: the apply's newest row per key, for all collections, in one append
+  to ``silver.<bucket>__pending`` (:data:`pipelines.schemas.PENDING`); no snapshot scan, no
+  file matching.
+- The views (:func:`pipelines.silver.transforms.overlay_query`): a key's newest pending row
+  wins over the table's row when its seqno is higher, by the MERGE's own rule; the overlay is
+  idempotent, so a read between a compaction's MERGEs and its removal of the rows is right.
+- :func:`compact`: the pending rows as of one version MERGEd into their tables (the MERGE of
+  :func:`pipelines.silver.store.merge_rows`), then exactly those rows removed from the pending
+  table. A compaction killed anywhere is finished by the next one (a MERGE of rows the table
+  holds changes nothing). :func:`compaction_due`: when the pending table holds
+  ``[silver] compact_files`` files (an append writes one) or ``compact_bytes``.
+
+What needs the collection tables complete runs after a compaction, in the same apply
+(:mod:`pipelines.silver.job`): a rollback's rebuild from bronze, a drop's or flush's cut, a
+retire, history tables, a backfill.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dcp_cdc.config import SilverConfig
+from pipelines import delta_io, tables
+from pipelines.delta_io import with_retry
+from pipelines.silver import store, transforms
+from pipelines.silver.registry import Registry
+from pipelines.tables import BucketTables
+
+log = logging.getLogger("dcp_cdc.silver")
+
+_IDENTITY = (
+    "p._collection_id = s._collection_id AND p.key = s.key AND p._seqno = s._seqno "
+    "AND p._batch = s._batch"
+)
+
+
+def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> dict[int, int]:
+    """Append ``rows`` (silver rows, the newest per collection and key of an apply:
+    :func:`transforms.silver_rows`) to the pending table in one commit, one file; returns
+    the rows appended per collection id."""
+    table = BucketTables(bucket).pending
+    batch = delta_io.table_version(spark, table) + 1
+    counted = rows.groupBy("_collection_id").count().collect()
+    counts = {r["_collection_id"]: r["count"] for r in counted}
+    if not counts:
+        return {}
+    stamped = rows.withColumn("_batch", F.lit(batch)).coalesce(1)
+    with_retry(table, lambda: delta_io.append(stamped, table))
+    return counts
+
+
+def compaction_due(spark: SparkSession, bucket: str, settings: SilverConfig) -> bool:
+    """Whether the pending table holds ``compact_files`` files or ``compact_bytes`` bytes
+    (read from its log: no Spark job)."""
+    files, size = delta_io.table_size(spark, BucketTables(bucket).pending)
+    return files >= settings.compact_files or size >= settings.compact_bytes
+
+
+def has_pending(spark: SparkSession, bucket: str) -> bool:
+    """Whether the bucket has a pending table holding rows (from its log: no Spark job)."""
+    table = BucketTables(bucket).pending
+    return spark.catalog.tableExists(table) and delta_io.table_size(spark, table)[0] > 0
+
+
+def compact(
+    spark: SparkSession, bucket: str, registry: Registry, *, overlap: int = 1
+) -> dict[str, int]:
+    """MERGE the pending rows into their collections' tables, then remove those rows from
+    the pending table; returns rows merged per view. The rows are those of one version of the
+    pending table: an append committed meanwhile stays for the next compaction."""
+    table = BucketTables(bucket).pending
+    if not has_pending(spark, bucket):
+        return {}
+    version = delta_io.table_version(spark, table)
+    pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
+    newest = transforms.newest_rows(pinned).drop("_batch")
+    cids = [r["_collection_id"] for r in pinned.select("_collection_id").distinct().collect()]
+    merged = store.merge_rows(spark, bucket, registry, newest, cids, overlap=overlap)
+    done = pinned.select("_collection_id", "key", "_seqno", "_batch")
+
+    def remove() -> DataFrame:
+        target = DeltaTable.forName(spark, table).alias("p")
+        return target.merge(done.alias("s"), _IDENTITY).whenMatchedDelete().execute()
+
+    with_retry(table, remove)
+    log.info("silver: compacted the pending rows of version %d of %s: %s", version, table, merged)
+    return merged
+
+
+def current_rows(
+    spark: SparkSession,
+    bucket: str,
+    view: str,
+    collection_id: int,
+    at: Mapping[str, int] | None = None,
+) -> DataFrame:
+    """Every row (tombstones and expired ones too) of the collection whose view is ``view``
+    as its view shows them: its ``_all`` table overlaid with the bucket's pending rows when
+    it has a pending table (:func:`transforms.overlay_query`). ``at``: Delta versions to read
+    the tables at (a check beside follow mode's micro-batches); a table it lacks is read now."""
+    names = BucketTables(bucket)
+    table = tables.all_rows(view)
+
+    def relation(name: str) -> str:
+        return f"{name} VERSION AS OF {at[name]}" if at is not None and name in at else name
+
+    if not spark.catalog.tableExists(names.pending):
+        return spark.sql(f"SELECT * FROM {relation(table)}")
+    columns = spark.table(table).columns
+    query = transforms.overlay_query(
+        relation(table),
+        relation(names.pending),
+        relation(names.purges),
+        collection_id,
+        columns,
+        name=table,
+    )
+    return spark.sql(query)

@@ -1,0 +1,253 @@
+"""The live layer (``[silver] live_layer``): applies append to one pending table per bucket,
+the views overlay it on the collection tables, a compaction MERGEs it into them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
+from dcp_cdc.simulator import simulate
+from pipelines import delta_io, schemas, tables
+from pipelines.bronze.job import ingest_bucket
+from pipelines.silver import live
+from pipelines.silver.job import apply_bucket
+from pipelines.silver.registry import read_registry
+from pipelines.silver.transforms import overlay_query
+from pipelines.tables import BucketTables
+from tests.support.truth import assert_equal_to_truth
+
+# --- the overlay's rule, on explicit rows ----------------------------------------------------
+
+
+def _row(
+    key: str, seqno: int, *, deleted: bool = False, cid: int = 8, vb: int = 0
+) -> dict[str, Any]:
+    """A silver row whose document says where it came from."""
+    return {
+        "key": key,
+        "doc": None if deleted else f'{{"seqno": {seqno}}}',
+        "doc_binary": None,
+        "xattrs": None,
+        "_collection_id": cid,
+        "_vbucket": vb,
+        "_vb_uuid": 1,
+        "_seqno": seqno,
+        "_rev_seqno": 1,
+        "_cas": seqno,
+        "_flags": 0,
+        "_expiry": 0,
+        "_deleted": deleted,
+        "_change": "delete" if deleted else "upsert",
+        "_applied_at": None,
+        "_ingest_run_id": "r",
+        "_modified_at": None,
+    }
+
+
+def test_the_overlay_shows_each_key_once_by_the_merges_rule(spark: SparkSession) -> None:
+    """A pending row replaces the table's when newer, is ignored when older, changes nothing
+    when the table holds it already (compacted, not yet removed), is added for a new key
+    unless at or below its vbucket's purge mark, and only its own collection's count."""
+    table = [
+        _row("newer-pending", 5),
+        _row("older-pending", 9),
+        _row("compacted", 6),
+        _row("updated-below-mark", 2),
+        _row("deleted-pending", 3),
+        _row("table-only", 4),
+    ]
+    pending = [
+        _row("newer-pending", 7),
+        _row("older-pending", 7),
+        _row("compacted", 6),
+        _row("new-key", 3),
+        _row("new-key", 8),
+        _row("new-key-below-mark", 4),
+        _row("updated-below-mark", 4),
+        _row("deleted-pending", 10, deleted=True),
+        _row("other-collection", 11, cid=9),
+    ]
+    spark.createDataFrame(table, schemas.SILVER).createOrReplaceTempView("ov_table")
+    spark.createDataFrame(
+        [r | {"_batch": 1} for r in pending], schemas.PENDING
+    ).createOrReplaceTempView("ov_pending")
+    marks = [
+        {
+            "table_name": "silver.b__s__c_all",
+            "vbucket": 0,
+            "purged_through_seqno": 5,
+            "purged_at": None,
+        }
+    ]
+    spark.createDataFrame(marks, schemas.PURGES).createOrReplaceTempView("ov_purges")
+    query = overlay_query(
+        "ov_table",
+        "ov_pending",
+        "ov_purges",
+        8,
+        schemas.SILVER.fieldNames(),
+        name="silver.b__s__c_all",
+    )
+    rows = spark.sql(query).collect()
+    keys = [r["key"] for r in rows]
+    assert len(keys) == len(set(keys))
+    assert {r["key"]: (r["_seqno"], r["_deleted"]) for r in rows} == {
+        "newer-pending": (7, False),
+        "older-pending": (9, False),
+        "compacted": (6, False),
+        "new-key": (8, False),
+        "updated-below-mark": (4, False),
+        "deleted-pending": (10, True),
+        "table-only": (4, False),
+    }
+    shown = spark.sql(f"SELECT key FROM ({query}) WHERE {tables.LIVE_ROWS}").collect()
+    assert "deleted-pending" not in {r["key"] for r in shown}
+
+
+# --- applies through the live layer -----------------------------------------------------------
+
+
+def _config(landing: Path, warehouse: Path, bucket: str, **silver: Any) -> AppConfig:
+    return AppConfig(
+        landing=str(landing),
+        warehouse=str(warehouse),
+        buckets=[BucketConfig(name=bucket)],
+        silver=SilverConfig(live_layer=True, **silver),
+    )
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "rollback",
+        pytest.param("collection-lifecycle", marks=pytest.mark.long),
+        pytest.param("mixed", marks=pytest.mark.long),
+    ],
+)
+def test_runs_through_the_live_layer_equal_the_truth_before_and_after_compaction(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str, scenario: str
+) -> None:
+    """The files in four runs, a compaction every second append: the views equal the truth
+    (rollbacks and drops compact first and take the MERGE path), and after a last compaction
+    the ``_all`` tables alone equal it, with nothing left pending."""
+    result = simulate(
+        tmp_path / "sim",
+        bucket=bucket,
+        scenario=scenario,
+        seed=21,
+        vbuckets=4,
+        docs=60,
+        ops=300,
+        max_file_bytes=15_000,
+    )
+    files = sorted(result.files)
+    assert len(files) >= 4
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = _config(landing, spark_warehouse, bucket, compact_files=2)
+    quarter = -(-len(files) // 4)
+    appended = 0
+    for start in range(0, len(files), quarter):
+        for f in files[start : start + quarter]:
+            (landing / f.name).write_bytes(f.read_bytes())
+        ingest_bucket(spark, config, config.buckets[0])
+        summary = apply_bucket(spark, config, config.buckets[0])
+        appended += "append" in summary.steps
+    assert appended, "some run took the live layer"
+    assert_equal_to_truth(spark, bucket, result)
+    live.compact(spark, bucket, read_registry(spark, bucket))
+    assert delta_io.table_size(spark, BucketTables(bucket).pending)[0] == 0
+    assert_equal_to_truth(spark, bucket, result, compacted=True)
+
+
+def test_an_apply_through_the_live_layer_commits_to_no_collection_table(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Changes to three collections: one commit to the pending table and one to the stream
+    state, none to a collection table, until the compaction MERGEs them in."""
+    result = simulate(
+        tmp_path / "sim",
+        bucket=bucket,
+        scenario="basic",
+        seed=5,
+        vbuckets=4,
+        docs=90,
+        ops=400,
+        collections=3,
+        max_file_bytes=20_000,
+    )
+    files = sorted(result.files)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = _config(landing, spark_warehouse, bucket)
+    half = len(files) // 2
+    for f in files[:half]:
+        (landing / f.name).write_bytes(f.read_bytes())
+    ingest_bucket(spark, config, config.buckets[0])
+    apply_bucket(spark, config, config.buckets[0])  # the tables exist
+    names = BucketTables(bucket)
+    collections = [
+        tables.all_rows(r["table_name"])
+        for r in read_registry(spark, bucket)
+        if r["status"] == "live"
+    ]
+    watched = [*collections, names.pending, names.stream_state]
+    before = {t: delta_io.table_version(spark, t) for t in watched}
+    for f in files[half:]:
+        (landing / f.name).write_bytes(f.read_bytes())
+    ingest_bucket(spark, config, config.buckets[0])
+    summary = apply_bucket(spark, config, config.buckets[0])
+    assert len(summary.tables) >= 2, summary.tables  # several collections changed
+    after = {t: delta_io.table_version(spark, t) for t in watched}
+    assert {t: after[t] - before[t] for t in watched} == {
+        **dict.fromkeys(collections, 0),
+        names.pending: 1,
+        names.stream_state: 1,
+    }
+    assert_equal_to_truth(spark, bucket, result)
+    merged = live.compact(spark, bucket, read_registry(spark, bucket))
+    assert set(merged) >= set(summary.tables)
+    assert_equal_to_truth(spark, bucket, result, compacted=True)
+
+
+def test_turning_the_live_layer_off_compacts_what_it_left(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """An apply with the layer off MERGEs the pending rows an earlier apply left before its
+    own, and the views show the tables alone again."""
+    result = simulate(
+        tmp_path / "sim",
+        bucket=bucket,
+        scenario="basic",
+        seed=6,
+        vbuckets=4,
+        docs=40,
+        ops=150,
+        max_file_bytes=15_000,
+    )
+    files = sorted(result.files)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    half = len(files) // 2
+    for f in files[:half]:
+        (landing / f.name).write_bytes(f.read_bytes())
+    on = _config(landing, spark_warehouse, bucket)
+    ingest_bucket(spark, on, on.buckets[0])
+    apply_bucket(spark, on, on.buckets[0])
+    assert live.has_pending(spark, bucket)
+    for f in files[half:]:
+        (landing / f.name).write_bytes(f.read_bytes())
+    off = AppConfig(
+        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    )
+    ingest_bucket(spark, off, off.buckets[0])
+    summary = apply_bucket(spark, off, off.buckets[0])
+    assert "compact" in summary.steps and "merge" in summary.steps
+    assert not live.has_pending(spark, bucket)
+    assert_equal_to_truth(spark, bucket, result, compacted=True)
+    view = read_registry(spark, bucket)[0]["table_name"]
+    assert BucketTables(bucket).pending not in (delta_io.view_text(spark, view) or "")
