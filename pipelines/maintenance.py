@@ -66,10 +66,11 @@ class MaintenanceSummary:
 
 
 def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
-    """Every Delta table of ``bucket`` that exists: bronze, silver (support tables, and the
-    ``_all`` and history tables of each collection not retired) and quality."""
+    """Every Delta table of ``bucket`` that exists: bronze, silver (support tables, the live
+    layer's pending table, and the ``_all`` and history tables of each collection not
+    retired) and quality."""
     tables = BucketTables(bucket)
-    names = [*tables.bronze.values(), *tables.silver_support]
+    names = [*tables.bronze.values(), *tables.silver_support, tables.pending]
     if spark.catalog.tableExists(tables.registry):
         live = spark.table(tables.registry).where("status != 'retired'")
         for r in sorted(live.select("table_name").collect()):

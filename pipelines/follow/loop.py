@@ -41,8 +41,10 @@ from pipelines.follow.agent import AgentProcess, checkpoint_of
 from pipelines.follow.metrics import FollowMetrics, monitoring_for, serving
 from pipelines.follow.progress import Batch, BucketProgress, status_line
 from pipelines.quality.job import check_bucket, pinned_versions
-from pipelines.silver.job import applied_positions, apply_bucket
+from pipelines.silver import live
+from pipelines.silver.job import Compaction, applied_positions, apply_bucket
 from pipelines.silver.memory import ApplyMemory
+from pipelines.silver.registry import read_registry
 
 log = logging.getLogger("dcp_cdc.follow")
 
@@ -83,7 +85,12 @@ class Follower:
     """What a scrape of ``follow.metrics_port`` reads (made by :meth:`run` when not given)."""
     memory: dict[str, ApplyMemory] = field(default_factory=dict)
     """bucket -> what its last apply left (:mod:`pipelines.silver.memory`)."""
+    compactions: dict[str, Compaction] = field(default_factory=dict)
+    """bucket -> its live layer's compaction (``[silver] live_layer``): in a thread of its own,
+    beside the micro-batches (:meth:`start_compaction`)."""
     failed_check: bool = False
+    _compacting: dict[str, threading.Thread] = field(default_factory=dict)
+    _compact_error: BaseException | None = None
     _checking: threading.Thread | None = None
     _check_error: BaseException | None = None
     _out_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -153,6 +160,7 @@ class Follower:
         if not self.check_done():
             self._say("waiting for the quality check to finish")
             self.check_done(wait=True)
+        self.compaction_done(wait=True)
         total = sum(p.batches for p in self.progress.values())
         self._say(f"stopped after {total} micro-batches; a restart carries on from here")
 
@@ -192,7 +200,11 @@ class Follower:
         applied = None
         if progress.unapplied:
             memory = self.memory.setdefault(progress.bucket.name, ApplyMemory())
-            applied = apply_bucket(self.spark, self.config, progress.bucket, memory=memory)
+            compaction = self.compactions.setdefault(progress.bucket.name, Compaction(in_run=False))
+            applied = apply_bucket(
+                self.spark, self.config, progress.bucket, memory=memory, compaction=compaction
+            )
+            self.start_compaction(progress.bucket)
             apply_s = time.perf_counter() - started - ingest_s
             progress.applied.update(applied.positions)
             progress.unapplied = False
@@ -233,6 +245,40 @@ class Follower:
                 held_back_after_s=self.config.quality.held_back_after_s,
             )
         return self.metrics
+
+    def start_compaction(self, bucket: BucketConfig) -> None:
+        """With the live layer on, when due and none runs, the bucket's compaction in a thread
+        (its Spark jobs in a pool of their own); its error is raised in the loop's thread at
+        the next call or at the end."""
+        self.compaction_done(wait=False)
+        running = self._compacting.get(bucket.name)
+        if not self.config.silver.live_layer or (running is not None and running.is_alive()):
+            return
+        if not live.compaction_due(self.spark, bucket.name, self.config.silver):
+            return
+        compaction = self.compactions[bucket.name]
+
+        def compact() -> None:
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", "compaction")
+            try:
+                with compaction.lock, log_context(bucket=bucket.name):
+                    live.compact(self.spark, bucket.name, read_registry(self.spark, bucket.name))
+            except BaseException as exc:  # raised again in the loop's thread
+                self._compact_error = exc
+
+        thread = threading.Thread(target=compact, name=f"compaction {bucket.name}", daemon=True)
+        self._compacting[bucket.name] = thread
+        thread.start()
+
+    def compaction_done(self, *, wait: bool) -> None:
+        """Raise the error of a compaction that failed (``wait``: once every running one
+        ended)."""
+        if wait:
+            for thread in self._compacting.values():
+                thread.join()
+        error, self._compact_error = self._compact_error, None
+        if error is not None:
+            raise error
 
     def start_check(self) -> None:
         """The quality suites of every bucket, in a thread beside the micro-batches: each

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,16 @@ class ApplySummary:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Compaction:
+    """How an apply compacts the live layer (:mod:`pipelines.silver.live`): ``in_run``, when
+    due, after its append (follow mode compacts in a thread of its own instead); ``lock`` is
+    held by every compaction and by an apply's steps that need the tables complete."""
+
+    in_run: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 MERGE_OVERLAP = 3
 SMALL_BATCH_FRAMES = 200_000
 """A run of at most this many frames MERGEs up to :data:`MERGE_OVERLAP` collections at once
@@ -119,13 +130,17 @@ def apply_bucket(
     collection: str | None = None,
     rebuild: bool = False,
     memory: ApplyMemory | None = None,
+    compaction: Compaction | None = None,
 ) -> ApplySummary:
     """One run for one bucket. ``collection`` (``SCOPE.NAME``) alone merges only that
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild.
     ``memory``: what the previous run of this process left (follow mode), used where the
-    tables are still at the versions it wrote, and updated; forgotten if the run fails."""
+    tables are still at the versions it wrote, and updated; forgotten if the run fails.
+    ``compaction``: how the live layer is compacted (default: in the run, when due)."""
     try:
-        return _apply(spark, config, bucket, collection, rebuild, memory)
+        return _apply(
+            spark, config, bucket, collection, rebuild, memory, compaction or Compaction()
+        )
     except BaseException as exc:
         if memory is not None:
             memory.forget()
@@ -146,6 +161,7 @@ def _apply(
     collection: str | None,
     rebuild: bool,
     memory: ApplyMemory | None,
+    compaction: Compaction,
 ) -> ApplySummary:
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
@@ -178,6 +194,7 @@ def _apply(
     at = summary.step("unconsumed", at)
     walked, found = _walk(spark, config, names, states, frames, late_after)
     is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+    held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
         times_row = next(r for r in found if r["kind"] == transforms.CHANGE_TIMES)
@@ -220,11 +237,16 @@ def _apply(
             summary.changes = sum(summary.tables.values())
             at = summary.step("append", at)
             summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
-            if live.compaction_due(spark, name, config.silver):
-                live.compact(spark, name, registry, overlap=overlap)
+            if compaction.in_run and live.compaction_due(spark, name, config.silver):
+                with compaction.lock:
+                    live.compact(spark, name, registry, overlap=overlap)
                 at = summary.step("compact", at)
         else:
-            if live.has_pending(spark, name):  # the steps below need the tables complete
+            # The steps below need the tables complete, and no compaction beside them: one
+            # that MERGEd pending rows after a rollback's rebuild would bring them back.
+            compaction.lock.acquire()
+            held.append(compaction.lock)
+            if live.has_pending(spark, name):
                 live.compact(spark, name, registry, overlap=overlap)
                 at = summary.step("compact", at)
             if rollbacks:
@@ -263,6 +285,8 @@ def _apply(
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
+        for lock in held:
+            lock.release()
     summary.seconds = time.perf_counter() - started
     log.info(summary.render())
     return summary

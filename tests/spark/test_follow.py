@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.agent.settings import CaptureSettings
-from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
+from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig, SilverConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
 from pipelines.bronze.store import read_log
@@ -29,6 +29,8 @@ from pipelines.demo import LoopThread
 from pipelines.follow.agent import captured_seqnos, follow_settings
 from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress
+from pipelines.silver import live
+from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables
 from tests.support.capture_harness import PASSWORD, USER
 from tests.support.silver_runs import drop_all
@@ -40,9 +42,12 @@ from tests.support.truth import assert_equal_to_truth
     not os.environ.get("DCP_CDC_FOLLOW"),
     reason="make test-long (DCP_CDC_FOLLOW=1): five micro-batches, 3 minutes on 2 cores",
 )
+@pytest.mark.parametrize("live_layer", [False, True], ids=["merges", "live-layer"])
 def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
-    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, live_layer: bool
 ) -> None:
+    """With the live layer, a compaction every second append runs in its own thread beside
+    the micro-batches; the views equal the truth, and the tables too once compacted."""
     bucket = f"fol{uuid.uuid4().hex[:6]}"
     sim = SimConfig(scenario="mixed", seed=11, bucket=bucket, vbuckets=16, docs=300, ops=0)
     served: list[ProducerServer] = []
@@ -67,6 +72,7 @@ def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
             warehouse=str(spark_warehouse),
             buckets=[BucketConfig(name=bucket)],
             follow=FollowConfig(interval_s=0.5, rotate_seconds=0.3, check_every_s=0),
+            silver=SilverConfig(live_layer=live_layer, compact_files=2),
         )
         settings = CaptureSettings.into(
             landing,
@@ -121,7 +127,12 @@ def test_a_stop_mid_batch_finishes_it_and_a_restart_catches_up_to_the_truth(
         text = out.getvalue()
         assert "lag 0 seqnos in 0 vbuckets" in text, text[-2000:]
         assert again.progress[bucket].applied == high
-        assert_equal_to_truth(spark, bucket, SimpleNamespace(out=tmp_path))  # type: ignore[arg-type]
+        truth = SimpleNamespace(out=tmp_path)
+        assert_equal_to_truth(spark, bucket, truth)  # type: ignore[arg-type]
+        if live_layer:
+            assert follower._compacting or again._compacting, "a compaction ran beside"
+            live.compact(spark, bucket, read_registry(spark, bucket))
+            assert_equal_to_truth(spark, bucket, truth, compacted=True)  # type: ignore[arg-type]
     finally:
         producer.stop()
         drop_all(spark, bucket)

@@ -240,7 +240,8 @@ def test_the_loop_serves_its_metrics_and_fails_readyz_while_batches_fail(
         return IngestSummary("b", run_version=len(calls), files=1, frames=100)
 
     def apply(spark: object, config: AppConfig, bucket: BucketConfig, **kw: Any) -> ApplySummary:
-        assert isinstance(kw.pop("memory"), ApplyMemory) and not kw  # one per bucket, kept
+        assert isinstance(kw.pop("memory"), ApplyMemory)  # one per bucket, kept
+        assert not kw.pop("compaction").in_run and not kw  # in follow mode's own thread
         summary = ApplySummary("b", positions={0: 10 * len(calls)}, tables={TABLE: 7})
         summary.steps = {"walk": 0.2, "merge": 0.3}
         now = time.time()  # within the status line's last minute
