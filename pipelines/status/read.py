@@ -37,6 +37,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.protocol import cas_time
 from pipelines import tables
 from pipelines.bronze import store
+from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import HeldBack
 from pipelines.spark_session import session_for
 from pipelines.status.agent_side import capture_stage, cluster_stage, not_asked
@@ -108,7 +109,7 @@ def held_back(
     if not spark.catalog.tableExists(names.ingest_log):
         return ()
     state = store.read_log(spark, names.ingest_log)
-    return tuple(store.held_back_now(config, bucket, state))
+    return tuple(held_back_now(config, bucket, state))
 
 
 def last_quality(
