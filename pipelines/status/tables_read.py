@@ -22,6 +22,7 @@ take them), else the usual AWS environment. A table that exists but cannot be re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -35,7 +36,12 @@ from pipelines.local_catalog import METASTORE_DIR_NAME
 from pipelines.metastore import local_default
 from pipelines.object_storage import on_s3
 
-S3_TIMEOUTS = {"connect_timeout": "5s", "timeout": "30s", "max_retries": "2"}
+S3_TIMEOUTS = {
+    "connect_timeout": "5s",
+    "timeout": "30s",
+    "max_retries": "2",
+    "retry_timeout": "30s",
+}
 """How long a read from S3 may wait: a store that does not answer is an error within
 seconds, not a command that hangs."""
 
@@ -136,9 +142,16 @@ def _has_commits(location: str) -> bool:
     return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
 
 
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _reason(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {first[0] if first else 'no message'}"
+    """delta-rs's error on one line: its chain of causes (one a line, coloured, each below an
+    arrow) joined with colons."""
+    lines = (
+        line.strip().lstrip("\u21b3").strip() for line in _COLOUR.sub("", str(exc)).splitlines()
+    )
+    return f"{type(exc).__name__}: {': '.join(line for line in lines if line) or 'no message'}"
 
 
 def plain_types(table: pa.Table) -> pa.Table:
