@@ -36,8 +36,29 @@ from pipelines.bronze.held_back import held_back_now
 from pipelines.status import table_stages
 from pipelines.status.agent_side import capture_stage, cluster_stage, not_asked
 from pipelines.status.lag import BucketStatus
-from pipelines.status.tables_read import TableSource, tables_for
+from pipelines.status.tables_read import (
+    DeltaFiles,
+    TableSource,
+    WarehouseThenCatalog,
+    own_catalog,
+)
 from pipelines.tables import BucketTables
+
+
+def tables_for(config: AppConfig) -> TableSource:
+    """How ``config``'s tables are read: from the warehouse alone when the catalog is its own
+    (:func:`~pipelines.status.tables_read.own_catalog`), else from the warehouse and, for a
+    table not there, from the catalog through Spark."""
+    files = DeltaFiles(config)
+    if own_catalog(config):
+        return files
+
+    def catalog() -> TableSource:
+        from pipelines.status.spark_tables import SparkTables  # pyspark: only now
+
+        return SparkTables.of(config)
+
+    return WarehouseThenCatalog(files, catalog)
 
 
 def bucket_status(
@@ -48,7 +69,7 @@ def bucket_status(
     source: TableSource | None = None,
 ) -> BucketStatus:
     """One bucket's status, read from silver back to the cluster (``cluster``: ask it), its
-    tables from ``source`` (by default :func:`~pipelines.status.tables_read.tables_for`)."""
+    tables from ``source`` (by default :func:`tables_for`)."""
     source = source or tables_for(config)
     names = BucketTables(bucket.name)
     state = source.read(names.stream_state, table_stages.STATE_COLUMNS)

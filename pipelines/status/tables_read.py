@@ -10,7 +10,8 @@ makes those databases, so that is where the tables are, and a table not there do
 yet (:func:`own_catalog`). A shared catalog (a Hive metastore, a Derby database elsewhere,
 which a warehouse on S3 always has) may hold a database another client made first, at
 another location: there a table not found at the warehouse's location is asked of the
-catalog through Spark (:class:`WarehouseThenCatalog`, the one case that starts a JVM).
+catalog through Spark (:class:`WarehouseThenCatalog`, the one case that starts a JVM;
+:func:`pipelines.status.read.tables_for` chooses).
 
 How: delta-rs's SQL reader (``QueryBuilder``), which honours deletion vectors and column
 mapping (``DeltaTable.to_pyarrow_table`` refuses deletion vectors), reads only the columns
@@ -178,19 +179,3 @@ class WarehouseThenCatalog:
         if self._catalog is None:
             self._catalog = self._make_catalog()
         return self._catalog.read(table, columns)
-
-
-def tables_for(config: AppConfig) -> TableSource:
-    """How ``dcp-cdc status`` reads ``config``'s tables: from the warehouse alone when the
-    catalog is its own (:func:`own_catalog`), else from the warehouse and, for a table not
-    there, from the catalog through Spark."""
-    files = DeltaFiles(config)
-    if own_catalog(config):
-        return files
-
-    def catalog() -> TableSource:
-        from pipelines.status.spark_tables import SparkTables  # pyspark: only now
-
-        return SparkTables.of(config)
-
-    return WarehouseThenCatalog(files, catalog)

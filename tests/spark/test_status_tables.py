@@ -24,9 +24,9 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
 from pipelines.status.lag import BucketStatus
-from pipelines.status.read import bucket_status
+from pipelines.status.read import bucket_status, tables_for
 from pipelines.status.spark_tables import SparkTables
-from pipelines.status.tables_read import DeltaFiles, tables_for, warehouse_location
+from pipelines.status.tables_read import DeltaFiles, warehouse_location
 from pipelines.tables import BucketTables
 from tests.support import status_spark_reference as reference
 

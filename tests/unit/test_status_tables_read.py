@@ -15,6 +15,7 @@ from deltalake import write_deltalake
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines.errors import TableReadError
+from pipelines.status.read import tables_for
 from pipelines.status.tables_read import (
     S3_TIMEOUTS,
     DeltaFiles,
@@ -22,7 +23,6 @@ from pipelines.status.tables_read import (
     own_catalog,
     plain_types,
     storage_options,
-    tables_for,
     warehouse_location,
 )
 from tests.support.ports import free_port
