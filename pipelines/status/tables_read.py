@@ -120,10 +120,13 @@ class DeltaFiles:
 
         try:
             delta = DeltaTable(location, storage_options=self.options or None)
-        except TableNotFoundError:
-            if not _has_commits(location):
-                return None  # no table, or one whose first commit is still being written
-            raise TableReadError(table, location, "its log cannot be read") from None
+        except TableNotFoundError as exc:
+            try:
+                if not _has_commits(location):
+                    return None  # no table, or one whose first commit is still being written
+            except OSError as listing:
+                raise TableReadError(table, location, _reason(listing)) from None
+            raise TableReadError(table, location, _reason(exc)) from None
         except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
             raise TableReadError(table, location, _reason(exc)) from None
         names = ", ".join(f'"{c}"' for c in columns)
