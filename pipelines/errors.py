@@ -85,6 +85,17 @@ class S3EndpointError(ObjectStorageError):
     """The S3 endpoint does not answer, or answers something unexpected."""
 
 
+class TableReadError(DcpError):
+    """A Delta table of the warehouse that exists cannot be read without Spark (delta-rs: a
+    reader feature it lacks, a log or data file it cannot read, storage that refuses): the
+    message names the table, its location and delta-rs's reason."""
+
+    def __init__(self, table: str, location: str, reason: str) -> None:
+        super().__init__(f"table {table} at {location} cannot be read: {reason}")
+        self.table = table
+        self.location = location
+
+
 class QueryError(DcpError):
     """A statement of ``dcp-cdc sql`` that Spark cannot parse or analyse (a misspelt column, a
     syntax error): Spark's reason, in one line."""

@@ -2,8 +2,8 @@
 clustered and with the statistics runs filter on), the ingest log read
 (:func:`read_log`, folded by :class:`pipelines.bronze.plan.LogState`) and appended to
 (:func:`log_rows`), and the transaction application id the bronze writes are idempotent under
-(:data:`TXN_APP_ID`). Beside the log, what it says of the landing now: the files a missing one
-holds back (:func:`held_back_now`), and a session's file declared lost (:func:`declare_lost`).
+(:data:`TXN_APP_ID`). Beside the log, a session's file declared lost (:func:`declare_lost`),
+once :func:`pipelines.bronze.held_back.held_back_now` says it holds files back.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import delta_io, schemas
-from pipelines.bronze.plan import HeldBack, IngestSummary, LogState, lost_row, plan_files
+from pipelines.bronze.held_back import held_back_now
+from pipelines.bronze.plan import HeldBack, LogState, lost_row
 from pipelines.errors import LandingSkipError
-from pipelines.landing import header_or_problem, list_captures
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"
@@ -90,26 +90,6 @@ def log_rows(
         "logged_at", F.current_timestamp()
     )
     delta_io.append(df, table)
-
-
-def held_back_now(config: AppConfig, bucket: BucketConfig, state: LogState) -> list[HeldBack]:
-    """The files of ``bucket``'s landing that a missing earlier file of their session holds
-    back, as ingest would plan them now (:func:`pipelines.bronze.plan.plan_files`) against
-    the ingest log's ``state``: the landing is listed and the header of each file not
-    ingested read (no Spark)."""
-    storage = config.spark.conf
-    files, _ = list_captures(config.landing_for(bucket), storage)
-    summary = IngestSummary(bucket.name)
-    plan_files(
-        files,
-        state,
-        bucket.name,
-        0,
-        config.ingest.max_file_bytes,
-        summary,
-        lambda f: header_or_problem(f, storage),
-    )
-    return summary.held_back
 
 
 def declare_lost(

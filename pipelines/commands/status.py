@@ -7,7 +7,9 @@ them, and when it last moved; how old silver's newest change is; the last qualit
 JSON object (docs/commands.md describes its fields).
 
 Cheap: it reads silver's stream state, the ingest log, the last quality run's results and
-the agent's checkpoint, never bronze's events or silver's tables; the cluster is asked for
+the agent's checkpoint, never bronze's events or silver's tables, and with delta-rs, no JVM:
+Spark starts only for a shared catalog's table not found at its warehouse location
+(docs/commands.md says when); the cluster is asked for
 its high seqnos with the bucket's ``[buckets.capture]`` settings, the agent's own
 connections (``--no-cluster``: not asked). A cluster that cannot be reached is a line of the
 report, not an error. Exit status 0 whatever it finds; 2 for a configuration it cannot use.
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace, out: TextIO) -> int:
     """``dcp-cdc status``: every bucket's (or ``--bucket``'s) status, as text or JSON."""
-    from pipelines.status import read, render  # pyspark: imported only when the verb runs
+    from pipelines.status import read, render  # delta-rs: imported only when the verb runs
 
     statuses = read.run(catalog_config(args), args.bucket, cluster=not args.no_cluster)
     now = dt.datetime.now(dt.UTC)

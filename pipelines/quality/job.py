@@ -8,7 +8,7 @@ Per bucket and run:
    ``metrics``): one row per stream, vbucket, collection and capture file. Silver's tables
    are read for coverage and reconciliation; the state bronze implies is computed without
    silver. The landing is listed for the files a missing one holds back
-   (:func:`pipelines.bronze.store.held_back_now`), one row per capture session;
+   (:func:`pipelines.bronze.held_back.held_back_now`), one row per capture session;
 2. Great Expectations validates each suite's frame (:mod:`pipelines.quality.validate`) and
    writes its Data Docs;
 3. the results are appended to ``quality.<bucket>_results`` (one row per expectation), and a
@@ -43,6 +43,7 @@ from dcp_cdc.logs import log_context
 from pipelines import delta_io, schemas, tables
 from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.bronze import store
+from pipelines.bronze.held_back import held_back_now
 from pipelines.errors import DataQualityError
 from pipelines.quality import report as reporting
 from pipelines.quality.branches import (
@@ -202,7 +203,7 @@ def landing_frame(
     state = store.read_log(spark, table, (at or {}).get(table))
     rows = held_back_rows(
         {r["session_id"] for r in state.ingested.values()},
-        store.held_back_now(config, bucket, state),
+        held_back_now(config, bucket, state),
         now=now or dt.datetime.now(dt.UTC),
         after_s=config.quality.held_back_after_s,
     )

@@ -7,6 +7,10 @@ last moved, how old silver's newest change is, and the last quality check.
 
 The modules: :mod:`~pipelines.status.lag` (the stages and their lags: pure, no Spark),
 :mod:`~pipelines.status.render` (the screen and the JSON object),
-:mod:`~pipelines.status.agent_side` (the checkpoint and the cluster: no Spark) and
-:mod:`~pipelines.status.read` (the small tables, and one bucket's status in order).
+:mod:`~pipelines.status.agent_side` (the checkpoint and the cluster: no Spark),
+:mod:`~pipelines.status.table_stages` (what the small tables' rows say: pure),
+:mod:`~pipelines.status.tables_read` (where those tables are, read with delta-rs: no JVM),
+:mod:`~pipelines.status.spark_tables` (read through the catalog, for a shared catalog's
+table not at its warehouse location) and :mod:`~pipelines.status.read` (one bucket's status,
+in order).
 """

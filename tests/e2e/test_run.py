@@ -1,8 +1,10 @@
 """``dcp-cdc run`` end to end, as a newcomer runs it (its own process, JVM and warehouse),
-then the same warehouse served over JDBC by the Spark Thrift server and queried with beeline."""
+then ``dcp-cdc status`` on it (no JVM), and the same warehouse served over JDBC by the Spark
+Thrift server and queried with beeline."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import CONFIG_ENV
+from tests.support.jvm_trap import jvm_trap
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -75,6 +78,70 @@ def test_run_simulates_ingests_applies_checks_and_summarizes(demo: Demo) -> None
     assert out.count("[1/5]") == 1, out
     assert 'sql "SELECT op, count(*) AS n FROM bronze.travel_sample_a8560dff_events' in out, out
     assert (demo.workdir / "warehouse" / "metastore_db").is_dir()
+
+
+def test_status_on_the_demo_starts_no_jvm(demo: Demo, tmp_path: Path) -> None:
+    """`dcp-cdc status` with no options on the demo's warehouse: its stages and quality
+    check, in seconds, with a ``java`` that fails and records each call as the only one it
+    could start (a verb that needs Spark shows that the trap holds), and without pyspark."""
+    trap = jvm_trap(tmp_path / "jdk")
+    env = trap.env(demo.env)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args], capture_output=True, text=True, timeout=300, cwd=demo.cwd, env=env
+        )
+
+    refused = cli("sql", "SELECT 1")
+    assert refused.returncode != 0 and trap.called, refused.stdout + refused.stderr[-3000:]
+    tried = len(trap.called)
+
+    started = time.monotonic()
+    done = cli("status", "--no-cluster", "--json")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert len(trap.called) == tried, trap.called
+    assert elapsed < 10, f"{elapsed:.1f} s"  # about 1 s; a JVM alone takes 20 s or more here
+    (shown,) = json.loads(done.stdout)["buckets"]
+    stages = {s["stage"]: s for s in shown["stages"]}
+    assert list(stages) == ["cluster", "capture", "bronze", "silver"]
+    assert stages["cluster"]["note"] == "not asked (--no-cluster)"
+    assert [stages[s]["vbuckets"] for s in ("capture", "bronze", "silver")] == [16, 16, 16]
+    seqnos = stages["capture"]["seqnos"]
+    assert seqnos > 2000 and stages["bronze"]["behind"]["seqnos"] == 0  # every file ingested
+    if "Open snapshots: none" in demo.stdout:
+        assert stages["silver"]["seqnos"] == seqnos and stages["silver"]["behind"]["seqnos"] == 0
+    passed = re.search(r"Quality: PASSED, (\d+) of \d+ expectations met", demo.stdout)
+    assert passed is not None, demo.stdout
+    quality = shown["quality"]
+    assert quality["passed"] and quality["expectations"] == int(passed.group(1))
+    assert quality["report"] == str(
+        demo.workdir / "warehouse" / "quality" / "travel_sample_a8560dff" / "summary.html"
+    )
+    assert shown["held_back"] == [] and shown["newest_change_at"]
+
+    screen = cli("status", "--no-cluster")
+    assert screen.returncode == 0 and len(trap.called) == tried, screen.stderr[-3000:]
+    assert re.search(rf"^  silver +16 +{stages['silver']['seqnos']:,} ", screen.stdout, re.M)
+
+    imported = subprocess.run(
+        [sys.executable, "-c", _NO_PYSPARK],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=demo.cwd,
+        env=env,
+    )
+    assert imported.returncode == 0, imported.stdout + imported.stderr[-3000:]
+    assert imported.stdout.strip() == "0 []"
+
+
+_NO_PYSPARK = """
+import io, sys
+from pipelines import cli
+code = cli.main(["status", "--no-cluster"], io.StringIO())
+print(code, sorted({m.split(".")[0] for m in sys.modules if m.startswith(("pyspark", "py4j"))}))
+"""
 
 
 @pytest.mark.long

@@ -113,7 +113,7 @@ def test_a_missing_file_holds_its_session_back_overdue_after_the_threshold_until
     [fresh] = landing_frame(spark, config, b).rows
     assert (fresh["held_back_overdue"], fresh["missing_sequence"]) == (0, 2)
     assert fresh["held_back_files"] == len(gap.later)
-    status = bucket_status(spark, config, b, cluster=False)
+    status = bucket_status(config, b, cluster=False)
     assert [(h.session_id, h.missing) for h in status.held_back] == [(group.session_id, (2,))]
 
     # two hours later: overdue, naming the session, the sequence and the files

@@ -76,7 +76,7 @@ def test_status_follows_the_pipeline_stage_by_stage(
             (bucket,) = config.buckets
 
             # nothing yet: the cluster alone is known
-            first = bucket_status(spark, config, bucket)
+            first = bucket_status(config, bucket)
             assert first.stage("cluster").positions == _highs(prod)
             assert [s.name for s in first.stages if not s.known] == ["capture", "bronze", "silver"]
 
@@ -86,7 +86,7 @@ def test_status_follows_the_pipeline_stage_by_stage(
             apply_bucket(spark, config, bucket)
             report = check_bucket(spark, config, bucket)
             highs = _highs(prod)
-            status = bucket_status(spark, config, bucket)
+            status = bucket_status(config, bucket)
             assert status.stage("cluster").positions == highs
             assert status.stage("capture").positions == {
                 vb: p.seqno for vb, p in captured.positions.items()
@@ -111,7 +111,7 @@ def test_status_follows_the_pipeline_stage_by_stage(
             changed = _highs(prod)
             gained, vbuckets = _gains(highs, changed)
             assert gained == 30
-            status = bucket_status(spark, config, bucket)
+            status = bucket_status(config, bucket)
             assert _behind(status) == {
                 "capture": ("cluster", gained, vbuckets),
                 "bronze": ("capture", 0, 0),
@@ -120,7 +120,7 @@ def test_status_follows_the_pipeline_stage_by_stage(
 
             # captured, not ingested: bronze is behind by exactly them
             capture(settings_from_config(config, bucket))
-            status = bucket_status(spark, config, bucket)
+            status = bucket_status(config, bucket)
             assert _behind(status) == {
                 "capture": ("cluster", 0, 0),
                 "bronze": ("capture", gained, vbuckets),

@@ -6,13 +6,18 @@ loopback port, and gives its endpoint, fixed test credentials, a bucket made on 
 session (or ``[spark.conf]`` of a configuration) that uses it. One server serves every driver
 process of a test: moto keeps its state in the server process, so two Spark JVMs see the
 same objects. moto's S3 honours conditional writes (``If-None-Match: *``), which the
-several-writers log store relies on.
+several-writers log store relies on. ``process=True`` runs it in a child process instead, for
+a client that holds the GIL while it waits for an answer (delta-rs does): a server thread of
+the same process would never answer it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
+import sys
+import time
 from types import TracebackType
 from typing import Any
 
@@ -26,18 +31,37 @@ REGION = "us-east-1"
 class MotoS3Server:
     """``with MotoS3Server() as s3: s3.create_bucket("lake")``; ``s3.endpoint`` is its URL."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, process: bool = False) -> None:
         self.port = port or free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process = process
         self._server: Any = None
 
     def __enter__(self) -> MotoS3Server:
+        if self.process:
+            self._start_process()
+            return self
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
         return self
+
+    def _start_process(self, timeout_s: float = 30.0) -> None:
+        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._server = child
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.client().list_buckets()
+                return
+            except Exception:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto did not start on port {self.port}") from None
+                time.sleep(0.1)
 
     def __exit__(
         self,
@@ -48,9 +72,12 @@ class MotoS3Server:
         self.stop()
 
     def stop(self) -> None:
-        if self._server is not None:
+        if isinstance(self._server, subprocess.Popen):
+            self._server.terminate()
+            self._server.wait(timeout=10)
+        elif self._server is not None:
             self._server.stop()
-            self._server = None
+        self._server = None
 
     @property
     def credentials(self) -> dict[str, str]:
