@@ -233,7 +233,8 @@ def _apply(
             version_cids &= set(keep)
         overlap = MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1
         if _through_live_layer(config, bucket, collection, rebuild, registry, controls):
-            summary.tables = _append_pending(spark, name, registry, changes)
+            keys = {r["collection_id"]: r["keys"] for r in found if r["kind"] == "change"}
+            summary.tables = _append_pending(spark, name, registry, changes, keys)
             summary.changes = sum(summary.tables.values())
             at = summary.step("append", at)
             summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
@@ -317,16 +318,25 @@ def _through_live_layer(
 
 
 def _append_pending(
-    spark: SparkSession, bucket: str, registry: Registry, changes: DataFrame
+    spark: SparkSession,
+    bucket: str,
+    registry: Registry,
+    changes: DataFrame,
+    keys: dict[int, int],
 ) -> dict[str, int]:
     """The newest change per key of ``changes`` (walked rows) of each collection with a
-    table, appended to the live layer in one commit; returns rows appended per view."""
+    table, appended to the live layer in one commit; returns rows appended per view (the
+    collection's changed ``keys``, which the walk's job counted)."""
     views = {
-        r["collection_id"]: r["table_name"] for r in registry if r["status"] in tables.WITH_TABLES
+        r["collection_id"]: r["table_name"]
+        for r in registry
+        if r["status"] in tables.WITH_TABLES and keys.get(r["collection_id"])
     }
+    if not views:
+        return {}
     rows = transforms.silver_rows(changes).where(F.col("_collection_id").isin(sorted(views)))
-    counts = live.append_pending(spark, bucket, rows)
-    return {views[cid]: n for cid, n in sorted(counts.items())}
+    live.append_pending(spark, bucket, rows)
+    return {views[cid]: keys[cid] for cid in sorted(views)}
 
 
 def _walk(
@@ -349,7 +359,11 @@ def _walk(
         ).cache()
         try:
             is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
-            changed = walked.where(is_version).select("kind", "collection_id").distinct()
+            changed = (
+                walked.where(is_version)
+                .groupBy("kind", "collection_id")
+                .agg(F.count_distinct("key").alias("keys"))
+            )
             times = transforms.change_times(walked.where(F.col("kind") == "change"))
             found = [
                 r.asDict(recursive=True)

@@ -44,19 +44,12 @@ _IDENTITY = (
 )
 
 
-def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> dict[int, int]:
+def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> None:
     """Append ``rows`` (silver rows, the newest per collection and key of an apply:
-    :func:`transforms.silver_rows`) to the pending table in one commit, one file; returns
-    the rows appended per collection id."""
+    :func:`transforms.silver_rows`) to the pending table in one commit, one file."""
     table = BucketTables(bucket).pending
-    batch = delta_io.table_version(spark, table) + 1
-    counted = rows.groupBy("_collection_id").count().collect()
-    counts = {r["_collection_id"]: r["count"] for r in counted}
-    if not counts:
-        return {}
-    stamped = rows.withColumn("_batch", F.lit(batch)).coalesce(1)
-    with_retry(table, lambda: delta_io.append(stamped, table))
-    return counts
+    stamped = rows.withColumn("_batch", F.lit(delta_io.table_version(spark, table) + 1))
+    with_retry(table, lambda: delta_io.append(stamped.coalesce(1), table))
 
 
 def compaction_due(spark: SparkSession, bucket: str, settings: SilverConfig) -> bool:
