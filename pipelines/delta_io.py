@@ -80,6 +80,20 @@ def session_conf(spark: SparkSession, conf: Mapping[str, str]) -> Iterator[None]
                     spark.conf.set(key, before)
 
 
+_CONFLICTS = (
+    "DeltaConcurrentModificationException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+)
+"""Delta's commit conflicts (``delta.exceptions``): another writer committed first; the
+write is tried again on the new version."""
+
+
 def with_retry(what: str, action: Callable[[], _T]) -> _T:
     """Run a Delta write, retrying when a concurrent writer won the commit (typed conflicts).
     The write is a fault point (:mod:`pipelines.faults`): ``commit:WHAT``, ``committed:WHAT``."""
@@ -90,16 +104,7 @@ def with_retry(what: str, action: Callable[[], _T]) -> _T:
 
 
 def _retry(what: str, action: Callable[[], _T]) -> _T:
-    conflicts = (
-        dx.DeltaConcurrentModificationException,
-        dx.ConcurrentWriteException,
-        dx.MetadataChangedException,
-        dx.ProtocolChangedException,
-        dx.ConcurrentAppendException,
-        dx.ConcurrentDeleteReadException,
-        dx.ConcurrentDeleteDeleteException,
-        dx.ConcurrentTransactionException,
-    )
+    conflicts = tuple(getattr(dx, name) for name in _CONFLICTS)
     for attempt in range(1, MAX_COMMIT_ATTEMPTS + 1):
         try:
             return action()
@@ -452,18 +457,6 @@ def commit_files(
         return True
 
     return with_retry(table, lambda: _typed_conflicts(commit))
-
-
-_CONFLICTS = {
-    "DeltaConcurrentModificationException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-}
 
 
 def _typed_conflicts(action: Callable[[], _T]) -> _T:
