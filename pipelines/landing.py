@@ -28,12 +28,12 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.capture import EXTENSION, PREAMBLE_LEN, parse_header
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.errors import CaptureFormatError, ConfigError
 
 S3_SCHEMES = ("s3a", "s3")
-_S3A = "spark.hadoop.fs.s3a."
 
 
 @dataclass(frozen=True, order=True)
@@ -47,31 +47,28 @@ class Listed:
 
 
 def s3_options(settings: Mapping[str, str]) -> dict[str, object]:
-    """``pyarrow.fs.S3FileSystem`` options from Spark's ``spark.hadoop.fs.s3a.*`` settings.
+    """``pyarrow.fs.S3FileSystem`` options from Spark's ``spark.hadoop.fs.s3a.*`` settings
+    (:meth:`S3Options.from_spark_conf`).
 
     Keys and token, endpoint, region, path-style access and TLS are taken over; without keys
     both Spark and pyarrow fall back to the usual AWS environment and profile.
     """
-    s3a = {key[len(_S3A) :]: value for key, value in settings.items() if key.startswith(_S3A)}
-    options: dict[str, object] = {}
-    for ours, theirs in (
-        ("access.key", "access_key"),
-        ("secret.key", "secret_key"),
-        ("session.token", "session_token"),
-        ("endpoint.region", "region"),
-    ):
-        if s3a.get(ours):
-            options[theirs] = s3a[ours]
-    endpoint = s3a.get("endpoint")
-    if endpoint:
-        parsed = urlparse(endpoint if "://" in endpoint else f"//{endpoint}")
-        options["endpoint_override"] = parsed.netloc or endpoint
-        if parsed.scheme:
-            options["scheme"] = parsed.scheme
-    if s3a.get("connection.ssl.enabled", "").lower() == "false":
+    s3 = S3Options.from_spark_conf(settings)
+    found = {
+        "access_key": s3.access_key,
+        "secret_key": s3.secret_key,
+        "session_token": s3.session_token,
+        "region": s3.region,
+    }
+    options: dict[str, object] = {key: value for key, value in found.items() if value}
+    if s3.endpoint_url:
+        parsed = urlparse(s3.endpoint_url)
+        options["endpoint_override"] = parsed.netloc or s3.endpoint_url
+        options["scheme"] = parsed.scheme
+    elif not s3.tls:
         options["scheme"] = "http"
-    if "path.style.access" in s3a:
-        options["force_virtual_addressing"] = s3a["path.style.access"].lower() != "true"
+    if s3.path_style is not None:
+        options["force_virtual_addressing"] = not s3.path_style
     return options
 
 

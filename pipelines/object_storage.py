@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
+from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import is_uri
 from dcp_cdc.storage_config import LOG_STORE_CLASSES, S3_LOG_STORE_KEYS
 from pipelines.errors import (
@@ -109,10 +110,6 @@ def s3_session_conf(log_store: str) -> dict[str, str]:
     return conf
 
 
-def _s3a(settings: Mapping[str, str]) -> dict[str, str]:
-    return {key[len(_S3A) :]: value for key, value in settings.items() if key.startswith(_S3A)}
-
-
 def buckets_of(locations: Iterable[str]) -> dict[str, str]:
     """Each S3 bucket the ``locations`` name, with the first location naming it."""
     found: dict[str, str] = {}
@@ -138,31 +135,26 @@ def preflight(locations: Mapping[str, str], settings: Mapping[str, str]) -> None
     import botocore.config  # type: ignore[import-untyped]
     import botocore.exceptions as aws  # type: ignore[import-untyped]
 
-    s3a = _s3a(settings)
-    endpoint = s3a.get("endpoint")
-    if endpoint and "://" not in endpoint:
-        secure = s3a.get("connection.ssl.enabled", "true").lower() != "false"
-        endpoint = f"{'https' if secure else 'http'}://{endpoint}"
+    s3 = S3Options.from_spark_conf(settings)
+    endpoint = s3.endpoint_url
     where = f"endpoint {endpoint} ({_S3A}endpoint)" if endpoint else "AWS S3 (no endpoint set)"
     client = boto3.client(
         "s3",
-        endpoint_url=endpoint or None,
-        region_name=s3a.get("endpoint.region") or s3a.get("region") or None,
-        aws_access_key_id=s3a.get("access.key") or None,
-        aws_secret_access_key=s3a.get("secret.key") or None,
-        aws_session_token=s3a.get("session.token") or None,
+        endpoint_url=endpoint,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        aws_session_token=s3.session_token,
         config=botocore.config.Config(
             connect_timeout=5,
             read_timeout=10,
             retries={"max_attempts": 2, "mode": "standard"},
-            s3={"addressing_style": "path"}
-            if s3a.get("path.style.access", "").lower() == "true"
-            else None,
+            s3={"addressing_style": "path"} if s3.path_style else None,
         ),
     )
     keys_from = (
         f"{_S3A}access.key and {_S3A}secret.key in [spark.conf]"
-        if s3a.get("access.key")
+        if s3.access_key
         else "the AWS environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, a profile or a role)"
     )
     for bucket, setting in named.items():

@@ -94,6 +94,8 @@ class S3Options:
     """How the agent reaches the store. Keys left None fall back to the AWS environment."""
 
     endpoint_url: str | None = None
+    tls: bool = True
+    """``connection.ssl.enabled``: with it off, an endpoint without a scheme is ``http://``."""
     region: str | None = None
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
@@ -111,16 +113,18 @@ class S3Options:
     @classmethod
     def from_spark_conf(cls, conf: Mapping[str, str]) -> S3Options:
         """The options of Spark's ``spark.hadoop.fs.s3a.*`` settings (``[spark.conf]``), read
-        as :func:`pipelines.landing.s3_options` reads them for the landing's reader."""
+        the one reading of them: the landing's reader (:func:`pipelines.landing.s3_options`),
+        the jobs' preflight and ``dcp-cdc status`` take theirs from here."""
         s3a = {k[len(_S3A) :]: v for k, v in conf.items() if k.startswith(_S3A)}
         endpoint = s3a.get("endpoint") or None
+        tls = s3a.get("connection.ssl.enabled", "true").lower() != "false"
         if endpoint and "://" not in endpoint:
-            ssl = s3a.get("connection.ssl.enabled", "true").lower() != "false"
-            endpoint = f"{'https' if ssl else 'http'}://{endpoint}"
+            endpoint = f"{'https' if tls else 'http'}://{endpoint}"
         style = s3a.get("path.style.access")
         return cls(
             endpoint_url=endpoint,
-            region=s3a.get("endpoint.region") or None,
+            tls=tls,
+            region=s3a.get("endpoint.region") or s3a.get("region") or None,
             access_key=s3a.get("access.key") or None,
             secret_key=s3a.get("secret.key") or None,
             session_token=s3a.get("session.token") or None,
