@@ -252,8 +252,8 @@ class SilverConfig(ConfigModel):
     complete (a rollback, a drop or flush, a retire, history tables, a backfill, the tombstone
     purge). Readers of the ``_all`` tables and their change feed see a change at its
     compaction; the views, the typed views and the quality check see it at its apply. Off:
-    every apply MERGEs into each collection table it touches (pending rows left by an earlier
-    run with the layer on are compacted first)."""
+    every apply MERGEs into each collection table it touches (pending rows a run with the
+    layer on left are compacted first)."""
     compact_files: Annotated[int, Field(ge=1)] = 30
     """With ``live_layer``: compact when the pending table holds this many files (an apply's
     append writes one)."""
