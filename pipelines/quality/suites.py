@@ -119,8 +119,19 @@ def default_checks(
     """Every expectation with its default severity."""
     sc, cov, rec, bi, land = (s.name for s in SUITES)
     return (
+        *_completeness_checks(sc),
+        *_coverage_checks(cov),
+        *_reconciliation_checks(rec),
+        *_integrity_checks(bi, quarantine_threshold),
+        *_continuity_checks(land, held_back_after_s),
+    )
+
+
+def _completeness_checks(suite: str) -> tuple[Check, ...]:
+    """The expectations of the ``snapshot_completeness`` suite (``suite``)."""
+    return (
         Check(
-            sc,
+            suite,
             "seqno_in_snapshot_range",
             "error",
             "Every item's seqno lies inside its snapshot's [start, end] (the start may be "
@@ -130,7 +141,7 @@ def default_checks(
             "out_of_range_detail",
         ),
         Check(
-            sc,
+            suite,
             "snapshot_complete",
             "error",
             "Every snapshot but the last of its stream is complete: an item or a "
@@ -141,7 +152,7 @@ def default_checks(
             "incomplete_detail",
         ),
         Check(
-            sc,
+            suite,
             "last_snapshot_complete",
             "warn",
             "The last snapshot of each vbucket's latest stream is complete; otherwise it is "
@@ -151,7 +162,7 @@ def default_checks(
             "open_detail",
         ),
         Check(
-            sc,
+            suite,
             "seqnos_increase_within_stream",
             "error",
             "Seqnos strictly increase on a stream (outside OSO backfills), except after a "
@@ -161,7 +172,7 @@ def default_checks(
             "regression_detail",
         ),
         Check(
-            sc,
+            suite,
             "no_duplicate_seqno",
             "error",
             "No (vbucket, seqno) data event twice in a stream, and a re-sent seqno is the "
@@ -171,7 +182,7 @@ def default_checks(
             "duplicate_seqno_detail",
         ),
         Check(
-            sc,
+            suite,
             "no_duplicate_key_in_snapshot",
             "error",
             "No key twice inside a snapshot unless its marker has the history / "
@@ -181,7 +192,7 @@ def default_checks(
             "duplicate_key_detail",
         ),
         Check(
-            sc,
+            suite,
             "bounded_streams_end_ok",
             "error",
             "Every stream requested with an end seqno ended with reason Ok (docs/protocol/dcp.md §6.10), or "
@@ -191,8 +202,14 @@ def default_checks(
             _true("bounded_end_ok"),
             "end_detail",
         ),
+    )
+
+
+def _coverage_checks(suite: str) -> tuple[Check, ...]:
+    """The expectations of the ``stream_coverage`` suite (``suite``)."""
+    return (
         Check(
-            cov,
+            suite,
             "applied_complete_snapshots",
             "error",
             "Silver's consistent seqno reached the end of the last complete snapshot of the "
@@ -201,7 +218,7 @@ def default_checks(
             _at_least("applied_consistent", "complete_end"),
         ),
         Check(
-            cov,
+            suite,
             "reached_requested_end",
             "error",
             "Where the latest stream was bounded, silver reached the end seqno it asked for.",
@@ -209,7 +226,7 @@ def default_checks(
             _at_least("applied_consistent", "requested_end"),
         ),
         Check(
-            cov,
+            suite,
             "reached_producer_high",
             "warn",
             "Silver reached the highest seqno the producer announced on the latest stream "
@@ -219,7 +236,7 @@ def default_checks(
             _at_least("applied_consistent", "producer_high"),
         ),
         Check(
-            cov,
+            suite,
             "no_rolled_back_rows",
             "error",
             "No silver row (tombstones included) comes from a branch the newest failover log "
@@ -230,7 +247,7 @@ def default_checks(
             "rolled_back_detail",
         ),
         Check(
-            cov,
+            suite,
             "on_cluster_branch",
             "error",
             "Silver's position in each vbucket lies on the cluster's current branch, as the "
@@ -245,8 +262,14 @@ def default_checks(
             _true("on_cluster_branch"),
             "cluster_branch_detail",
         ),
+    )
+
+
+def _reconciliation_checks(suite: str) -> tuple[Check, ...]:
+    """The expectations of the ``silver_reconciliation`` suite (``suite``)."""
+    return (
         Check(
-            rec,
+            suite,
             "live_count_matches",
             "error",
             "The number of live documents bronze implies equals the silver table's.",
@@ -254,7 +277,7 @@ def default_checks(
             {"column_A": "bronze_live", "column_B": "silver_live"},
         ),
         Check(
-            rec,
+            suite,
             "checksum_matches",
             "error",
             "A checksum over (key, seqno) of the live documents bronze implies equals the "
@@ -263,7 +286,7 @@ def default_checks(
             {"column_A": "bronze_checksum", "column_B": "silver_checksum"},
         ),
         Check(
-            rec,
+            suite,
             "no_dropped_collection_rows",
             "error",
             "No silver row belongs to a collection dropped in its vbucket.",
@@ -272,7 +295,7 @@ def default_checks(
             "dropped_detail",
         ),
         Check(
-            rec,
+            suite,
             "no_expired_live_rows",
             "error",
             "No row of a user table (the live view) is past its expiry.",
@@ -280,8 +303,14 @@ def default_checks(
             _zero("expired_live_rows"),
             "expired_detail",
         ),
+    )
+
+
+def _integrity_checks(suite: str, quarantine_threshold: int) -> tuple[Check, ...]:
+    """The expectations of the ``bronze_integrity`` suite (``suite``)."""
+    return (
         Check(
-            bi,
+            suite,
             "required_columns_not_null",
             "error",
             "Lineage, header and the columns each op needs (seqnos, key, vb uuid, snapshot "
@@ -291,7 +320,7 @@ def default_checks(
             "null_detail",
         ),
         Check(
-            bi,
+            suite,
             "opcodes_known",
             "error",
             "Every frame has an opcode of the known set (docs/protocol/dcp.md §5).",
@@ -300,7 +329,7 @@ def default_checks(
             "unknown_detail",
         ),
         Check(
-            bi,
+            suite,
             "quarantine_within_threshold",
             "error",
             f"Malformed frames in quarantine stay within the configured threshold "
@@ -310,7 +339,7 @@ def default_checks(
             "malformed_detail",
         ),
         Check(
-            bi,
+            suite,
             "truncated_only_at_session_end",
             "error",
             "A cut tail (truncated frame) appears only at the end of its session's last "
@@ -319,8 +348,14 @@ def default_checks(
             _zero("truncated_mid_session"),
             "truncated_detail",
         ),
+    )
+
+
+def _continuity_checks(suite: str, held_back_after_s: float) -> tuple[Check, ...]:
+    """The expectations of the ``landing_continuity`` suite (``suite``)."""
+    return (
         Check(
-            land,
+            suite,
             "no_file_held_back",
             "error",
             f"No capture file has waited longer than {held_back_after_s:g} s (quality."
