@@ -351,13 +351,14 @@ def run_one(
     probe_s: float,
     *,
     live_layer: bool = False,
+    peer: bool = False,
 ) -> dict[str, Any]:
-    """One rate, with a producer and Spark of its own."""
+    """One rate, ours or (``peer``) the peer's side, with a producer and Spark of its own."""
     from dcp_cdc.agent.settings import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
     from pipelines.spark_session import session_for
 
-    work = DATA / f"rate{int(rate)}"
+    work = DATA / f"rate{int(rate)}{'-peer' if peer else ''}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     logging.basicConfig(  # the runs' summaries, each step's seconds among them
@@ -385,7 +386,12 @@ def run_one(
         )
         spark = session_for(config, "dcp-cdc-bench-freshness")
         jvm = _pid_of("org.apache.spark.deploy.SparkSubmit")
-        side = Silver(spark, config)
+        if peer:
+            from benchmarks.freshness_peer import Peer
+
+            side = Peer(spark, config, work)
+        else:
+            side = Silver(spark, config)
         figures = _measure(side, config, settings, producer, jvm, rate, seconds, warmup, probe_s)
         return {"side": side.name} | figures
     finally:
@@ -517,12 +523,13 @@ def _compare(
     return False, f"missing {missing}, extra {extra}, other seqno {wrong}"
 
 
-def _run_side(args: argparse.Namespace, rate: float) -> dict[str, Any] | None:
+def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str, Any] | None:
     """One rate of one side in a process of its own (its own JVM); None if it failed."""
     command = [sys.executable, "-m", "benchmarks.freshness", "--one", str(rate)]
     command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
     command += ["--probe-s", str(args.probe_s)]
     command += ["--live-layer"] if args.live_layer else []
+    command += ["--peer"] if peer else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -554,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="apply through the live layer ([silver] live_layer)",
     )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="after ours, each rate again with the peer (benchmarks/freshness_peer.py): "
+        "Structured Streaming from bronze, foreachBatch MERGE per collection",
+    )
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:
@@ -563,15 +576,23 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup_s,
             args.probe_s,
             live_layer=args.live_layer,
+            peer=args.peer,
         )
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     results = []
     for rate in [float(r) for r in args.rates.split(",")]:
         print(f"-- {rate:g} changes/s for {args.seconds:g} s", flush=True)
-        ours = _run_side(args, rate)
+        ours = _run_side(args, rate, peer=False)
         if ours is None:
             return 1
+        if args.peer:
+            print(f"-- {rate:g} changes/s for {args.seconds:g} s, the peer", flush=True)
+            peer = _run_side(args, rate, peer=True)
+            if peer is None:
+                return 1
+            ours["peer"] = peer
+            ours["p95_to_peer"] = ours["freshness_p95_s"] / peer["freshness_p95_s"]
         results.append(ours)
     print(
         f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
@@ -579,6 +600,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in results:
         print(_row(r))
+        if "peer" in r:
+            print(_row(r["peer"]))
+    for r in results:
+        if "peer" in r:
+            print(
+                f"{r['rate']:g} changes/s: our p95 is {r['p95_to_peer']:.2f} × the peer's "
+                f"({'within' if r['p95_to_peer'] <= 0.5 else 'above'} 0.5 ×)"
+            )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "freshness.json"
     out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1) + "\n")
