@@ -22,6 +22,13 @@ truth (every live key at its seqno). Reported: freshness p50/p95/max over the ch
 measured period (after ``--warmup-s``), micro-batch seconds, and the RSS of the follow process,
 its JVM, the agent's process and the producer's, sampled every 5 s (first, last, max of the
 measured period).
+
+``--peer`` runs each rate a second time, after ours, with the same producer settings and
+durations: the agent and follow mode's ingest fill bronze as before, its apply switched off,
+and a peer applies bronze instead, Delta's upsert-from-streaming pattern (Structured Streaming
+from the events table, ``foreachBatch`` MERGE per collection: :mod:`benchmarks.freshness_peer`),
+probed and checked against the truth the same way. Both print in one table and go into one
+results file, with our p95 over the peer's.
 """
 
 from __future__ import annotations
@@ -592,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             if peer is None:
                 return 1
             ours["peer"] = peer
-            ours["p95_to_peer"] = ours["freshness_p95_s"] / peer["freshness_p95_s"]
+            ours["p95_to_peer"] = ours["freshness_p95_s"] / (peer["freshness_p95_s"] or 1e-9)
         results.append(ours)
     print(
         f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
