@@ -216,7 +216,7 @@ class Peer:
         """The query starts over bronze (made now if the first ingest found nothing) and
         applies what it holds (the initial load) before the workload starts."""
         events = store.ensure_tables(self.spark, self.config, BUCKET).events
-        delta_io.ensure_database(self.spark, peer_table(0))
+        self.spark.sql(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         self.spark.streams.addListener(self.progress)
         self.query = (
             self.spark.readStream.format("delta")
