@@ -20,8 +20,8 @@ silver reaches it; its freshness is the commit time of the newest of those table
 At the end the workload halts, a last micro-batch runs, and silver must equal the producer's
 truth (every live key at its seqno). Reported: freshness p50/p95/max over the changes of the
 measured period (after ``--warmup-s``), micro-batch seconds, and the RSS of the follow process,
-its JVM, the agent's process and the producer's, sampled every 5 s (first, last, max of the
-measured period).
+its JVM, the agent's process and the producer's, and the machine's load average, sampled every
+5 s (first, last, max of the measured period).
 
 ``--peer`` runs each rate a second time, after ours, with the same producer settings and
 durations: the agent and follow mode's ingest fill bronze as before, its apply switched off,
@@ -452,7 +452,8 @@ def _measure(
         probe_thread.start()
         pids = (os.getpid(), jvm, agent, producer.process.pid)
         while not stop.wait(5.0):
-            memory.append((time.time() - t0, *(rss_mb(p) if p else 0.0 for p in pids)))
+            sample = (rss_mb(p) if p else 0.0 for p in pids)
+            memory.append((time.time() - t0, *sample, os.getloadavg()[0]))
             if time.time() - t0 >= seconds:
                 producer.ask("halt")
                 time.sleep(3 * config.follow.rotate_seconds + 2 * config.follow.interval_s)
@@ -476,8 +477,9 @@ def _measure(
     never = sum(highs[-1][vb] - highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(VBUCKETS))
     tail = [m for m in memory if m[0] >= warmup]
 
-    def rss(i: int) -> list[int]:
-        return [round(tail[0][i]), round(tail[-1][i]), round(max(m[i] for m in tail))]
+    def spread(i: int, digits: int | None = None) -> list[float]:  # first, last, max
+        values = (tail[0][i], tail[-1][i], max(m[i] for m in tail)) if tail else ()
+        return [round(v, digits) for v in values]
 
     return {
         "rate": rate,
@@ -491,10 +493,11 @@ def _measure(
         "freshness_max_s": max((lat for lat, _ in measured), default=float("nan")),
         **side.figures(batches),
         "probe_query_s_median": median(probe.queries),
-        "rss_python_mb": rss(1) if tail else [],
-        "rss_jvm_mb": rss(2) if tail else [],
-        "rss_agent_mb": rss(3) if tail else [],
-        "rss_producer_mb": rss(4) if tail else [],
+        "rss_python_mb": spread(1),
+        "rss_jvm_mb": spread(2),
+        "rss_agent_mb": spread(3),
+        "rss_producer_mb": spread(4),
+        "load_average_1m": spread(5, 1),
         "equals_truth": equal,
         "truth_detail": detail,
     }
@@ -551,10 +554,35 @@ def _row(r: dict[str, Any]) -> str:
     return (
         f"{r['rate']:>8g} {r['side']:>5} {r['freshness_p50_s']:>7.1f} "
         f"{r['freshness_p95_s']:>7.1f} {r['freshness_max_s']:>7.1f} "
-        f"{r['batch_s_median']:>8.1f} {r['batches']:>8} "
+        f"{r['batch_s_median']:>8.1f} {r['batches']:>8} {r['ingest_s_median']:>9.1f} "
         f"{'/'.join(map(str, r['rss_python_mb'])):>28} "
-        f"{'/'.join(map(str, r['rss_jvm_mb'])):>18} {verdict}"
+        f"{'/'.join(map(str, r['rss_jvm_mb'])):>18} "
+        f"{max(r['load_average_1m'], default=float('nan')):>9.1f} {verdict}"
     )
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    """Each rate's row, the peer's under ours, then our p95 over the peer's."""
+    print(
+        f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
+        f"{'batches':>8} {'ingest s':>9} {'py RSS MB (first/last/max)':>28} "
+        f"{'JVM RSS MB':>18} {'load max':>9} truth"
+    )
+    for r in results:
+        print(_row(r))
+        if "peer" in r:
+            print(_row(r["peer"]))
+    peers = [r for r in results if "peer" in r]
+    if peers:
+        print(
+            "batch s: ours, a micro-batch's ingest and apply; the peer's, its streaming "
+            "micro-batch (follow mode's ingest runs beside it); medians"
+        )
+    for r in peers:
+        print(
+            f"{r['rate']:g} changes/s: our p95 is {r['p95_to_peer']:.2f} × the peer's "
+            f"({'within' if r['p95_to_peer'] <= 0.5 else 'above'} 0.5 ×)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -601,20 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             ours["peer"] = peer
             ours["p95_to_peer"] = ours["freshness_p95_s"] / (peer["freshness_p95_s"] or 1e-9)
         results.append(ours)
-    print(
-        f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
-        f"{'batches':>8} {'py RSS MB (first/last/max)':>28} {'JVM RSS MB':>18} truth"
-    )
-    for r in results:
-        print(_row(r))
-        if "peer" in r:
-            print(_row(r["peer"]))
-    for r in results:
-        if "peer" in r:
-            print(
-                f"{r['rate']:g} changes/s: our p95 is {r['p95_to_peer']:.2f} × the peer's "
-                f"({'within' if r['p95_to_peer'] <= 0.5 else 'above'} 0.5 ×)"
-            )
+    print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "freshness.json"
     out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1) + "\n")
