@@ -20,8 +20,15 @@ silver reaches it; its freshness is the commit time of the newest of those table
 At the end the workload halts, a last micro-batch runs, and silver must equal the producer's
 truth (every live key at its seqno). Reported: freshness p50/p95/max over the changes of the
 measured period (after ``--warmup-s``), micro-batch seconds, and the RSS of the follow process,
-its JVM, the agent's process and the producer's, sampled every 5 s (first, last, max of the
-measured period).
+its JVM, the agent's process and the producer's, and the machine's load average, sampled every
+5 s (first, last, max of the measured period).
+
+``--peer`` runs each rate a second time, after ours, with the same producer settings and
+durations: the agent and follow mode's ingest fill bronze as before, its apply switched off,
+and a peer applies bronze instead, Delta's upsert-from-streaming pattern (Structured Streaming
+from the events table, ``foreachBatch`` MERGE per collection: :mod:`benchmarks.freshness_peer`),
+probed and checked against the truth the same way. Both print in one table and go into one
+results file, with our p95 over the peer's.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TextIO
 
 from benchmarks.common import RESULTS, machine
 
@@ -83,7 +91,9 @@ def _versions(table: Path) -> list[tuple[int, float]]:
 
 class Probe:
     """Turns each stream-state commit of silver into freshness samples (``latency``,
-    ``changes``): each vbucket's ticks up to the seqno silver shows, once."""
+    ``changes``): each vbucket's ticks up to the seqno silver shows, once. Another side
+    (the peer) says what ends its batches (:meth:`batches`) and which tables show its rows
+    (:meth:`tables`): they need ``_vbucket`` and ``_seqno`` columns."""
 
     def __init__(self, silver: Path, ticks: Ticks, period: float) -> None:
         self.silver, self.ticks, self.period = silver, ticks, period
@@ -95,15 +105,24 @@ class Probe:
         self.stop = threading.Event()
         self.error: BaseException | None = None
 
+    def batches(self) -> list[tuple[int, float]]:
+        """The commits that end a batch, (version, time): silver's stream state's (an apply
+        commits it after every MERGE of the batch)."""
+        return _versions(self.silver / f"{BUCKET}__stream_state")
+
+    def tables(self) -> list[Path]:
+        """The tables whose rows show what a batch applied: the ``_all`` tables and the
+        live layer's pending table."""
+        return [*self.silver.glob(f"{BUCKET}__*_all"), self.silver / f"{BUCKET}__pending"]
+
     def visible(self) -> tuple[float, dict[int, int]] | None:
-        """When silver's newest applied state became visible, and its seqno per vbucket."""
-        state = _versions(self.silver / f"{BUCKET}__stream_state")
+        """When the newest batch became visible, and its seqno per vbucket."""
+        state = self.batches()
         if not state or state[-1][0] == self.state_version:
             return None
         self.state_version, state_at = state[-1]
         chosen = []
-        tables = [*self.silver.glob(f"{BUCKET}__*_all"), self.silver / f"{BUCKET}__pending"]
-        for table in sorted(t for t in tables if t.exists()):  # the live layer's too
+        for table in sorted(t for t in self.tables() if t.exists()):
             before = [(v, t) for v, t in _versions(table) if t <= state_at]
             if before:
                 chosen.append((table, *before[-1]))
@@ -224,14 +243,129 @@ def _pid_of(match: str) -> int | None:
     return None
 
 
+class Side(Protocol):
+    """What turns bronze into the tables measured: ours (:class:`Silver`, follow mode's
+    ingest and apply) or the peer (:class:`benchmarks.freshness_peer.Peer`)."""
+
+    name: str
+
+    def follower(
+        self,
+        captures: dict[str, Any],
+        stop: threading.Event,
+        out: TextIO,
+        on_batch: Callable[[Any, Any], None],
+    ) -> Any:
+        """The follow-mode loop (a :class:`pipelines.follow.loop.Follower`) of this side."""
+        ...
+
+    def started(self) -> None:
+        """Called at the first micro-batch, before the workload starts."""
+        ...
+
+    def probe(self, ticks: Ticks, period: float) -> Probe: ...
+
+    def finish(self) -> None:
+        """After the workload halted and follow mode stopped: the last changes applied."""
+        ...
+
+    def live_rows(self) -> dict[tuple[int, str], int]:
+        """(collection id, key) -> seqno of every live document the side's tables show."""
+        ...
+
+    def figures(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """The side's batch figures; ``batches``: follow mode's micro-batches after the
+        first (frames, ingest and apply seconds)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Silver:
+    """Our side: follow mode, each micro-batch an ingest and an apply."""
+
+    name = "ours"
+
+    def __init__(self, spark: Any, config: Any) -> None:
+        self.spark, self.config = spark, config
+
+    def follower(
+        self,
+        captures: dict[str, Any],
+        stop: threading.Event,
+        out: TextIO,
+        on_batch: Callable[[Any, Any], None],
+    ) -> Any:
+        from pipelines.follow.loop import Follower
+
+        return Follower(
+            self.spark,
+            self.config,
+            self.config.buckets,
+            out,
+            stop,
+            captures=captures,
+            on_batch=on_batch,
+        )
+
+    def started(self) -> None:
+        return None
+
+    def probe(self, ticks: Ticks, period: float) -> Probe:
+        return Probe(Path(self.config.warehouse) / "silver.db", ticks, period)
+
+    def finish(self) -> None:
+        from pipelines.bronze.job import ingest_bucket
+        from pipelines.silver.job import apply_bucket
+
+        ingest_bucket(self.spark, self.config, self.config.buckets[0])
+        apply_bucket(self.spark, self.config, self.config.buckets[0])
+
+    def live_rows(self) -> dict[tuple[int, str], int]:
+        from pipelines.silver.live import current_rows
+        from pipelines.silver.registry import read_registry
+
+        silver = {}
+        for reg in read_registry(self.spark, BUCKET):
+            if reg["status"] == "retired":
+                continue
+            for r in (
+                current_rows(self.spark, BUCKET, reg["table_name"], reg["collection_id"])
+                .where("NOT _deleted")
+                .select("_collection_id", "key", "_seqno")
+                .collect()
+            ):
+                silver[(r["_collection_id"], r["key"])] = r["_seqno"]
+        return silver
+
+    def figures(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "batches": len(batches),
+            "batch_s_median": median([b["ingest_s"] + b["apply_s"] for b in batches]),
+            "ingest_s_median": median([b["ingest_s"] for b in batches]),
+            "apply_s_median": median([b["apply_s"] for b in batches]),
+            "frames_per_batch_median": median([b["frames"] for b in batches]),
+        }
+
+    def close(self) -> None:
+        return None
+
+
 def run_one(
-    rate: float, seconds: float, warmup: float, probe_s: float, *, live_layer: bool = False
+    rate: float,
+    seconds: float,
+    warmup: float,
+    probe_s: float,
+    *,
+    live_layer: bool = False,
+    peer: bool = False,
 ) -> dict[str, Any]:
+    """One rate, ours or (``peer``) the peer's side, with a producer and Spark of its own."""
     from dcp_cdc.agent.settings import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
     from pipelines.spark_session import session_for
 
-    work = DATA / f"rate{int(rate)}"
+    work = DATA / f"rate{int(rate)}{'-peer' if peer else ''}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     logging.basicConfig(  # the runs' summaries, each step's seconds among them
@@ -246,6 +380,7 @@ def run_one(
         silver=SilverConfig(live_layer=live_layer),
     )
     producer = Producer(work)
+    side: Side | None = None
     try:
         settings = CaptureSettings.into(
             work / "landing",
@@ -258,13 +393,22 @@ def run_one(
         )
         spark = session_for(config, "dcp-cdc-bench-freshness")
         jvm = _pid_of("org.apache.spark.deploy.SparkSubmit")
-        return _measure(spark, config, settings, producer, jvm, rate, seconds, warmup, probe_s)
+        if peer:
+            from benchmarks.freshness_peer import Peer
+
+            side = Peer(spark, config, work)
+        else:
+            side = Silver(spark, config)
+        figures = _measure(side, config, settings, producer, jvm, rate, seconds, warmup, probe_s)
+        return {"side": side.name} | figures
     finally:
+        if side is not None:
+            side.close()
         producer.close()
 
 
 def _measure(
-    spark: Any,
+    side: Side,
     config: Any,
     settings: Any,
     producer: Producer,
@@ -274,17 +418,15 @@ def _measure(
     warmup: float,
     probe_s: float,
 ) -> dict[str, Any]:
-    from pipelines.bronze.job import ingest_bucket
-    from pipelines.follow.loop import Follower
     from pipelines.follow.progress import Batch, BucketProgress
-    from pipelines.silver.job import apply_bucket
 
     stop = threading.Event()
     batches: list[dict[str, Any]] = []
     began = threading.Event()
 
     def on_batch(batch: Batch, progress: BucketProgress) -> None:
-        if not began.is_set():  # the initial load is in silver: the workload starts now
+        if not began.is_set():  # the initial load is in: the workload starts now
+            side.started()
             producer.ask(f"steady {int(rate)}")
             began.set()
             return
@@ -293,17 +435,9 @@ def _measure(
         )
 
     log = open(producer.work / "follow.log", "w", encoding="utf-8")  # noqa: SIM115
-    follower = Follower(
-        spark,
-        config,
-        config.buckets,
-        log,
-        stop,
-        captures={BUCKET: settings},
-        on_batch=on_batch,
-    )
+    follower = side.follower({BUCKET: settings}, stop, log, on_batch)
     ticks = Ticks(producer.ticks)
-    probe = Probe(Path(config.warehouse) / "silver.db", ticks, probe_s)
+    probe = side.probe(ticks, probe_s)
     memory: list[tuple[float, ...]] = []
     t0 = time.time()
 
@@ -318,7 +452,8 @@ def _measure(
         probe_thread.start()
         pids = (os.getpid(), jvm, agent, producer.process.pid)
         while not stop.wait(5.0):
-            memory.append((time.time() - t0, *(rss_mb(p) if p else 0.0 for p in pids)))
+            sample = (rss_mb(p) if p else 0.0 for p in pids)
+            memory.append((time.time() - t0, *sample, os.getloadavg()[0]))
             if time.time() - t0 >= seconds:
                 producer.ask("halt")
                 time.sleep(3 * config.follow.rotate_seconds + 2 * config.follow.interval_s)
@@ -333,18 +468,18 @@ def _measure(
     watcher.join()
     if probe.error is not None:
         raise probe.error
-    ingest_bucket(spark, config, config.buckets[0])
-    apply_bucket(spark, config, config.buckets[0])
+    side.finish()
     probe.once()
     truth_dir = Path(producer.ask("truth")).parent
-    equal, detail = _compare(spark, truth_dir)
+    equal, detail = _compare(side.live_rows(), _truth(truth_dir))
     measured = [(lat, n) for at, lat, n in probe.samples if at - t0 >= warmup]
     highs = ticks.highs
     never = sum(highs[-1][vb] - highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(VBUCKETS))
     tail = [m for m in memory if m[0] >= warmup]
 
-    def rss(i: int) -> list[int]:
-        return [round(tail[0][i]), round(tail[-1][i]), round(max(m[i] for m in tail))]
+    def spread(i: int, digits: int | None = None) -> list[float]:  # first, last, max
+        values = (tail[0][i], tail[-1][i], max(m[i] for m in tail)) if tail else ()
+        return [round(v, digits) for v in values]
 
     return {
         "rate": rate,
@@ -356,56 +491,98 @@ def _measure(
         "freshness_p50_s": percentile(measured, 0.5),
         "freshness_p95_s": percentile(measured, 0.95),
         "freshness_max_s": max((lat for lat, _ in measured), default=float("nan")),
-        "batches": len(batches),
-        "batch_s_median": _median([b["ingest_s"] + b["apply_s"] for b in batches]),
-        "ingest_s_median": _median([b["ingest_s"] for b in batches]),
-        "apply_s_median": _median([b["apply_s"] for b in batches]),
-        "frames_per_batch_median": _median([b["frames"] for b in batches]),
-        "probe_query_s_median": _median(probe.queries),
-        "rss_python_mb": rss(1) if tail else [],
-        "rss_jvm_mb": rss(2) if tail else [],
-        "rss_agent_mb": rss(3) if tail else [],
-        "rss_producer_mb": rss(4) if tail else [],
-        "silver_equals_truth": equal,
+        **side.figures(batches),
+        "probe_query_s_median": median(probe.queries),
+        "rss_python_mb": spread(1),
+        "rss_jvm_mb": spread(2),
+        "rss_agent_mb": spread(3),
+        "rss_producer_mb": spread(4),
+        "load_average_1m": spread(5, 1),
+        "equals_truth": equal,
         "truth_detail": detail,
     }
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     import statistics
 
     return statistics.median(values) if values else float("nan")
 
 
-def _compare(spark: Any, truth_dir: Path) -> tuple[bool, str]:
-    """Every live document of the truth in silver at its seqno, and nothing else."""
+def _truth(truth_dir: Path) -> dict[tuple[int, str], int]:
+    """(collection id, key) -> seqno of every live document of the producer's truth."""
     import base64
-
-    from pipelines.silver.live import current_rows
-    from pipelines.silver.registry import read_registry
 
     truth = {}
     for line in (truth_dir / "documents.jsonl").read_text().splitlines():
         d = json.loads(line)
         key = d["key"] if "key" in d else base64.b64decode(d["key_b64"]).decode("utf-8", "replace")
         truth[(d["collection_id"], key)] = d["seqno"]
-    silver = {}
-    for reg in read_registry(spark, BUCKET):
-        if reg["status"] == "retired":
-            continue
-        for r in (
-            current_rows(spark, BUCKET, reg["table_name"], reg["collection_id"])
-            .where("NOT _deleted")
-            .select("_collection_id", "key", "_seqno")
-            .collect()
-        ):
-            silver[(r["_collection_id"], r["key"])] = r["_seqno"]
-    if silver == truth:
+    return truth
+
+
+def _compare(
+    found: dict[tuple[int, str], int], truth: dict[tuple[int, str], int]
+) -> tuple[bool, str]:
+    """Every live document of the truth found at its seqno, and nothing else."""
+    if found == truth:
         return True, f"{len(truth)} live documents"
-    missing = sorted(set(truth) - set(silver))[:3]
-    extra = sorted(set(silver) - set(truth))[:3]
-    wrong = [k for k in truth if k in silver and silver[k] != truth[k]][:3]
+    missing = sorted(set(truth) - set(found))[:3]
+    extra = sorted(set(found) - set(truth))[:3]
+    wrong = [k for k in truth if k in found and found[k] != truth[k]][:3]
     return False, f"missing {missing}, extra {extra}, other seqno {wrong}"
+
+
+def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str, Any] | None:
+    """One rate of one side in a process of its own (its own JVM); None if it failed."""
+    command = [sys.executable, "-m", "benchmarks.freshness", "--one", str(rate)]
+    command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
+    command += ["--probe-s", str(args.probe_s)]
+    command += ["--live-layer"] if args.live_layer else []
+    command += ["--peer"] if peer else []
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode or not lines:
+        print(done.stdout[-3000:] + done.stderr[-5000:], file=sys.stderr)
+        return None
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return result
+
+
+def _row(r: dict[str, Any]) -> str:
+    verdict = "equal" if r["equals_truth"] else "DIFFERS: " + r["truth_detail"]
+    return (
+        f"{r['rate']:>8g} {r['side']:>5} {r['freshness_p50_s']:>7.1f} "
+        f"{r['freshness_p95_s']:>7.1f} {r['freshness_max_s']:>7.1f} "
+        f"{r['batch_s_median']:>8.1f} {r['batches']:>8} {r['ingest_s_median']:>9.1f} "
+        f"{'/'.join(map(str, r['rss_python_mb'])):>28} "
+        f"{'/'.join(map(str, r['rss_jvm_mb'])):>18} "
+        f"{max(r['load_average_1m'], default=float('nan')):>9.1f} {verdict}"
+    )
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    """Each rate's row, the peer's under ours, then our p95 over the peer's."""
+    print(
+        f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
+        f"{'batches':>8} {'ingest s':>9} {'py RSS MB (first/last/max)':>28} "
+        f"{'JVM RSS MB':>18} {'load max':>9} truth"
+    )
+    for r in results:
+        print(_row(r))
+        if "peer" in r:
+            print(_row(r["peer"]))
+    peers = [r for r in results if "peer" in r]
+    if peers:
+        print(
+            "batch s: ours, a micro-batch's ingest and apply; the peer's, its streaming "
+            "micro-batch (follow mode's ingest runs beside it); medians"
+        )
+    for r in peers:
+        print(
+            f"{r['rate']:g} changes/s: our p95 is {r['p95_to_peer']:.2f} × the peer's "
+            f"({'within' if r['p95_to_peer'] <= 0.5 else 'above'} 0.5 ×)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,48 +596,45 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="apply through the live layer ([silver] live_layer)",
     )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="after ours, each rate again with the peer (benchmarks/freshness_peer.py): "
+        "Structured Streaming from bronze, foreachBatch MERGE per collection",
+    )
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:
         result = run_one(
-            args.one, args.seconds, args.warmup_s, args.probe_s, live_layer=args.live_layer
+            args.one,
+            args.seconds,
+            args.warmup_s,
+            args.probe_s,
+            live_layer=args.live_layer,
+            peer=args.peer,
         )
         print("RESULT " + json.dumps(result), flush=True)
         return 0
     results = []
     for rate in [float(r) for r in args.rates.split(",")]:
         print(f"-- {rate:g} changes/s for {args.seconds:g} s", flush=True)
-        command = [sys.executable, "-m", "benchmarks.freshness", "--one", str(rate)]
-        command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
-        command += ["--live-layer"] if args.live_layer else []
-        done = subprocess.run(
-            [*command, "--probe-s", str(args.probe_s)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-        if done.returncode or not lines:
-            print(done.stdout[-3000:] + done.stderr[-5000:], file=sys.stderr)
-            return done.returncode or 1
-        results.append(json.loads(lines[-1][len("RESULT ") :]))
-    print(
-        f"{'rate/s':>8} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} {'batches':>8} "
-        f"{'py RSS MB (first/last/max)':>28} {'JVM RSS MB':>18} truth"
-    )
-    for r in results:
-        print(
-            f"{r['rate']:>8g} {r['freshness_p50_s']:>7.1f} {r['freshness_p95_s']:>7.1f} "
-            f"{r['freshness_max_s']:>7.1f} {r['batch_s_median']:>8.1f} {r['batches']:>8} "
-            f"{'/'.join(map(str, r['rss_python_mb'])):>28} "
-            f"{'/'.join(map(str, r['rss_jvm_mb'])):>18} "
-            f"{'equal' if r['silver_equals_truth'] else 'DIFFERS: ' + r['truth_detail']}"
-        )
+        ours = _run_side(args, rate, peer=False)
+        if ours is None:
+            return 1
+        if args.peer:
+            print(f"-- {rate:g} changes/s for {args.seconds:g} s, the peer", flush=True)
+            peer = _run_side(args, rate, peer=True)
+            if peer is None:
+                return 1
+            ours["peer"] = peer
+            ours["p95_to_peer"] = ours["freshness_p95_s"] / (peer["freshness_p95_s"] or 1e-9)
+        results.append(ours)
+    print_table(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "freshness.json"
     out.write_text(json.dumps({"machine": machine(), "results": results}, indent=1) + "\n")
     print(f"results in {out}")
-    return 0 if all(r["silver_equals_truth"] for r in results) else 1
+    return 0 if all(r["equals_truth"] for r in results) else 1
 
 
 if __name__ == "__main__":
