@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, wait
+from functools import reduce
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -179,15 +180,30 @@ def rebuild_rolled_back(
     branch_df = spark.createDataFrame(branches, "b_vb INT, b_uuid LONG, b_start LONG, b_end LONG")
     point_df = spark.createDataFrame(list(points.items()), "p_vb INT, p_seqno LONG")
     rows = transforms.silver_rows(changes)
+    candidates = {
+        reg["collection_id"]: (
+            table := tables.all_rows(reg["table_name"]),
+            transforms.rolled_back_keys(
+                spark.table(table),
+                point_df,
+                rows.where(F.col("_collection_id") == reg["collection_id"]),
+            ),
+        )
+        for reg in registry
+        if reg["status"] in tables.WITH_TABLES
+    }
+    if not candidates:
+        return 0
+    # which collections have a key to rebuild: one job for them all, not one per collection
+    probes = [
+        keys.limit(1).select(F.lit(cid).alias("cid")) for cid, (_, keys) in candidates.items()
+    ]
+    touched = {r["cid"] for r in reduce(DataFrame.unionAll, probes).collect()}
     rebuilt = 0
     for reg in registry:
-        if reg["status"] not in tables.WITH_TABLES:
+        if reg["collection_id"] not in touched:
             continue
-        table = tables.all_rows(reg["table_name"])
-        batch = rows.where(F.col("_collection_id") == reg["collection_id"])
-        affected = transforms.rolled_back_keys(spark.table(table), point_df, batch)
-        if affected.isEmpty():
-            continue
+        table, affected = candidates[reg["collection_id"]]
         # copied once (the keys come from the run's cached walk: Delta refused such a source
         # as "cached during execution" when it had decided not to copy it)
         source = transforms.restored_rows(
