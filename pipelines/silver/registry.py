@@ -247,6 +247,44 @@ def update_registry(
     for e in events:
         if e["event"] == "create_scope" and e["scope_id"] is not None:
             scopes[e["scope_id"]] = e["name"]
+    changed = _apply_events(current, scopes, events, bucket)
+    for row in current.values():  # a scope first known by its id learns its name
+        sid = row["scope_id"]
+        if sid != UNKNOWN_SCOPE_ID and scopes.get(sid, row["scope"]) != row["scope"]:
+            _rename(row, sid, scopes[sid], row["name"], bucket)
+    for cid in sorted(change_cids - set(current)):
+        current[cid] = _unknown_row(cid, bucket)
+        changed = True
+    if any(row.get("renamed_from") for row in current.values()):
+        _take_names(spark, table, list(current.values()))
+        changed = True
+    for row in current.values():
+        if row["status"] in tables.WITH_TABLES and (
+            ensured is None or row["table_name"] not in ensured
+        ):
+            ensure_collection_table(
+                spark,
+                row["table_name"],
+                properties,
+                document_variant=document_variant,
+                overlay=Overlay.of(bucket, row["collection_id"]) if live else None,
+            )
+            if ensured is not None:
+                ensured.add(row["table_name"])
+    saved = changed or len(current) != len(stored)
+    if saved:
+        _save_registry(spark, table, list(current.values()))
+    return list(current.values()), saved
+
+
+def _apply_events(
+    current: dict[int, dict[str, Any]],
+    scopes: dict[int, str],
+    events: list[dict[str, Any]],
+    bucket: str,
+) -> bool:
+    """The collection system ``events`` (in vbucket and seqno order) applied to the registry
+    rows ``current`` (by collection id; ``scopes``: scope names by id); whether any was."""
     changed = False
     for e in events:
         cid, vb, seqno = e["collection_id"], e["vbucket"], e["by_seqno"]
@@ -281,33 +319,7 @@ def update_registry(
             if row["status"] == "live":
                 row["status"] = "dropped"
         changed = True
-    for row in current.values():  # a scope first known by its id learns its name
-        sid = row["scope_id"]
-        if sid != UNKNOWN_SCOPE_ID and scopes.get(sid, row["scope"]) != row["scope"]:
-            _rename(row, sid, scopes[sid], row["name"], bucket)
-    for cid in sorted(change_cids - set(current)):
-        current[cid] = _unknown_row(cid, bucket)
-        changed = True
-    if any(row.get("renamed_from") for row in current.values()):
-        _take_names(spark, table, list(current.values()))
-        changed = True
-    for row in current.values():
-        if row["status"] in tables.WITH_TABLES and (
-            ensured is None or row["table_name"] not in ensured
-        ):
-            ensure_collection_table(
-                spark,
-                row["table_name"],
-                properties,
-                document_variant=document_variant,
-                overlay=Overlay.of(bucket, row["collection_id"]) if live else None,
-            )
-            if ensured is not None:
-                ensured.add(row["table_name"])
-    saved = changed or len(current) != len(stored)
-    if saved:
-        _save_registry(spark, table, list(current.values()))
-    return list(current.values()), saved
+    return changed
 
 
 UNKNOWN_SCOPE_ID = -1
