@@ -60,7 +60,7 @@ from dcp_cdc.agent.consumer_events import (
     StreamRolledBack,
 )
 from dcp_cdc.agent.landing_store import open_landing
-from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
+from dcp_cdc.agent.node import Backoff, Node
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.progress import LagTracker, watch_lag
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
@@ -265,7 +265,7 @@ class Placement:
         assert node.conn is not None
         if self.settings.collections is not None and self.collection_ids is None:
             node.conn.request_collections_manifest()
-            await node._send()
+            await node.send()
             try:
                 async with asyncio.timeout(self.settings.connect_timeout_s):
                     await self.manifest_ready.wait()
@@ -275,7 +275,7 @@ class Placement:
                 ) from None
         # until-now: its vbuckets' ends; either mode: the lag's other side, from the start
         node.conn.request_high_seqnos()
-        await node._send()
+        await node.send()
         return node
 
     def owner(self, vb: int) -> HostPort | None:
@@ -332,7 +332,7 @@ class Placement:
         """Send what ``node``'s core has queued; a lost connection is the node's loss (its
         vbuckets resume elsewhere, :meth:`node_lost`), not the run's failure."""
         try:
-            await node._send()
+            await node.send()
         except ConnectionLostError as exc:
             self.lose(node, exc.cause)
             return False
@@ -426,7 +426,7 @@ class Placement:
                 continue
             node.conn.request_high_seqnos()
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
 
     def watch(self) -> None:
         """Place anew every vbucket still to stream that no connection streams, nothing is
@@ -497,7 +497,7 @@ class Placement:
             if not node.dead and node.conn is not None:
                 node.conn.request_cluster_config()
                 with contextlib.suppress(ConnectionLostError):
-                    await node._send()
+                    await node.send()
                 await asyncio.sleep(0.05)
                 return
 
@@ -566,7 +566,7 @@ class Placement:
                 # a failover may have lost seqnos up to the end asked for: ask the high seqno
                 # again (HighSeqnos lowers the end; reached() then ends the vbucket)
                 node.conn.request_high_seqnos()
-                await node._send()
+                await node.send()
         elif isinstance(event, ClusterStateRecorded):
             self.lag.cluster(event.high_seqnos)
             node.recorded.set()
@@ -668,18 +668,17 @@ class Placement:
         ours = frozenset(self.vbuckets)
         asked = []
         for node in live:
-            if node.conn is None or node.dead or any(t.done() for t in node.tasks[:1]):
+            if node.conn is None or node.dead or node.reader_ended:
                 continue
             node.conn.record_cluster_state(ours)
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
                 asked.append(node)
         waits = [asyncio.ensure_future(n.recorded.wait()) for n in asked]
         if waits:
-            readers = {n.tasks[0] for n in asked}
             deadline = time.monotonic() + STOP_GRACE_S
             while not all(w.done() for w in waits) and time.monotonic() < deadline:
-                if any(t.done() for t in readers):
+                if any(n.reader_ended for n in asked):
                     break
                 await asyncio.sleep(0.01)
             for w in waits:
@@ -700,17 +699,17 @@ class Placement:
             for vb in node.conn.streaming():
                 node.conn.close_stream(vb)
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
         deadline = time.monotonic() + STOP_GRACE_S
         while any(n.conn is not None and n.conn.streaming() for n in live) and (
-            time.monotonic() < deadline and all(not t.done() for n in live for t in n.tasks[:1])
+            time.monotonic() < deadline and not any(n.reader_ended for n in live)
         ):
             await asyncio.sleep(0.02)
         if self.failure is None:
             await self.record_cluster_state(live)
         for node in live:
-            await stop_task(node.tasks[0], CLOSE_WAIT_S)
-            if not node.tasks[1].done():
+            await node.stop_reader()
+            if node.write_task is not None and not node.write_task.done():
                 try:
                     async with asyncio.timeout(30.0):
                         await node.flush(last=True)
