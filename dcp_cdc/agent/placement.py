@@ -334,6 +334,15 @@ class Placement:
             await self.open_on(node, vb)
             return
 
+    def live_streams(self) -> set[int]:
+        """The vbuckets with a stream (requested, open or closing) on a live connection."""
+        return {
+            vb
+            for n in self.nodes.values()
+            if n.conn is not None and not n.dead
+            for vb in n.conn.streaming()
+        }
+
     def streaming_anywhere(self, vb: int) -> bool:
         return any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead)
 
@@ -453,12 +462,7 @@ class Placement:
         """Place anew every vbucket still to stream that no connection streams, nothing is
         placing and no old session is making durable: whatever path lost it (a reply that raced its placement, a move whose
         node went away), a vbucket must never stall silently."""
-        streaming = {
-            vb
-            for n in self.nodes.values()
-            if n.conn is not None and not n.dead
-            for vb in n.conn.streaming()
-        }
+        streaming = self.live_streams()
         for vb in self.vbs.unheld(streaming):
             if self.vbs.status(vb) is VbStatus.STALLED:  # idle at two watches in a row
                 log.info(
@@ -536,7 +540,7 @@ class Placement:
         self.summary.reconnects += 1
         # what it owned, and the streams it had (a stream on another node is that node's)
         lost = node.owned | (node.conn.streaming() if node.conn is not None else frozenset())
-        settling = [vb for vb in sorted(lost) if not self.streaming_anywhere(vb)]
+        settling = sorted(lost - self.live_streams())
         for vb in settling:
             self.vbs.handle(vb, VbEvent.NODE_LOST)
         try:
