@@ -121,9 +121,10 @@ STAYS: dict[VbEvent, frozenset[VbStatus]] = {
     VbEvent.ROLLED_BACK: UNFINISHED,
     # a late end: a watch, a placement or a loss moved the vbucket on already
     VbEvent.STREAM_END: frozenset({IDLE, STALLED, PLACING, SETTLING}),
-    # a placement goes on (it stands down at a lost node itself); a stream stays (it is on
-    # another node, or was asked for before the move began); a second settle joins the first
+    # a move: a placement that holds it goes on; a stream stays (it is on another node, or
+    # was asked for before the move began); a second settle joins the first
     VbEvent.SETTLE: frozenset({PLACING, STREAMING, SETTLING}),
+    # a lost node: a placement that holds it goes on (and stands down at the dead node)
     VbEvent.NODE_LOST: frozenset({PLACING, SETTLING}),
     # the other settle of two (a move and a loss) ended first, or a placement took it
     VbEvent.SETTLED: frozenset({IDLE, STALLED, PLACING, STREAMING}),
