@@ -184,6 +184,25 @@ class AgentUsageError(DcpError):
     request before the handshake finished): a bug in the caller, not the server's fault."""
 
 
+class VbucketStateError(AgentUsageError):
+    """The capture agent's placement told a vbucket's state machine something its status does
+    not allow (:mod:`dcp_cdc.agent.vbucket_state`), or asked about a vbucket not in the run:
+    a bug in the placement, not the server's fault. ``status`` is None for a vbucket not in
+    the run; ``event`` None when none was told."""
+
+    def __init__(self, vbucket: int, status: str | None, event: str | None = None) -> None:
+        self.vbucket = vbucket
+        self.status = status
+        self.event = event
+        where = "is not in this run" if status is None else f"is {status}"
+        told = f": {event!r} is not allowed" if event is not None else ""
+        super().__init__(f"vbucket {vbucket} {where}{told}")
+
+    def __reduce__(self) -> tuple[type[VbucketStateError], tuple[int, str | None, str | None]]:
+        # pickled back from the follow mode's agent process, as CaptureConnectionError
+        return type(self), (self.vbucket, self.status, self.event)
+
+
 class ConnectionLostError(CaptureConnectionError):
     """An established connection went silent (2 × the noop interval), was reset or closed:
     the capture agent closes that session durably and resumes its vbuckets elsewhere."""

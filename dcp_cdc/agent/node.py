@@ -216,6 +216,11 @@ class Link:
             self.label, what, client_certificate=self.agent.settings.client_certificate
         )
 
+    async def send(self) -> None:
+        """Write what the core has queued to the socket, waiting (at most the connect timeout)
+        until the socket takes it; :class:`ConnectionLostError` when it does not."""
+        await self._send()
+
     async def _send(self) -> None:
         assert self.conn is not None and self.writer is not None
         out = self.conn.data_to_send()
@@ -291,7 +296,11 @@ class Node(Link):
         self.session: SessionWriter | None = None
         self.session_started = 0.0
         self.last_positions: dict[int, VbPosition] = {}
-        self.tasks: list[asyncio.Task[None]] = []
+        self.read_task: asyncio.Task[None] | None = None
+        """The socket reader (:meth:`start`): feeds the core, queues the frames, hands the
+        events to the placement."""
+        self.write_task: asyncio.Task[None] | None = None
+        """The file writer (:meth:`start`): writes the queued frames, closes files, commits."""
         self.dead = False
         self.recorded = asyncio.Event()
         """Set when :meth:`~ConsumerConnection.record_cluster_state` finished on this node."""
@@ -317,10 +326,18 @@ class Node(Link):
         self.agent.summary.sessions += 1
 
     def start(self) -> None:
-        self.tasks = [
-            asyncio.create_task(self._read_loop(), name=f"read {self.label}"),
-            asyncio.create_task(self._write_loop(), name=f"write {self.label}"),
-        ]
+        self.read_task = asyncio.create_task(self._read_loop(), name=f"read {self.label}")
+        self.write_task = asyncio.create_task(self._write_loop(), name=f"write {self.label}")
+
+    @property
+    def reader_ended(self) -> bool:
+        """Whether the socket reader started and has ended (the connection is of no more use)."""
+        return self.read_task is not None and self.read_task.done()
+
+    async def stop_reader(self) -> None:
+        """Stop the socket reader, waiting for it at most :data:`CLOSE_WAIT_S`."""
+        if self.read_task is not None:
+            await stop_task(self.read_task, CLOSE_WAIT_S)
 
     async def _read_loop(self) -> None:
         assert self.conn is not None and self.reader is not None
@@ -411,10 +428,9 @@ class Node(Link):
         """Wait until every frame queued so far is in a closed file and committed."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         await self.queue.put(_Flush(done, new_session=new_session, last=last))
-        writer = self.tasks[1] if len(self.tasks) > 1 else None
         waits: set[asyncio.Future[Any]] = {done}
-        if writer is not None:
-            waits.add(writer)
+        if self.write_task is not None:
+            waits.add(self.write_task)
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if not done.done():
             raise CaptureConnectionError(self.label, "the capture writer stopped")
@@ -424,8 +440,7 @@ class Node(Link):
         reader that missed its cancellation still ends (EOF), and the wait for it has a limit."""
         if self.writer is not None:
             self.writer.close()
-        for task in self.tasks[:1]:
-            await stop_task(task, CLOSE_WAIT_S)
+        await self.stop_reader()
         await self._closed()
 
 

@@ -34,7 +34,8 @@ knows how far behind each vbucket is, and logs a vbucket that stays behind witho
 ``stall_after_s`` (what ``/readyz`` reports, :mod:`dcp_cdc.agent.progress`).
 
 The sockets, the session files and the tasks around them are one :class:`~dcp_cdc.agent.node.Node`
-each; this module only decides.
+each; each vbucket's status (idle, placing, streaming, settling, done, ...) and what moves it
+are the sans-I/O state machine of :mod:`dcp_cdc.agent.vbucket_state`, which this module drives.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import datetime as dt
 import logging
 import ssl
 import time
+from collections.abc import Iterable, Set
 from typing import Any
 
 from dcp_cdc.agent.cluster import ClusterMap, parse_cluster_map
@@ -60,11 +62,12 @@ from dcp_cdc.agent.consumer_events import (
     StreamRolledBack,
 )
 from dcp_cdc.agent.landing_store import open_landing
-from dcp_cdc.agent.node import CLOSE_WAIT_S, Backoff, Node, stop_task
+from dcp_cdc.agent.node import Backoff, Node
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.progress import LagTracker, watch_lag
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
 from dcp_cdc.agent.tls import client_context
+from dcp_cdc.agent.vbucket_state import VbEvent, VbStatus, VbucketStates
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
 from dcp_cdc.capture_config import HostPort
 from dcp_cdc.errors import (
@@ -107,17 +110,13 @@ class Placement:
         self.durable: dict[int, VbPosition] = {}
         self.nodes: dict[HostPort, Node] = {}
         self.connecting: dict[HostPort, asyncio.Future[Node]] = {}
-        self.placing: set[int] = set()
-        self.stalled: dict[int, int] = {}
+        self.vbs = VbucketStates()
+        """Each vbucket's status: idle, placing, streaming, settling, done, ..."""
         self.waiting_since = time.monotonic()
         """When ``until-now`` last saw a vbucket done (or started): what :meth:`watch` reports."""
-        self.settling: set[int] = set()
-        """vbuckets whose old session is being made durable before they move on."""
         self.node_index: dict[HostPort, int] = {}
         self.vbuckets: list[int] = []
         self.end_seqnos: dict[int, int] = {}
-        self.pending: set[int] = set()
-        """vbuckets not done yet (``until-now``) / still to stream."""
         self.last_session: dict[int, float] = {}
         self.collection_ids: tuple[int, ...] | None = None
         self.stopping = False
@@ -131,6 +130,27 @@ class Placement:
         self.lag = LagTracker(settings.stall_after_s)
         self.last_commit = time.monotonic()
         """When the checkpoint was last committed, or the run started (monotonic)."""
+
+    @property
+    def pending(self) -> Set[int]:
+        """vbuckets not done yet (``until-now``) / still to stream."""
+        return self.vbs.pending
+
+    @pending.setter
+    def pending(self, vbuckets: Iterable[int]) -> None:
+        self.vbs = VbucketStates(vbuckets)
+
+    @property
+    def placing(self) -> Set[int]:
+        """vbuckets a placement or a reopen holds."""
+        return self.vbs.having(VbStatus.PLACING)
+
+    @placing.setter
+    def placing(self, vbuckets: Set[int]) -> None:
+        for vb in self.placing - vbuckets:
+            self.vbs.handle(vb, VbEvent.LET_GO)
+        for vb in vbuckets - self.placing:
+            self.vbs.handle(vb, VbEvent.PLACE)
 
     # --- small services ---
 
@@ -217,7 +237,7 @@ class Placement:
         )
         stored = self.store.load()
         self.durable = {vb: stored[vb] for vb in self.vbuckets if vb in stored}
-        self.pending = set(self.vbuckets)
+        self.vbs = VbucketStates(self.vbuckets)
         at_start = {vb: p.seqno for vb, p in self.durable.items()}
         self.lag.start({vb: at_start.get(vb, 0) for vb in self.vbuckets}, time.monotonic())
 
@@ -265,7 +285,7 @@ class Placement:
         assert node.conn is not None
         if self.settings.collections is not None and self.collection_ids is None:
             node.conn.request_collections_manifest()
-            await node._send()
+            await node.send()
             try:
                 async with asyncio.timeout(self.settings.connect_timeout_s):
                     await self.manifest_ready.wait()
@@ -275,7 +295,7 @@ class Placement:
                 ) from None
         # until-now: its vbuckets' ends; either mode: the lag's other side, from the start
         node.conn.request_high_seqnos()
-        await node._send()
+        await node.send()
         return node
 
     def owner(self, vb: int) -> HostPort | None:
@@ -286,17 +306,17 @@ class Placement:
         """Open ``vb``'s stream on its owner, from its durable position."""
         if delay:
             await asyncio.sleep(delay)
-        if vb in self.placing:
+        if not self.vbs.allows(vb, VbEvent.PLACE):
             return  # a move and a lost connection may both ask; one placement is enough
-        self.placing.add(vb)
+        self.vbs.handle(vb, VbEvent.PLACE)
         try:
             await self._place(vb)
         finally:
-            self.placing.discard(vb)
+            self.vbs.handle(vb, VbEvent.LET_GO)
 
     async def _place(self, vb: int) -> None:
         attempt = 0
-        while not self.stopping and vb in self.pending:
+        while not self.stopping and self.vbs.is_pending(vb):
             endpoint = self.owner(vb)
             if endpoint is None:
                 attempt += 1
@@ -314,6 +334,15 @@ class Placement:
             await self.open_on(node, vb)
             return
 
+    def live_streams(self) -> set[int]:
+        """The vbuckets with a stream (requested, open or closing) on a live connection."""
+        return {
+            vb
+            for n in self.nodes.values()
+            if n.conn is not None and not n.dead
+            for vb in n.conn.streaming()
+        }
+
     def streaming_anywhere(self, vb: int) -> bool:
         return any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead)
 
@@ -324,7 +353,7 @@ class Placement:
         return (
             not self.stopping
             and not node.dead
-            and vb in self.pending
+            and self.vbs.is_pending(vb)
             and not self.streaming_anywhere(vb)
         )
 
@@ -332,7 +361,7 @@ class Placement:
         """Send what ``node``'s core has queued; a lost connection is the node's loss (its
         vbuckets resume elsewhere, :meth:`node_lost`), not the run's failure."""
         try:
-            await node._send()
+            await node.send()
         except ConnectionLostError as exc:
             self.lose(node, exc.cause)
             return False
@@ -356,7 +385,7 @@ class Placement:
 
     async def open_on(self, node: Node, vb: int) -> None:
         if node.dead or node.conn is None:
-            if vb in self.pending and not self.stopping:
+            if self.vbs.is_pending(vb) and not self.stopping:
                 self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
         if not self.may_open(node, vb):
@@ -385,6 +414,7 @@ class Placement:
         assert node.conn is not None
         self.last_session[vb] = node.session_started
         end = self.end_seqnos.get(vb, NO_END_SEQNO)
+        self.vbs.handle(vb, VbEvent.OPEN)
         node.conn.open_stream(vb, position, end_seqno=end, collections=self.collection_ids)
 
     async def reached(self) -> None:
@@ -404,7 +434,7 @@ class Placement:
                 end = self.end_seqnos.get(vb, NO_END_SEQNO)
                 requested = node.conn.requested_end(vb)
                 if (
-                    vb in self.pending
+                    self.vbs.is_pending(vb)
                     and vb in positions
                     and positions[vb].seqno >= end
                     and requested is not None
@@ -426,32 +456,23 @@ class Placement:
                 continue
             node.conn.request_high_seqnos()
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
 
     def watch(self) -> None:
         """Place anew every vbucket still to stream that no connection streams, nothing is
         placing and no old session is making durable: whatever path lost it (a reply that raced its placement, a move whose
         node went away), a vbucket must never stall silently."""
-        streaming = {
-            vb
-            for n in self.nodes.values()
-            if n.conn is not None and not n.dead
-            for vb in n.conn.streaming()
-        }
-        for vb in sorted(self.pending - streaming - self.placing - self.settling):
-            if self.stalled.get(vb, 0) >= 1:  # idle at two watches in a row
+        streaming = self.live_streams()
+        for vb in self.vbs.unheld(streaming):
+            if self.vbs.status(vb) is VbStatus.STALLED:  # idle at two watches in a row
                 log.info(
                     "capture: vbucket %d is not streaming; placing it again",
                     vb,
                     extra={"vbucket": vb},
                 )
-                self.stalled.pop(vb)
                 self.spawn(self.place(vb))
             else:
-                self.stalled[vb] = 1
-        for vb in list(self.stalled):
-            if vb in streaming or vb not in self.pending:
-                self.stalled.pop(vb)
+                self.vbs.handle(vb, VbEvent.WATCHED)
         if self.mode == "until-now" and time.monotonic() - self.waiting_since > WAITING_LOG_S:
             self.waiting_since = time.monotonic()
             log.info("capture: still waiting for %s", self.waiting(streaming))
@@ -472,21 +493,13 @@ class Placement:
         for vb in sorted(self.pending):
             at = positions[vb].seqno if vb in positions else None
             end = self.end_seqnos.get(vb)
-            how = (
-                "streaming"
-                if vb in streaming
-                else "placing"
-                if vb in self.placing
-                else "settling"
-                if vb in self.settling
-                else "idle"
-            )
+            how = "streaming" if vb in streaming else self.vbs.activity(vb)
             parts.append(f"vbucket {vb} at seqno {at} of end {end} ({how})")
         return "; ".join(parts)
 
     def vb_done(self, vb: int) -> None:
-        if vb in self.pending:
-            self.pending.discard(vb)
+        if self.vbs.is_pending(vb):
+            self.vbs.handle(vb, VbEvent.ENDED_OK)
             self.summary.done.append(vb)
             self.waiting_since = time.monotonic()
             if not self.pending:
@@ -497,7 +510,7 @@ class Placement:
             if not node.dead and node.conn is not None:
                 node.conn.request_cluster_config()
                 with contextlib.suppress(ConnectionLostError):
-                    await node._send()
+                    await node.send()
                 await asyncio.sleep(0.05)
                 return
 
@@ -505,7 +518,7 @@ class Placement:
         """``vb`` left ``node``: make its frames durable there, then place it anew."""
         if node.dead:
             return  # node_lost flushes the node and places its vbuckets
-        self.settling.add(vb)
+        self.vbs.handle(vb, VbEvent.SETTLE)
         try:
             await node.flush()
         except CaptureConnectionError:
@@ -513,7 +526,7 @@ class Placement:
                 return
             raise
         finally:
-            self.settling.discard(vb)
+            self.vbs.handle(vb, VbEvent.SETTLED)
         node.owned.discard(vb)
         self.summary.moves += 1
         await self.any_map_refresh()
@@ -525,12 +538,17 @@ class Placement:
         log.warning("capture: connection to %s lost (%s); resuming elsewhere", node.label, why)
         node.dead = True
         self.summary.reconnects += 1
-        self.settling |= node.owned
+        # what it owned, and the streams it had (a stream on another node is that node's)
+        lost = node.owned | (node.conn.streaming() if node.conn is not None else frozenset())
+        settling = sorted(lost - self.live_streams())
+        for vb in settling:
+            self.vbs.handle(vb, VbEvent.NODE_LOST)
         try:
             await node.flush(last=True)
             await node.close()
         finally:
-            self.settling -= node.owned
+            for vb in settling:
+                self.vbs.handle(vb, VbEvent.SETTLED)
         if self.nodes.get(node.endpoint) is node:
             del self.nodes[node.endpoint]
         for vb in sorted(node.owned):
@@ -540,15 +558,15 @@ class Placement:
         """Ask again, on the same connection, for a stream that ended (closed, too slow,
         refused for now): from this connection's position."""
         assert node.conn is not None
-        if vb in self.placing:
+        if not self.vbs.allows(vb, VbEvent.PLACE):
             return
-        self.placing.add(vb)  # watch() leaves it alone while it waits
+        self.vbs.handle(vb, VbEvent.PLACE)  # watch() leaves it alone while it waits
         try:
             await asyncio.sleep(self.settings.backoff_s)
         finally:
-            self.placing.discard(vb)
+            self.vbs.handle(vb, VbEvent.LET_GO)
         if not self.may_open(node, vb):
-            if node.dead and vb in self.pending and not self.stopping:
+            if node.dead and self.vbs.is_pending(vb) and not self.stopping:
                 self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
         position = node.conn.positions().get(vb, self.durable.get(vb))
@@ -562,21 +580,24 @@ class Placement:
             await self.on_stream_end(node, event)
         elif isinstance(event, StreamRolledBack):
             self.summary.rollbacks += 1
+            self.reported(node, event.vbucket, VbEvent.ROLLED_BACK)
             if self.mode == "until-now" and node.conn is not None:
                 # a failover may have lost seqnos up to the end asked for: ask the high seqno
                 # again (HighSeqnos lowers the end; reached() then ends the vbucket)
                 node.conn.request_high_seqnos()
-                await node._send()
+                await node.send()
         elif isinstance(event, ClusterStateRecorded):
             self.lag.cluster(event.high_seqnos)
             node.recorded.set()
         elif isinstance(event, NotMyVbucket):
+            self.reported(node, event.vbucket, VbEvent.STREAM_END)
             self.spawn(self.move_away(node, event.vbucket))
         elif isinstance(event, StreamRefused):
             if event.status == Status.EACCESS:
                 raise CaptureConnectionError(
                     node.label, f"no access to stream vbucket {event.vbucket} (eaccess)"
                 )
+            self.reported(node, event.vbucket, VbEvent.STREAM_END)
             self.spawn(self.reopen(node, event.vbucket))
         elif isinstance(event, ClusterConfig):
             self.refresh_map(event.config, node.endpoint.host)
@@ -597,7 +618,7 @@ class Placement:
         await self.reached()
         streaming = node.conn.streaming() if node.conn else frozenset()
         for vb in sorted(node.owned):
-            if vb in self.pending and vb not in streaming:
+            if self.vbs.is_pending(vb) and vb not in streaming:
                 if vb in event.seqnos:
                     # stays owned here: its frames queued on this node are still to be
                     # committed, and an opener that finds it streaming already (a reopen
@@ -617,13 +638,21 @@ class Placement:
             pass
         elif reason == StreamEndReason.FILTER_EMPTY:
             self.summary.filter_empty.append(vb)
-            self.pending.discard(vb)
+            self.vbs.handle(vb, VbEvent.FILTER_EMPTY)
             if not self.pending:
                 self.wake.set()
         elif reason == StreamEndReason.STATE_CHANGED:
+            self.reported(node, vb, VbEvent.STREAM_END)
             self.spawn(self.move_away(node, vb))
         else:
+            self.reported(node, vb, VbEvent.STREAM_END)
             self.spawn(self.reopen(node, vb))
+
+    def reported(self, node: Node, vb: int, event: VbEvent) -> None:
+        """A stream's rollback or end, as ``node`` read it. A lost node's reports are left
+        out: :meth:`node_lost` settled its streams, and the vbucket may stream elsewhere now."""
+        if not node.dead:
+            self.vbs.handle(vb, event)
 
     # --- the run ---
 
@@ -668,18 +697,17 @@ class Placement:
         ours = frozenset(self.vbuckets)
         asked = []
         for node in live:
-            if node.conn is None or node.dead or any(t.done() for t in node.tasks[:1]):
+            if node.conn is None or node.dead or node.reader_ended:
                 continue
             node.conn.record_cluster_state(ours)
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
                 asked.append(node)
         waits = [asyncio.ensure_future(n.recorded.wait()) for n in asked]
         if waits:
-            readers = {n.tasks[0] for n in asked}
             deadline = time.monotonic() + STOP_GRACE_S
             while not all(w.done() for w in waits) and time.monotonic() < deadline:
-                if any(t.done() for t in readers):
+                if any(n.reader_ended for n in asked):
                     break
                 await asyncio.sleep(0.01)
             for w in waits:
@@ -700,17 +728,17 @@ class Placement:
             for vb in node.conn.streaming():
                 node.conn.close_stream(vb)
             with contextlib.suppress(ConnectionLostError):
-                await node._send()
+                await node.send()
         deadline = time.monotonic() + STOP_GRACE_S
         while any(n.conn is not None and n.conn.streaming() for n in live) and (
-            time.monotonic() < deadline and all(not t.done() for n in live for t in n.tasks[:1])
+            time.monotonic() < deadline and not any(n.reader_ended for n in live)
         ):
             await asyncio.sleep(0.02)
         if self.failure is None:
             await self.record_cluster_state(live)
         for node in live:
-            await stop_task(node.tasks[0], CLOSE_WAIT_S)
-            if not node.tasks[1].done():
+            await node.stop_reader()
+            if node.write_task is not None and not node.write_task.done():
                 try:
                     async with asyncio.timeout(30.0):
                         await node.flush(last=True)

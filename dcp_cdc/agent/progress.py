@@ -177,10 +177,13 @@ class ObservedRun(Protocol):
     summary: CaptureSummary
     nodes: dict[HostPort, Node]
     durable: dict[int, VbPosition]
-    pending: set[int]
     lag: LagTracker
     last_commit: float
     """When the run last committed its checkpoint, or started (the monotonic clock)."""
+
+    @property
+    def pending(self) -> Collection[int]:
+        """The vbuckets still to stream."""
 
 
 def observe(run: ObservedRun, now: float) -> None:
