@@ -1,5 +1,7 @@
 """A step with nothing to do runs no Spark job: follow mode's micro-batch with nothing new
-landed (its ingest keeps the ingest log between batches: pipelines/bronze/memory.py). Jobs are
+landed (its ingest keeps the ingest log between batches: pipelines/bronze/memory.py), and an
+apply with nothing new since the last apply saved the stream state, also in a fresh process
+(no memory: the mark the stream state's commit records, pipelines/silver/state.py). Jobs are
 counted at the session's scheduler (tests/support/spark_jobs.py); the runs that have work
 run some, so the count is shown to see them."""
 
@@ -11,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
@@ -105,4 +108,48 @@ def test_a_micro_batch_with_nothing_new_runs_no_spark_job(
     assert idle.count == 0, idle.what
 
     apply_bucket(spark, config, b)  # the other writer's files (follow applies what it ingests)
+    assert_equal_to_truth(spark, bucket, result)
+
+
+def test_an_apply_with_nothing_new_runs_no_spark_job(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Applies without memory, as separate ``dcp-cdc apply`` processes run them: one after an
+    apply that consumed everything runs no job. An ingest run planned and not finished moves
+    the ingest log: the next apply does its work, consumes nothing of the run and records the
+    log as it found it, so the one after runs no job; once the run finishes, the next apply
+    applies it and silver equals the truth. (A changed setting makes the next apply do its
+    work too: tests/spark/test_silver_apply.py's projection changed with no new change.)"""
+    result, files, landing, config = _landed(tmp_path, bucket, spark_warehouse)
+    (b,) = config.buckets
+    half = len(files) // 2
+    for path in files[:half]:
+        shutil.copy(path, landing)
+    ingest_bucket(spark, config, b)
+    assert apply_bucket(spark, config, b).frames
+    with counted(spark) as idle:
+        summary = apply_bucket(spark, config, b)
+    assert idle.count == 0, idle.what
+    assert (summary.frames, summary.tables, summary.positions) == (0, {}, {})
+
+    for path in files[half:]:
+        shutil.copy(path, landing)
+
+    def stop(point: str) -> None:
+        if point == "planned":
+            raise KeyboardInterrupt("stopped after planning")
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest_bucket(spark, config, b, hook=stop)
+    with counted(spark) as unfinished:
+        assert apply_bucket(spark, config, b).changes == 0
+    assert unfinished.count > 0
+    with counted(spark) as idle:
+        apply_bucket(spark, config, b)
+    assert idle.count == 0, idle.what
+
+    assert ingest_bucket(spark, config, b).resumed  # finishes the run
+    with counted(spark) as applying:
+        assert apply_bucket(spark, config, b).frames
+    assert applying.count > 0
     assert_equal_to_truth(spark, bucket, result)
