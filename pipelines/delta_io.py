@@ -374,11 +374,15 @@ def vanished_table(exc: BaseException) -> str | None:
     return ".".join(parts[1:] if len(parts) > 2 and parts[0] == "spark_catalog" else parts)
 
 
-def replace_rows(df: DataFrame, table: str) -> None:
-    """All of ``table``'s rows become ``df``'s, in one Delta commit. An overwrite by filter
-    keeps the catalog entry as it is (``saveAsTable`` would alter it, which the Hive metastore
-    refuses for Delta's placeholder schema and logs as an error)."""
-    df.writeTo(table).overwrite(F.lit(True))
+def replace_rows(df: DataFrame, table: str, *, user_metadata: str | None = None) -> None:
+    """All of ``table``'s rows become ``df``'s, in one Delta commit (with ``user_metadata``
+    in its ``commitInfo``: :func:`last_commit_metadata` reads it back). An overwrite by
+    filter keeps the catalog entry as it is (``saveAsTable`` would alter it, which the Hive
+    metastore refuses for Delta's placeholder schema and logs as an error)."""
+    writer = df.writeTo(table)
+    if user_metadata is not None:
+        writer = writer.option("userMetadata", user_metadata)
+    writer.overwrite(F.lit(True))
 
 
 def append(df: DataFrame, table: str) -> None:
@@ -503,6 +507,24 @@ def table_version(spark: SparkSession, table: str) -> int:
     jvm: Any = spark._jvm
     nothing = jvm.scala.Option.empty()
     return int(_delta_log(spark, table).update(False, nothing, nothing).version())
+
+
+def last_commit_metadata(spark: SparkSession, table: str) -> str | None:
+    """The ``userMetadata`` of the latest commit of the Delta table ``table``, or None when
+    it has none: one read of that commit's file in the table's log (no Spark job)."""
+    jvm: Any = spark._jvm
+    nothing = jvm.scala.Option.empty()
+    delta_log = _delta_log(spark, table)
+    version = delta_log.update(False, nothing, nothing).version()
+    commit = jvm.org.apache.spark.sql.delta.util.FileNames.unsafeDeltaFile(
+        delta_log.logPath(), version
+    )
+    info = jvm.org.apache.spark.sql.delta.DeltaHistoryManager.getCommitInfoOpt(
+        delta_log.store(), commit, delta_log.newDeltaHadoopConf()
+    )
+    if not info.isDefined() or not info.get().userMetadata().isDefined():
+        return None
+    return str(info.get().userMetadata().get())
 
 
 def table_size(spark: SparkSession, table: str) -> tuple[int, int]:

@@ -58,6 +58,7 @@ from pipelines import delta_io, schemas
 from pipelines.batch_metrics import RunMetrics, pushed
 from pipelines.bronze import store, transforms, writer
 from pipelines.bronze.decode import FileScan, decode_files, scan_files
+from pipelines.bronze.memory import IngestMemory
 from pipelines.bronze.plan import (
     IngestSummary,
     LogState,
@@ -103,9 +104,17 @@ def _no_hook(point: str) -> None:
 
 
 def ingest_bucket(
-    spark: SparkSession, config: AppConfig, bucket: BucketConfig, *, hook: Hook = _no_hook
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    *,
+    hook: Hook = _no_hook,
+    memory: IngestMemory | None = None,
 ) -> IngestSummary:
     """One run for one bucket. ``hook(point)`` is called between the steps (tests use it).
+    ``memory``: the ingest log as the previous run of this process left it (follow mode),
+    used while the log is at the version it wrote, and updated; forgotten if the run fails.
+    A run with nothing new to ingest then runs no Spark job.
 
     Each file is decoded once for its events: session order is worked out in the decode task
     from the file's ``carry``, which a scan of the run's files (framing and state-setting
@@ -117,10 +126,17 @@ def ingest_bucket(
     started = time.perf_counter()
     first = IngestSummary(bucket.name)
     try:
-        summary = _Run.start(spark, config, bucket, hook, first)
-    except LandingChangedError as exc:
-        log.warning("%s: resuming the run without it", exc)
-        summary = _Run.start(spark, config, bucket, hook, IngestSummary(bucket.name))
+        try:
+            summary = _Run.start(spark, config, bucket, hook, first, memory)
+        except LandingChangedError as exc:
+            log.warning("%s: resuming the run without it", exc)
+            if memory is not None:
+                memory.forget()
+            summary = _Run.start(spark, config, bucket, hook, IngestSummary(bucket.name), memory)
+    except BaseException:
+        if memory is not None:
+            memory.forget()
+        raise
         # what the first attempt found before it failed, and the landing no longer shows
         summary.skipped = list(dict.fromkeys(first.skipped + summary.skipped))
         summary.waiting = list(dict.fromkeys(first.waiting + summary.waiting))
@@ -139,6 +155,7 @@ class _Run:
     state: LogState
     summary: IngestSummary
     hook: Hook
+    memory: IngestMemory | None = None
 
     @property
     def storage(self) -> Mapping[str, str]:
@@ -152,13 +169,17 @@ class _Run:
         bucket: BucketConfig,
         hook: Hook,
         summary: IngestSummary,
+        memory: IngestMemory | None = None,
     ) -> IngestSummary:
         """List, plan and write, or finish the run that did not finish; ``summary`` is
         filled as it goes."""
         check_landing(config, [bucket])
         names = store.ensure_tables(spark, config, bucket.name)
-        state = store.read_log(spark, names.ingest_log)
-        run = cls(spark, config, names, state, summary, hook)
+        if memory is None:
+            state = store.read_log(spark, names.ingest_log)
+        else:
+            state = memory.state(spark, names.ingest_log)
+        run = cls(spark, config, names, state, summary, hook, memory)
         files, skipped = list_captures(config.landing_for(bucket), run.storage)
         summary.skipped += [str(k) for k in skipped]
         chosen, changed_rows = plan_files(
@@ -171,7 +192,7 @@ class _Run:
             lambda f: header_or_problem(f, run.storage),
         )
         if changed_rows:
-            store.log_rows(spark, names.ingest_log, changed_rows, state.last_version, "changed")
+            run.log(changed_rows, state.last_version, "changed")
         if state.open_plan:  # a run that did not finish: finish it first
             run.resume()
         elif chosen:
@@ -195,9 +216,7 @@ class _Run:
         run_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         carries, ends = stream_states(self.state, settled.kept, scans)
         digests = {f.path: scans[f.path].digest for f in settled.kept}
-        store.log_rows(
-            self.spark,
-            self.names.ingest_log,
+        self.log(
             [
                 f.log_row(run_id, digest=digests[f.path], end_state=ends[f.path])
                 for f in settled.kept
@@ -252,7 +271,7 @@ class _Run:
         ]
         kept = [headers[f.path] for f in settled.kept]
         if not kept:
-            store.log_rows(self.spark, self.names.ingest_log, closing, version, "changed")
+            self.log(closing, version, "changed")
             return
         carries, ends = stream_states(self.state, kept, scans)
         with log_context(run_id=run_id):
@@ -525,9 +544,15 @@ class _Run:
             errors.unpersist()
         return dict(counts.value)
 
+    def log(self, rows: list[dict[str, Any]], version: int, status: str) -> None:
+        """:func:`store.log_rows` to the ingest log, told to the memory when there is one."""
+        logged = store.log_rows(self.spark, self.names.ingest_log, rows, version, status)
+        if self.memory is not None:
+            self.memory.logged(self.spark, self.names.ingest_log, logged)
+
     def close(self, version: int, rows: list[dict[str, Any]]) -> None:
         """Log the plan's closing rows, in one commit, and count what was ingested."""
-        store.log_rows(self.spark, self.names.ingest_log, rows, version, "ingested")
+        self.log(rows, version, "ingested")
         done = [r for r in rows if r.get("status", "ingested") == "ingested"]
         self.summary.files = len(done)
         self.summary.frames = sum(r["frames"] or 0 for r in done)

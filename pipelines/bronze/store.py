@@ -1,6 +1,7 @@
 """The bronze tables' Delta I/O: the tables made (:func:`ensure_tables`, the events table
 clustered and with the statistics runs filter on), the ingest log read
-(:func:`read_log`, folded by :class:`pipelines.bronze.plan.LogState`) and appended to
+(:func:`read_log`, folded by :class:`pipelines.bronze.plan.LogState`; follow mode keeps it
+between micro-batches: :mod:`pipelines.bronze.memory`) and appended to
 (:func:`log_rows`), and the transaction application id the bronze writes are idempotent under
 (:data:`TXN_APP_ID`). Beside the log, a session's file declared lost (:func:`declare_lost`),
 once :func:`pipelines.bronze.held_back.held_back_now` says it holds files back.
@@ -64,18 +65,26 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
 
 def read_log(spark: SparkSession, table: str, version: int | None = None) -> LogState:
     """The ingest log's state, as it is now or at Delta ``version``."""
+    return LogState.of(read_log_rows(spark, table, version))
+
+
+def read_log_rows(
+    spark: SparkSession, table: str, version: int | None = None
+) -> list[dict[str, Any]]:
+    """The ingest log's rows, as it is now or at Delta ``version`` (a Spark job)."""
     if version is None:
         log = spark.table(table)
     else:
         log = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
-    return LogState.of([r.asDict() for r in log.collect()])
+    return [r.asDict() for r in log.collect()]
 
 
 def log_rows(
     spark: SparkSession, table: str, rows: list[dict[str, Any]], version: int, status: str
-) -> None:
+) -> list[dict[str, Any]]:
     """Append ``rows`` to the ingest log in one commit, under run ``version``, each with
-    ``status`` unless it has its own."""
+    ``status`` unless it has its own; returns the rows appended, as a read of the log gives
+    them but for ``logged_at`` (None: the commit's time is the table's)."""
     full = [
         {
             **{f.name: None for f in schemas.INGEST_LOG.fields},
@@ -90,6 +99,7 @@ def log_rows(
         "logged_at", F.current_timestamp()
     )
     delta_io.append(df, table)
+    return [{f.name: r[f.name] for f in schemas.INGEST_LOG.fields} for r in full]
 
 
 def declare_lost(

@@ -29,6 +29,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.memory import IngestMemory
 from pipelines.errors import (
     CatalogError,
     CollectionNameError,
@@ -88,6 +89,8 @@ class Follower:
     compactions: dict[str, Compaction] = field(default_factory=dict)
     """bucket -> its live layer's compaction (``[silver] live_layer``): in a thread of its own,
     beside the micro-batches (:meth:`start_compaction`)."""
+    ingest_memory: dict[str, IngestMemory] = field(default_factory=dict)
+    """bucket -> its ingest log as its last ingest left it (:mod:`pipelines.bronze.memory`)."""
     failed_check: bool = False
     _compacting: dict[str, threading.Thread] = field(default_factory=dict)
     _compact_error: BaseException | None = None
@@ -191,9 +194,16 @@ class Follower:
             return None
 
     def micro_batch(self, progress: BucketProgress) -> Batch:
-        """Ingest what landed; apply when bronze holds frames silver has not consumed."""
+        """Ingest what landed; apply when bronze holds frames silver has not consumed. With
+        nothing new landed, it runs no Spark job."""
         started_wall, started = time.time(), time.perf_counter()
-        ingested = ingest_bucket(self.spark, self.config, progress.bucket, hook=self.hook)
+        ingested = ingest_bucket(
+            self.spark,
+            self.config,
+            progress.bucket,
+            hook=self.hook,
+            memory=self.ingest_memory.setdefault(progress.bucket.name, IngestMemory()),
+        )
         ingest_s = time.perf_counter() - started
         progress.unapplied |= bool(ingested.files or ingested.resumed)
         apply_s = 0.0

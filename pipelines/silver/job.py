@@ -136,7 +136,9 @@ def apply_bucket(
     collection's changes; with ``rebuild`` (a backfill) it names the one table to rebuild.
     ``memory``: what the previous run of this process left (follow mode), used where the
     tables are still at the versions it wrote, and updated; forgotten if the run fails.
-    ``compaction``: how the live layer is compacted (default: in the run, when due)."""
+    ``compaction``: how the live layer is compacted (default: in the run, when due).
+    A run (not a rebuild) that finds nothing new since the last apply saved the stream state,
+    under the same settings, returns before any Spark job (:func:`state.nothing_new`)."""
     try:
         return _apply(
             spark, config, bucket, collection, rebuild, memory, compaction or Compaction()
@@ -175,6 +177,11 @@ def _apply(
         if memory is not None:
             memory.support_ready = True
     at = summary.step("tables", started)
+    mark = state.consumed_mark(spark, names, config, bucket)
+    if not rebuild and state.nothing_new(spark, names, mark):
+        log.info("nothing new to apply to bucket %s (%s)", name, mark)
+        summary.seconds = time.perf_counter() - started
+        return summary
     states = None
     if memory is not None:
         version, states = memory.kept(spark, names.stream_state, memory.states)
@@ -278,7 +285,7 @@ def _apply(
             memory.ensured.clear()
         ensure_projections(spark, registry, bucket.projections)
         before = table_version(spark, names.stream_state) if memory is not None else 0
-        saved = state.save_states(spark, names.stream_state, states, new_states)
+        saved = state.save_states(spark, names.stream_state, states, new_states, mark)
         if memory is not None:
             memory.states = memory.after_write(
                 spark, names.stream_state, before, states_as_read(saved)

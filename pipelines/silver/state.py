@@ -2,20 +2,26 @@
 from it: which frames no run has consumed yet, and which vbuckets are walked again from their
 start because older frames arrived late.
 
+Each save of the stream state records in its commit what the apply consumed
+(:func:`consumed_mark`): an apply that finds the same mark on the latest commit has nothing new
+to walk and returns before any Spark job (:func:`nothing_new`).
+
 The walk itself is :func:`pipelines.silver.transforms.walk_frames`; the MERGEs of what it
 gives are :mod:`pipelines.silver.store`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
-from pipelines.delta_io import replace_rows, with_retry
+from pipelines.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
 from pipelines.tables import BucketTables
 
@@ -27,14 +33,49 @@ def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
     }
 
 
+def consumed_mark(
+    spark: SparkSession, names: BucketTables, config: AppConfig, bucket: BucketConfig
+) -> str | None:
+    """What an apply that starts now consumes, as its save of the stream state records it
+    (the commit's ``userMetadata``): the ingest log's Delta version before the apply reads
+    the log (every run finished by then is walked), and a digest of the settings that shape
+    an apply (``[silver]``, ``[tables] properties``, the bucket's projections and history).
+    None when there is no ingest log yet. A look at the log's Delta log: no Spark job."""
+    if not spark.catalog.tableExists(names.ingest_log):
+        return None
+    settings = {
+        "silver": config.silver.model_dump(mode="json"),
+        "tables": config.tables.properties,
+        "projections": [p.model_dump(mode="json") for p in bucket.projections],
+        "history": bucket.history,
+    }
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"))
+    mark = {
+        "ingest_log_version": table_version(spark, names.ingest_log),
+        "settings": hashlib.sha256(text.encode()).hexdigest()[:16],
+    }
+    return json.dumps(mark, sort_keys=True, separators=(",", ":"))
+
+
+def nothing_new(spark: SparkSession, names: BucketTables, mark: str | None) -> bool:
+    """Whether an apply with ``mark`` (:func:`consumed_mark`) has nothing to do: the stream
+    state's latest commit is an apply's that recorded the same mark, so no ingest run
+    finished since and the settings are the same; walking again would consume nothing and
+    commit nothing. Any other commit to the stream state since (an apply that recorded none)
+    makes it False. One read of that commit in the table's Delta log: no Spark job."""
+    return mark is not None and last_commit_metadata(spark, names.stream_state) == mark
+
+
 def save_states(
     spark: SparkSession,
     table: str,
     old: dict[int, dict[str, Any]],
     new: dict[int, dict[str, Any]],
+    mark: str | None = None,
 ) -> dict[int, dict[str, Any]]:
-    """Every vbucket's state (``new``'s, else ``old``'s) in one commit; returns what it wrote
-    (vbucket -> state with its ``run_id``)."""
+    """Every vbucket's state (``new``'s, else ``old``'s) in one commit, recording ``mark``
+    (:func:`consumed_mark`) in it; returns what it wrote (vbucket -> state with its
+    ``run_id``)."""
     merged = {vb: s["state"] | {"run_id": s["position_run_id"]} for vb, s in old.items()}
     merged.update(new)
     rows = []
@@ -59,7 +100,7 @@ def save_states(
     df = spark.createDataFrame(rows, schema=schemas.STATE).withColumn(
         "updated_at", F.current_timestamp()
     )
-    with_retry(table, lambda: replace_rows(df, table))
+    with_retry(table, lambda: replace_rows(df, table, user_metadata=mark))
     return merged
 
 
