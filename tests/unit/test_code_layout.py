@@ -338,3 +338,37 @@ def test_a_broken_citation_is_found(tmp_path: Path) -> None:
     outside = ("(spec " + "§6.3)", "shared/" + "spec/dcp-messages.md", "research " + "§1.3")
     assert all(STRAY.search(text) for text in outside)
     assert not STRAY.search("docs/protocol/dcp.md §6.3")
+
+
+def _layout_entries() -> dict[str, str]:
+    """docs/architecture.md's layout block: the text said of each package (``dcp_cdc/``,
+    ``dcp_cdc/agent/``, ``pipelines/``, ``dags/``): an entry is a line at indent 0 or 2 (a
+    package's own modules are entries at indent 2 below it), and the deeper lines below it."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    top = current = ""
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        word = line.strip().split(" ", 1)[0]
+        if word and indent == 0:
+            top = current = word[: word.rindex("/") + 1] if "/" in word else ""
+        elif word and indent == 2:
+            current = top + word if word.endswith("/") else top
+        entries[current] = entries.get(current, "") + " " + line.strip()
+    return entries
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    """Every module of the library, the jobs and the DAGs is named in docs/architecture.md's
+    layout, in its package's entry (``name.py``, or its name in a list of stages)."""
+    entries = _layout_entries()
+    unnamed = []
+    for name, path in _modules().items():
+        if path.name == "__init__.py":
+            continue
+        package = path.parent.relative_to(ROOT).as_posix() + "/"
+        said = entries.get(package, "")
+        if not re.search(rf"(?<!\w){re.escape(path.stem)}(\.py)?\b", said):
+            unnamed.append(f"{name} (in the entry of {package})")
+    assert not unnamed, "docs/architecture.md does not name:\n" + "\n".join(unnamed)
