@@ -133,13 +133,13 @@ def ingest_bucket(
             if memory is not None:
                 memory.forget()
             summary = _Run.start(spark, config, bucket, hook, IngestSummary(bucket.name), memory)
+            # what the first attempt found before it failed, and the landing no longer shows
+            summary.skipped = list(dict.fromkeys(first.skipped + summary.skipped))
+            summary.waiting = list(dict.fromkeys(first.waiting + summary.waiting))
     except BaseException:
         if memory is not None:
             memory.forget()
         raise
-        # what the first attempt found before it failed, and the landing no longer shows
-        summary.skipped = list(dict.fromkeys(first.skipped + summary.skipped))
-        summary.waiting = list(dict.fromkeys(first.waiting + summary.waiting))
     summary.seconds = time.perf_counter() - started
     log.info(summary.render(), extra={"run_id": summary.run_id or None})
     return summary
