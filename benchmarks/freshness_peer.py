@@ -45,7 +45,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from benchmarks.freshness import BUCKET, Probe, Ticks, median
 from dcp_cdc.config import AppConfig
 from dcp_cdc.events import DATA_OPS
-from pipelines import delta_io
+from pipelines import delta_io, schemas
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.loop import Follower
@@ -56,19 +56,9 @@ DATABASE = "peer"
 
 ROWS = T.StructType(
     [
-        T.StructField("key", T.StringType(), False),
-        T.StructField("doc", T.StringType()),
-        T.StructField("doc_binary", T.BinaryType()),
-        T.StructField("xattrs", T.MapType(T.StringType(), T.StringType())),
-        T.StructField("_collection_id", T.LongType()),
-        T.StructField("_vbucket", T.IntegerType()),
-        T.StructField("_seqno", T.LongType()),
-        T.StructField("_rev_seqno", T.LongType()),
-        T.StructField("_cas", T.LongType()),
-        T.StructField("_flags", T.LongType()),
-        T.StructField("_expiry", T.LongType()),
-        T.StructField("_deleted", T.BooleanType()),
-        T.StructField("_applied_at", T.TimestampType()),
+        f
+        for f in schemas.SILVER.fields
+        if f.name not in ("_vb_uuid", "_change", "_ingest_run_id", "_modified_at")
     ]
 )
 """A peer table: a collection's documents by key, tombstones included."""
