@@ -174,9 +174,9 @@ bench: setup
 	fi
 
 # The code of dcp_cdc and pipelines as one zip, for [spark] py_files on a cluster: the same
-# zip `py_files = "auto"` builds (pipelines/shipping.py), from this checkout's packages.
+# zip `py_files = "auto"` builds (pipelines/lake/shipping.py), from this checkout's packages.
 pyfiles: setup
-	$(PY) -m pipelines.shipping --out dist/dcp_cdc.zip
+	$(PY) -m pipelines.lake.shipping --out dist/dcp_cdc.zip
 
 # A wheel of the package with the compiled decoder pass, for executors' Pythons (a zip from
 # pyfiles decodes with numpy alone: an extension module cannot be imported from a zip).

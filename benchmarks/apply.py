@@ -99,7 +99,7 @@ def registry_of(
 def session(event_log: Path | None = None) -> Any:
     """The product's session settings (``[spark]`` defaults) on the benchmark's warehouse."""
     from dcp_cdc.config import SparkConfig
-    from pipelines.spark_session import build_spark_session
+    from pipelines.lake.spark_session import build_spark_session
 
     defaults = SparkConfig()
     extra = dict(defaults.conf)

@@ -148,7 +148,7 @@ def run_size(
         scraper = Scraper(port, scrape_s)
         started = time.perf_counter()
         agent = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "capture", "--config", str(config)],
+            [sys.executable, "-m", "pipelines.app.cli", "capture", "--config", str(config)],
             env=env,
             stdout=subprocess.PIPE,
             text=True,

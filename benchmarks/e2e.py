@@ -23,9 +23,9 @@ def run_once(events: int, vbuckets: int, work: Path, *, history: bool = False) -
     from dcp_cdc.config import AppConfig, BucketConfig
     from dcp_cdc.simulator import simulate
     from pipelines.bronze.job import ingest_bucket
+    from pipelines.lake.spark_session import build_spark_session
     from pipelines.quality.job import check_bucket
     from pipelines.silver.job import apply_bucket
-    from pipelines.spark_session import build_spark_session
 
     shutil.rmtree(work, ignore_errors=True)
     stages: dict[str, float] = {}

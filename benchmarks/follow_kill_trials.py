@@ -56,8 +56,8 @@ def _child(work: Path) -> int:
     from dcp_cdc.config import AppConfig, BucketConfig
     from pipelines.bronze.job import ingest_bucket
     from pipelines.follow.loop import Follower
+    from pipelines.lake.spark_session import session_for
     from pipelines.silver.job import apply_bucket
-    from pipelines.spark_session import session_for
 
     info = json.loads((work / "ports.json").read_text())
     config = AppConfig(

@@ -363,7 +363,7 @@ def run_one(
     """One rate, ours or (``peer``) the peer's side, with a producer and Spark of its own."""
     from dcp_cdc.agent.settings import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
-    from pipelines.spark_session import session_for
+    from pipelines.lake.spark_session import session_for
 
     work = DATA / f"rate{int(rate)}{'-peer' if peer else ''}"
     shutil.rmtree(work, ignore_errors=True)

@@ -15,7 +15,7 @@ batch harmless), a new key is inserted. A deletion or expiration is kept as a to
 (``_deleted``), as silver's ``_all`` tables keep it, so that a deletion's seqno is visible to
 the probe. The tables are made as silver's ``_all`` tables are (the same table properties:
 deletion vectors and the change data feed as ``[silver]`` says; clustered by ``_vbucket``,
-``key``), in the same Spark session settings (:func:`pipelines.spark_session.session_for`).
+``key``), in the same Spark session settings (:func:`pipelines.lake.spark_session.session_for`).
 
 It is the canonical pattern, not a correct CDC: it ignores snapshots (a change is applied
 whether or not its snapshot is whole), rollbacks and failovers (a vbucket's seqnos that a new
@@ -45,11 +45,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from benchmarks.freshness import BUCKET, Probe, Ticks, median
 from dcp_cdc.config import AppConfig
 from dcp_cdc.events import DATA_OPS
-from pipelines import delta_io, schemas
+from pipelines import schemas
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress
+from pipelines.lake import delta_io
 from pipelines.silver.registry import collection_properties
 
 DATABASE = "peer"

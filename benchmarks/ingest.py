@@ -125,7 +125,7 @@ def _executor_metrics(event: dict[str, Any]) -> list[dict[str, Any]]:
 
 def measure(n_events: int, runs: int, event_log: Path, writer: str, jit: str) -> dict[str, Any]:
     """Runs of one size in this process (one JVM), on a fresh warehouse."""
-    from pipelines.spark_session import build_spark_session, ingest_jvm_conf, merge_conf
+    from pipelines.lake.spark_session import build_spark_session, ingest_jvm_conf, merge_conf
 
     corpus = captures(n_events)
     warehouse = DATA / f"ingest-warehouse-{n_events}"

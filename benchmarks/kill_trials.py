@@ -15,7 +15,7 @@ first table creations and commits), runs the job again to its end and checks:
 - apply: silver equals the simulator's truth, and no published version of any collection
   table moved a key back (:func:`tests.support.kill_harness.regressions`).
 
-The step a kill hit is the last fault point the killed run passed (:mod:`pipelines.faults`'s
+The step a kill hit is the last fault point the killed run passed (:mod:`pipelines.lake.faults`'s
 trace). Prints a table and writes ``benchmarks/results/kill_trials.json``. Not part of
 ``make bench`` (it takes hours on a busy machine): ``make kill-trials``.
 """

@@ -171,7 +171,7 @@ def shim_jar() -> Path:
     """Compile the catalog shim (once) against the installed Spark and Delta jars."""
     import pyspark
 
-    from pipelines.spark_session import find_delta_jars
+    from pipelines.lake.spark_session import find_delta_jars
 
     out = DATA / "shim" / "dcp-cdc-bench-shim.jar"
     if out.exists():
@@ -199,7 +199,7 @@ def write_project(layout: Layout, keys: int) -> Path:
     import yaml
 
     from dcp_cdc.config import SparkConfig
-    from pipelines.spark_session import find_delta_jars, spark_conf
+    from pipelines.lake.spark_session import find_delta_jars, spark_conf
 
     defaults = SparkConfig()
     conf = spark_conf(

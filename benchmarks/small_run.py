@@ -48,9 +48,9 @@ def worker(work: Path) -> None:
     started = time.perf_counter()
     from dcp_cdc.config import AppConfig, BucketConfig
     from pipelines.bronze.job import ingest_bucket
+    from pipelines.lake.spark_session import build_spark_session
     from pipelines.quality.job import check_bucket
     from pipelines.silver.job import apply_bucket
-    from pipelines.spark_session import build_spark_session
 
     config = AppConfig(
         landing=str(work / "landing"),

@@ -13,13 +13,13 @@ and one maintenance DAG ``dcp_cdc_maintenance`` with a ``maintain__<bucket>`` ta
 
 Each task is ``spark-submit`` of the same entry point the command line uses
 (``pipelines/bronze/job.py``, ``pipelines/silver/job.py``, ``pipelines/quality/job.py``,
-``pipelines/maintenance.py``), built by :mod:`pipelines.airflow_tasks`. The master comes from the
+``pipelines/maintenance/job.py``), built by :mod:`pipelines.app.airflow_tasks`. The master comes from the
 Airflow connection ``[airflow] spark_conn_id``: the same DAG runs on a local Spark or a
 cluster by changing the connection.
 
 Parsing stays light: this file imports Airflow, the standard library, ``dcp_cdc.config``
 (pydantic, which Airflow has loaded already) to validate the file, so a wrong setting shows as
-an import error naming the field, and ``pipelines.airflow_tasks``, which imports nothing heavier.
+an import error naming the field, and ``pipelines.app.airflow_tasks``, which imports nothing heavier.
 Spark and Great Expectations are imported only by the jobs, in the process ``spark-submit``
 starts.
 """
@@ -32,7 +32,7 @@ from airflow.sdk import DAG, Param
 
 from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.naming import identifier
-from pipelines.airflow_tasks import (
+from pipelines.app.airflow_tasks import (
     BACKFILL_PARAM,
     BACKFILL_PATTERN,
     MAINTENANCE_DAG_ID,
@@ -97,7 +97,7 @@ def maintenance_dag(config: AppConfig, path: Path) -> DAG:
         for bucket in config.buckets:
             task = submit(
                 f"maintain__{identifier(bucket.name)}",
-                "maintenance.py",
+                "maintenance/job.py",
                 ["--bucket", bucket.name],
                 config=config,
                 config_path=path,

@@ -500,7 +500,7 @@ class AirflowConfig(ConfigModel):
 
 
 class MaintenanceConfig(ConfigModel):
-    """The daily maintenance job (``python -m pipelines.maintenance``, ``dcp-cdc maintain``);
+    """The daily maintenance job (``python -m pipelines.maintenance.job``, ``dcp-cdc maintain``);
     it also purges tombstones (``silver.tombstone_retention_hours``) and old quality results
     (``quality.results_retention_days``)."""
 

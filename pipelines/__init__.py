@@ -1,4 +1,4 @@
 """Spark jobs of dcp-cdc: pure DataFrame transforms per layer, and job modules that do the I/O.
 
-Sessions are built in one place only, :mod:`pipelines.spark_session`.
+Sessions are built in one place only, :mod:`pipelines.lake.spark_session`.
 """

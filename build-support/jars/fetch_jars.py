@@ -9,7 +9,7 @@ Maven resolves the runtime closure of the artifacts in ``pom.xml`` beside this f
 whose artifact is already in ``pyspark/jars`` is dropped (Spark's own copy wins on the classpath
 anyway, and two versions of one library only invite trouble). What is left is copied flat into
 ``--dest`` with a ``MANIFEST.txt`` naming each jar's coordinates and what was skipped.
-``pipelines.spark_session`` hands these files to ``spark.jars``.
+``pipelines.lake.spark_session`` hands these files to ``spark.jars``.
 
 ``make setup-s3`` runs it again on ``s3/pom.xml`` (Hadoop's S3A filesystem and the AWS SDK
 modules it calls) into ``.cache/jars-s3``, with ``--require hadoop-aws``: a set only sessions

@@ -14,7 +14,7 @@ The S3 primitives relied on, and why each keeps the agent's guarantees (docs/cap
   changed (or created) gets :class:`~dcp_cdc.errors.CheckpointConflictError` and stops
   instead of overwriting it.
 
-Settings are the landing reader's (:mod:`pipelines.landing`): ``[spark.conf]``'s
+Settings are the landing reader's (:mod:`pipelines.bronze.landing`): ``[spark.conf]``'s
 ``spark.hadoop.fs.s3a.*`` (endpoint, keys, region, path style), else the usual AWS
 environment (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``AWS_ENDPOINT_URL``, ...). Errors are
 typed (:class:`~dcp_cdc.errors.ObjectStoreError`) and name the location and the setting,
@@ -113,7 +113,7 @@ class S3Options:
     @classmethod
     def from_spark_conf(cls, conf: Mapping[str, str]) -> S3Options:
         """The options of Spark's ``spark.hadoop.fs.s3a.*`` settings (``[spark.conf]``), read
-        the one reading of them: the landing's reader (:func:`pipelines.landing.s3_options`),
+        the one reading of them: the landing's reader (:func:`pipelines.bronze.landing.s3_options`),
         the jobs' preflight and ``dcp-cdc status`` take theirs from here."""
         s3a = {k[len(_S3A) :]: v for k, v in conf.items() if k.startswith(_S3A)}
         endpoint = s3a.get("endpoint") or None

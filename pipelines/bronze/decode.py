@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 from dcp_cdc.columnar import decode_batch, decode_frames, frame_starts, keep_freed_memory
 from dcp_cdc.errors import MalformedFrameError, TruncatedFrameError
 from dcp_cdc.protocol import Opcode
+from pipelines.bronze.landing import gone, open_input
 from pipelines.errors import LandingChangedError
-from pipelines.landing import gone, open_input
 
 MAX_ROWS_PER_BATCH = 65536
 MEMORY_PER_CHUNK = 8
@@ -68,7 +68,7 @@ class _Chunks:
     batch left for later) starts the next buffer, topped up to ``chunk_bytes`` only. So a
     buffer is at most one chunk, unless it holds no whole frame (one frame is at most 64 MiB,
     docs/protocol/dcp.md §1.1). ``storage``: the Spark settings the landing filesystem is built from
-    (:func:`pipelines.landing.filesystem`).
+    (:func:`pipelines.bronze.landing.filesystem`).
 
     After the caller's last chunk, :meth:`finish` says whether the bytes were those planned.
     A file that vanishes (or becomes a folder) ends the chunks early; an I/O error on a file

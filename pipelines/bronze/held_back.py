@@ -8,8 +8,8 @@ listed and the header of each file not ingested read, as ingest would plan them.
 from __future__ import annotations
 
 from dcp_cdc.config import AppConfig, BucketConfig
+from pipelines.bronze.landing import header_or_problem, list_captures
 from pipelines.bronze.plan import HeldBack, IngestSummary, LogState, plan_files
-from pipelines.landing import header_or_problem, list_captures
 
 
 def held_back_now(config: AppConfig, bucket: BucketConfig, state: LogState) -> list[HeldBack]:

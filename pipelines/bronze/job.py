@@ -30,9 +30,9 @@ same digest): one that changed or vanished is logged ``changed`` or ``missing`` 
 This module orders the steps (:func:`ingest_bucket`, a new run or the finishing of the last
 one in :class:`_Run`, which is the job's own sequence of steps, not a concern apart); the
 decisions are :mod:`pipelines.bronze.plan`'s, the tables and the ingest log
-:mod:`pipelines.bronze.store`'s, the landing's capture files :mod:`pipelines.landing`'s, the
+:mod:`pipelines.bronze.store`'s, the landing's capture files :mod:`pipelines.bronze.landing`'s, the
 decode and scan tasks :mod:`pipelines.bronze.decode`'s, the ``arrow`` writer
-:mod:`pipelines.bronze.writer`'s. The command line's verb: :mod:`pipelines.commands.ingest`.
+:mod:`pipelines.bronze.writer`'s. The command line's verb: :mod:`pipelines.app.commands.ingest`.
 """
 
 from __future__ import annotations
@@ -54,10 +54,16 @@ from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.logs import log_context
-from pipelines import delta_io, schemas
-from pipelines.batch_metrics import RunMetrics, pushed
+from pipelines import schemas
 from pipelines.bronze import store, transforms, writer
 from pipelines.bronze.decode import FileScan, decode_files, scan_files
+from pipelines.bronze.landing import (
+    CaptureFile,
+    Problem,
+    check_landing,
+    header_or_problem,
+    list_captures,
+)
 from pipelines.bronze.memory import IngestMemory
 from pipelines.bronze.plan import (
     IngestSummary,
@@ -69,14 +75,9 @@ from pipelines.bronze.plan import (
     task_groups,
 )
 from pipelines.errors import LandingChangedError
-from pipelines.landing import (
-    CaptureFile,
-    Problem,
-    check_landing,
-    header_or_problem,
-    list_captures,
-)
-from pipelines.spark_session import ingest_jvm_conf, session_for
+from pipelines.lake import delta_io
+from pipelines.lake.spark_session import ingest_jvm_conf, session_for
+from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.bronze")
@@ -680,6 +681,6 @@ def run(
 # ``python -m pipelines.bronze.job`` and ``spark-submit pipelines/bronze/job.py``: the ``ingest`` verb of the command line
 # (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    from pipelines.cli import job_main
+    from pipelines.app.cli import job_main
 
     raise SystemExit(job_main("ingest"))

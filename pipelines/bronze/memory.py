@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.bronze import store
 from pipelines.bronze.plan import LogState
-from pipelines.delta_io import table_version
+from pipelines.lake.delta_io import table_version
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.bronze.decode import NO_STATE, FileScan, StreamState
-from pipelines.landing import CaptureFile, Problem
+from pipelines.bronze.landing import CaptureFile, Problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +216,7 @@ def plan_files(
     header: Callable[[CaptureFile], CaptureFile | Problem],
 ) -> tuple[list[CaptureFile], list[dict[str, Any]]]:
     """The files to ingest now, in session order, and ``changed`` rows to log. ``header``
-    reads a listed file's header (:func:`pipelines.landing.header_or_problem`): the one read
+    reads a listed file's header (:func:`pipelines.bronze.landing.header_or_problem`): the one read
     the plan needs, passed in so that the decisions here do no I/O."""
     changed_rows = []
     candidates = []

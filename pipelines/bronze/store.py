@@ -15,10 +15,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
-from pipelines import delta_io, schemas
+from pipelines import schemas
 from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import HeldBack, LogState, lost_row
 from pipelines.errors import LandingSkipError
+from pipelines.lake import delta_io
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"

@@ -5,7 +5,7 @@ writes them one at a time (14-19 µs an event on 2 cores, most of it ``writeNull
 columns a data row leaves empty). Here the task that decoded a batch writes it with pyarrow's
 columnar Parquet writer into the table's folder, and gives the driver one row per file: its
 path, size and Delta statistics (``schemas.WRITTEN``). The driver commits all of a run's
-files in one Delta transaction (:func:`pipelines.delta_io.commit_files`), with the run's
+files in one Delta transaction (:func:`pipelines.lake.delta_io.commit_files`), with the run's
 ``txnAppId``/``txnVersion`` as Spark's idempotent append has it: until that commit the files
 are not in the table, and a killed run leaves only files no snapshot names (VACUUM removes
 them).
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.landing import filesystem
+from pipelines.bronze.landing import filesystem
 
 STRING_PREFIX = 32
 """UTF-16 units Delta keeps of a string statistic (``dataSkippingStringPrefixLength``)."""

@@ -13,18 +13,18 @@ from typing import TextIO
 
 from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.logs import configure_logging_from
-from pipelines import spark_session
-from pipelines.demo import (
+from pipelines.app.batch_run import Step
+from pipelines.app.demo import (
     DEMO_NODES,
     demo_settings,
     demo_simulation,
     fresh_workdir,
     served_steadily,
 )
+from pipelines.catalog.settings import shared_catalog, sharing_line
 from pipelines.follow.agent import captures_of
 from pipelines.follow.loop import Follower
-from pipelines.metastore import shared_catalog, sharing_line
-from pipelines.run import Step
+from pipelines.lake import spark_session
 
 
 @contextlib.contextmanager
@@ -52,7 +52,7 @@ def shared_catalog_while_following(config: AppConfig, out: TextIO) -> Iterator[N
     """The catalog stays open to other processes while following (``dcp-cdc sql``, ``tables``,
     the Thrift server): on the local default, a metastore server for the warehouse, held by
     a lease while following and started on demand if none runs; it stops when no process
-    holds it any more, also after a kill (:func:`pipelines.metastore.shared_catalog`).
+    holds it any more, also after a kill (:func:`pipelines.catalog.settings.shared_catalog`).
     Under ``spark-submit`` the JVM was launched already: the submitter chose its catalog."""
     if spark_session.launched_by_spark_submit():
         yield

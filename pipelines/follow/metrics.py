@@ -37,8 +37,8 @@ from prometheus_client.registry import Collector
 from dcp_cdc.agent.metrics import MetricSpec, Monitoring
 from dcp_cdc.agent.metrics_server import MetricsServer
 from dcp_cdc.config import FollowConfig
+from pipelines.app.demo import LoopThread
 from pipelines.bronze.plan import HeldBack
-from pipelines.demo import LoopThread
 from pipelines.follow.progress import Batch
 from pipelines.silver.steps import STEPS as APPLY_STEPS
 

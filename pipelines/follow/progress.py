@@ -2,7 +2,7 @@
 watching reads after each: the lag (the seqnos captured, from the agent's checkpoint, that
 silver has not reached yet, summed over vbuckets), the events per second, the age of what
 silver holds, and how far silver is behind the bucket per change (freshness,
-:mod:`pipelines.freshness`) in the last batch and over the last minute.
+:mod:`pipelines.observe.freshness`) in the last batch and over the last minute.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import BucketConfig
 from pipelines.bronze.plan import HeldBack
 from pipelines.follow.agent import captured_seqnos
-from pipelines.freshness import ChangeTimes, window_quantile
+from pipelines.observe.freshness import ChangeTimes, window_quantile
 
 RATE_WINDOW_S = 10.0
 """Events per second are counted over this many seconds of micro-batches."""

@@ -6,7 +6,7 @@ DataFrame steps, no I/O).
 :func:`stream_frames` places each frame with one window pass per (session, vbucket); the
 snapshot and stream metrics (:mod:`pipelines.quality.streams`), the branches
 (:mod:`pipelines.quality.branches`) and the other metric frames
-(:mod:`pipelines.quality.metrics`) start from them. Great Expectations then validates the
+(:mod:`pipelines.quality.measures`) start from them. Great Expectations then validates the
 small metric frames.
 
 The rules are docs/protocol/dcp.md §6.3 (snapshots), §6.9 (OSO), §6.10 (stream end), §7.1 (ordering) and

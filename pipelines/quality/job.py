@@ -40,11 +40,13 @@ from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.logs import log_context
-from pipelines import delta_io, schemas, tables
-from pipelines.batch_metrics import RunMetrics, pushed
+from pipelines import schemas, tables
 from pipelines.bronze import store
 from pipelines.bronze.held_back import held_back_now
 from pipelines.errors import DataQualityError
+from pipelines.lake import delta_io
+from pipelines.lake.spark_session import session_for
+from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.quality import report as reporting
 from pipelines.quality.branches import (
     bronze_live_documents,
@@ -58,7 +60,7 @@ from pipelines.quality.branches import (
     split_history,
 )
 from pipelines.quality.frames import base_frames, stream_frames
-from pipelines.quality.metrics import coverage_metrics, file_metrics, reconciliation_metrics
+from pipelines.quality.measures import coverage_metrics, file_metrics, reconciliation_metrics
 from pipelines.quality.report import OpenSnapshot, QualityReport
 from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.quality.suites import SUITES, checks, held_back_rows
@@ -68,7 +70,6 @@ from pipelines.quality.suites import SUITES, checks, held_back_rows
 from pipelines.quality.validate import import_soon, validate
 from pipelines.schemas import REGISTRY, SILVER, STATE, projection
 from pipelines.silver import live as live_layer
-from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.quality")
@@ -465,6 +466,6 @@ def failed_errors(reports: Sequence[QualityReport]) -> list[str]:
 # ``python -m pipelines.quality.job`` and ``spark-submit pipelines/quality/job.py``: the ``check`` verb of the command line
 # (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    from pipelines.cli import job_main
+    from pipelines.app.cli import job_main
 
     raise SystemExit(job_main("check"))

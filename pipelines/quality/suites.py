@@ -1,7 +1,7 @@
 """The five suites and their expectations, as plain data (no Spark, no Great Expectations).
 
 Each expectation checks one column of its suite's metric frame
-(:mod:`pipelines.quality.streams`, :mod:`pipelines.quality.metrics`,
+(:mod:`pipelines.quality.streams`, :mod:`pipelines.quality.measures`,
 :func:`held_back_rows`): a problem count that
 must be 0, a flag that must be true, or two columns that must agree. ``detail`` names the
 column that says, per failing row, what is wrong. Severities are ``error`` (fails the run)

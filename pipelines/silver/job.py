@@ -39,10 +39,11 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
-from pipelines.batch_metrics import RunMetrics, pushed
-from pipelines.delta_io import table_version, vanished_table
 from pipelines.errors import CommitConflictError
-from pipelines.freshness import ChangeTimes
+from pipelines.lake.delta_io import table_version, vanished_table
+from pipelines.lake.spark_session import session_for
+from pipelines.observe.batch_metrics import RunMetrics, pushed
+from pipelines.observe.freshness import ChangeTimes
 from pipelines.silver import live, state, store, transforms
 from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
 from pipelines.silver.registry import (
@@ -55,7 +56,6 @@ from pipelines.silver.registry import (
     retire_dropped,
     update_registry,
 )
-from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
@@ -501,6 +501,6 @@ def run(
 # ``python -m pipelines.silver.job`` and ``spark-submit pipelines/silver/job.py``: the ``apply`` verb of the command line
 # (imported here only, so that the job module does not import the command line).
 if __name__ == "__main__":
-    from pipelines.cli import job_main
+    from pipelines.app.cli import job_main
 
     raise SystemExit(job_main("apply"))

@@ -30,8 +30,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import SilverConfig
-from pipelines import delta_io, tables
-from pipelines.delta_io import with_retry
+from pipelines import tables
+from pipelines.lake import delta_io
+from pipelines.lake.delta_io import with_retry
 from pipelines.silver import store, transforms
 from pipelines.silver.registry import Registry
 from pipelines.tables import BucketTables

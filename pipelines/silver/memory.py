@@ -20,7 +20,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines.delta_io import table_version
+from pipelines.lake.delta_io import table_version
 
 States = dict[int, dict[str, Any]]
 """vbucket -> ``{"state": ..., "position_run_id": ...}``, as ``state.read_states`` gives."""

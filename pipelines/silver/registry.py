@@ -20,9 +20,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, ProjectionConfig
-from pipelines import delta_io, schemas, tables
-from pipelines.delta_io import metric, replace_rows, with_retry
+from pipelines import schemas, tables
 from pipelines.errors import CollectionNameError
+from pipelines.lake import delta_io
+from pipelines.lake.delta_io import metric, replace_rows, with_retry
 from pipelines.silver import transforms
 from pipelines.tables import BucketTables
 

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
-from pipelines.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
+from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
 from pipelines.tables import BucketTables
 

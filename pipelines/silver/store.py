@@ -18,8 +18,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines import delta_io, schemas, tables
-from pipelines.delta_io import metric, with_retry
+from pipelines import schemas, tables
+from pipelines.lake import delta_io
+from pipelines.lake.delta_io import metric, with_retry
 from pipelines.silver import transforms
 from pipelines.silver.registry import Registry, archived_tables
 from pipelines.tables import BucketTables

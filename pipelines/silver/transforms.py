@@ -16,7 +16,7 @@ from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
-from pipelines.freshness import ACCURACY, PROBABILITIES
+from pipelines.observe.freshness import ACCURACY, PROBABILITIES
 from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE
 from pipelines.silver.walk_columns import walk_group
 
@@ -190,9 +190,9 @@ CHANGE_TIMES = "change_times"
 
 def change_times(changes: DataFrame) -> DataFrame:
     """One row of kind :data:`CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
-    summed up for freshness (:class:`pipelines.freshness.ChangeTimes`): ``cas_count`` (changes
+    summed up for freshness (:class:`pipelines.observe.freshness.ChangeTimes`): ``cas_count`` (changes
     with a CAS time), ``cas_sum`` and ``cas_quantiles`` at
-    :data:`pipelines.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
+    :data:`pipelines.observe.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
     nanoseconds, its counter bits masked off, as :func:`modified_at` reads them). An
     aggregate, so the job that collects the walk's control rows computes it in passing."""
     mask = ~HLC_COUNTER_MASK

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig
-from pipelines.spark_session import session_for
+from pipelines.lake.spark_session import session_for
 from pipelines.status.tables_read import plain_types
 
 

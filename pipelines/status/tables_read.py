@@ -32,10 +32,10 @@ import pyarrow as pa
 
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import AppConfig, is_uri, metastore_address
+from pipelines.catalog.embedded import METASTORE_DIR_NAME
+from pipelines.catalog.settings import local_default
 from pipelines.errors import TableReadError
-from pipelines.local_catalog import METASTORE_DIR_NAME
-from pipelines.metastore import local_default
-from pipelines.object_storage import on_s3
+from pipelines.lake.object_storage import on_s3
 
 S3_TIMEOUTS = {
     "connect_timeout": "5s",

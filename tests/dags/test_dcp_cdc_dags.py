@@ -125,7 +125,7 @@ pool = "spark_pool"
         "maintain__travel_sample_a8560dff",
         "maintain__orders",
     ]
-    assert all(t.application.endswith("pipelines/maintenance.py") for t in maintenance.tasks)
+    assert all(t.application.endswith("pipelines/maintenance/job.py") for t in maintenance.tasks)
 
 
 def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
@@ -133,7 +133,7 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
 ) -> None:
     from airflow.sdk.exceptions import ParamValidationError
 
-    from pipelines.spark_session import C1_ONLY
+    from pipelines.lake.spark_session import C1_ONLY
 
     _config(config_file, 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n')
     dag = _dagbag().dags["dcp_cdc__orders"]
@@ -184,7 +184,7 @@ def test_pipeline_dag_captures_then_runs_end_to_end(
 ) -> None:
     """``dag.test()``: the capture task streams the test producer (a child process, 2 data
     nodes) up to now, then three spark-submit jobs on a local master; silver equals the truth."""
-    from pipelines.spark_session import C1_ONLY
+    from pipelines.lake.spark_session import C1_ONLY
     from tests.support import delta_rs
     from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, USER, producer
 
@@ -239,7 +239,7 @@ execution_timeout_minutes = 10
 def test_default_configuration_for_a_checkout_and_an_installed_package(
     airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.airflow_tasks as dcp_airflow
+    import pipelines.app.airflow_tasks as dcp_airflow
     from dcp_cdc.errors import ConfigError
 
     monkeypatch.delenv("DCP_CDC_CONFIG", raising=False)
@@ -291,7 +291,7 @@ def test_a_capture_task_stopped_midway_stops_its_agent(
     from airflow.sdk.exceptions import AirflowTaskTimeout
     from airflow.sdk.execution_time.timeout import timeout
 
-    from pipelines import airflow_tasks
+    from pipelines.app import airflow_tasks
 
     children: list[subprocess.Popen[str]] = []
     popen = subprocess.Popen

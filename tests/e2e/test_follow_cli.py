@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import metastore_server
+from pipelines.catalog import server as metastore_server
 from tests.support.capture_harness import agent_env, producer, write_config
 
 pytestmark = [
@@ -48,7 +48,7 @@ class Follow:
         """``cwd``: the process's folder, and a process group of its own (for ``killpg``)."""
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "run", "--follow", "--config", str(config)],
+            [sys.executable, "-m", "pipelines.app.cli", "run", "--follow", "--config", str(config)],
             env={**agent_env(), "DCP_CDC_LOG_LEVEL": "WARNING"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spark_session import C1_ONLY
+from pipelines.lake.spark_session import C1_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

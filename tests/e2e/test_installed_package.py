@@ -122,9 +122,9 @@ def test_the_code_comes_from_the_installed_wheel(installed: Installed) -> None:
     done = installed.run(
         str(installed.venv / "bin" / "python"),
         "-c",
-        "import json, dcp_cdc, pipelines, pipelines.cli, pydantic, dcp_cdc._native\n"
+        "import json, dcp_cdc, pipelines, pipelines.app.cli, pydantic, dcp_cdc._native\n"
         "print(json.dumps([dcp_cdc.__file__, pipelines.__file__,"
-        " pipelines.cli.__file__, dcp_cdc._native.__file__, pydantic.__file__]))",
+        " pipelines.app.cli.__file__, dcp_cdc._native.__file__, pydantic.__file__]))",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     *ours, pydantic = map(Path, json.loads(done.stdout))  # the compiled pass came in the wheel

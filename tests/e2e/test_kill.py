@@ -1,5 +1,5 @@
 """Kill-anywhere: ``kill -9`` of a job's process group at a named step (a fault
-point of :mod:`pipelines.faults`), then the job again: it succeeds with no manual step, bronze
+point of :mod:`pipelines.lake.faults`), then the job again: it succeeds with no manual step, bronze
 holds every frame once, silver equals the truth and no published version moved a key back.
 
 Each case starts fresh JVMs for the killed run and the one after (over a minute each), so

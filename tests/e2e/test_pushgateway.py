@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import PushgatewayConfig
-from pipelines.batch_metrics import RunMetrics, pushed, success_families
-from pipelines.batch_metrics import push as push_families
-from pipelines.freshness import PROBABILITIES, ChangeTimes
+from pipelines.observe.batch_metrics import RunMetrics, pushed, success_families
+from pipelines.observe.batch_metrics import push as push_families
+from pipelines.observe.freshness import PROBABILITIES, ChangeTimes
 from tests.support import pushgateway as gateway
 from tests.support.pushgateway import MISSING, PUSHGATEWAY, value
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import object_storage
+from pipelines.lake import object_storage
 from tests.support.airflow_stack import Stack, local_stack, stack_settings
 from tests.support.ports import free_port
 from tests.support.s3_server import MotoS3Server
@@ -96,7 +96,7 @@ def _cli(
     env: dict[str, str], *args: str, timeout: float = 1800
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "pipelines.app.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

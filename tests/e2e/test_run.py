@@ -25,7 +25,7 @@ from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
 # the command of the code under test (the venv's dcp-cdc script runs what is installed)
-CLI = [sys.executable, "-m", "pipelines.cli"]
+CLI = [sys.executable, "-m", "pipelines.app.cli"]
 PROMPT = re.compile(r"^\d+: jdbc:hive2://\S+> ")
 
 
@@ -138,7 +138,7 @@ def test_status_on_the_demo_starts_no_jvm(demo: Demo, tmp_path: Path) -> None:
 
 _NO_PYSPARK = """
 import io, sys
-from pipelines import cli
+from pipelines.app import cli
 code = cli.main(["status", "--no-cluster"], io.StringIO())
 print(code, sorted({m.split(".")[0] for m in sys.modules if m.startswith(("pyspark", "py4j"))}))
 """
@@ -288,13 +288,13 @@ def thrift_server(demo: Demo, directory: Directory | None) -> Iterator[int]:
         server.wait(timeout=60)
         log.close()
         # the catalog was shared while it served, through a metastore server it started and
-        # stopped on SIGTERM (pipelines.metastore_server)
+        # stopped on SIGTERM (pipelines.catalog.server)
         assert "catalog: metastore server derby://127.0.0.1:" in log_path.read_text()
         assert not (demo.workdir / "warehouse" / "metastore_db.server.json").exists()
 
 
 def _beeline(port: int, user: str, password: str, query: str) -> subprocess.CompletedProcess[str]:
-    from pipelines.commands.thrift_server import spark_script
+    from pipelines.app.commands.thrift_server import spark_script
 
     return subprocess.run(
         [

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import metastore_server, metastore_watchdog
+from pipelines.catalog import server as metastore_server
+from pipelines.catalog import watchdog as metastore_watchdog
+from pipelines.catalog.embedded import open_local_catalog, release
 from pipelines.errors import CatalogError
-from pipelines.local_catalog import open_local_catalog, release
-from pipelines.spark_session import delta_jars_dir
+from pipelines.lake.spark_session import delta_jars_dir
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +42,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "pipelines.app.cli", *args],
         cwd=cwd,
         env=_env(),
         capture_output=True,
@@ -102,7 +103,7 @@ def test_two_processes_starting_at_once_get_one_server(tmp_path: Path, warehouse
     flags = ("--warehouse", str(warehouse))
     both = [
         subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "metastore", "start", *flags],
+            [sys.executable, "-m", "pipelines.app.cli", "metastore", "start", *flags],
             cwd=tmp_path,
             env=_env(),
             stdout=subprocess.PIPE,
@@ -191,7 +192,7 @@ def test_a_port_taken_by_another_program_is_refused(warehouse: Path) -> None:
 
 
 def test_the_demo_does_not_wipe_a_served_warehouse(tmp_path: Path) -> None:
-    from pipelines.demo import fresh_workdir
+    from pipelines.app.demo import fresh_workdir
 
     warehouse = tmp_path / "work" / "warehouse"
     record, _ = metastore_server.start(warehouse, jars=delta_jars_dir())
@@ -208,7 +209,7 @@ def test_the_demo_does_not_wipe_a_served_warehouse(tmp_path: Path) -> None:
 def test_the_demo_starts_afresh_over_a_killed_demos_server(tmp_path: Path) -> None:
     """A demo killed with kill -9 and started again at once: the server it started on demand,
     held by no one, is stopped first instead of refusing the start."""
-    from pipelines.demo import fresh_workdir
+    from pipelines.app.demo import fresh_workdir
 
     warehouse = tmp_path / "work" / "warehouse"
     killed = Holder(warehouse)
@@ -220,8 +221,8 @@ def test_the_demo_starts_afresh_over_a_killed_demos_server(tmp_path: Path) -> No
 SERVED = """
 import subprocess, sys
 from pathlib import Path
-from pipelines.metastore_server import lease_fds, serving
-from pipelines.spark_session import delta_jars_dir
+from pipelines.catalog.server import lease_fds, serving
+from pipelines.lake.spark_session import delta_jars_dir
 with serving(Path(sys.argv[1]), jars=delta_jars_dir()) as record:
     child = None
     if sys.argv[2:]:  # no pipe of the test's: it waits for this process's output to end
@@ -272,7 +273,7 @@ class Holder:
 
 def _watchdogs(warehouse: Path) -> list[int]:
     """The pids of the watchdogs running for ``warehouse``."""
-    return _running(b"pipelines.metastore_watchdog", str(warehouse).encode())
+    return _running(b"pipelines.catalog.watchdog", str(warehouse).encode())
 
 
 def _servers(warehouse: Path) -> list[int]:
@@ -380,7 +381,7 @@ def test_a_kept_server_outlives_its_holders(tmp_path: Path, warehouse: Path) -> 
 HOLDER = """
 import sys
 from pathlib import Path
-from pipelines.spark_session import build_spark_session
+from pipelines.lake.spark_session import build_spark_session
 spark = build_spark_session("holder", Path(sys.argv[1]), master="local[1]", shuffle_partitions=1)
 print(spark.conf.get("spark.hadoop.javax.jdo.option.ConnectionURL"), flush=True)
 spark.sql("CREATE TABLE default.held_by_one (n INT) USING delta")
@@ -438,7 +439,7 @@ class Follow:
     def __init__(self, cwd: Path) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "run", "--follow", "--rate", "50"],
+            [sys.executable, "-m", "pipelines.app.cli", "run", "--follow", "--rate", "50"],
             cwd=cwd,
             env=_env(),
             stdout=subprocess.PIPE,

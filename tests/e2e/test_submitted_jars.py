@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.shipping import package_files, write_zip
-from pipelines.spark_session import JARS_DIR_ENV, delta_jars_dir, find_delta_jars
+from pipelines.lake.shipping import package_files, write_zip
+from pipelines.lake.spark_session import JARS_DIR_ENV, delta_jars_dir, find_delta_jars
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DRIVER = """
 import sys
 import pipelines
-from pipelines.spark_session import CHECKOUT_JARS_DIR, build_spark_session
+from pipelines.lake.spark_session import CHECKOUT_JARS_DIR, build_spark_session
 
 assert ".zip" in pipelines.__file__, pipelines.__file__  # the shipped code, not a checkout
 assert not CHECKOUT_JARS_DIR.exists(), CHECKOUT_JARS_DIR
@@ -40,7 +40,7 @@ def test_a_submitted_driver_running_the_shipped_zip_uses_the_submitters_jars(
 ) -> None:
     import pyspark
 
-    from pipelines import metastore_server
+    from pipelines.catalog import server as metastore_server
 
     code = write_zip(tmp_path / "code" / "dcp_cdc-test.zip", package_files())
     driver = tmp_path / "driver.py"

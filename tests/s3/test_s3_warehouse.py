@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import object_storage
+from pipelines.lake import object_storage
 from tests.support.s3_server import MotoS3Server
 
 ROOT = Path(__file__).resolve().parents[2]

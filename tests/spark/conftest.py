@@ -46,7 +46,7 @@ def spark_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(spark_warehouse: Path) -> Iterator[SparkSession]:
-    from pipelines.spark_session import build_spark_session
+    from pipelines.lake.spark_session import build_spark_session
 
     session = build_spark_session(
         "dcp-cdc-tests",

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import simulate
 from pipelines.bronze.job import ingest_bucket
-from pipelines.delta_io import table_version
+from pipelines.lake.delta_io import table_version
 from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.memory import ApplyMemory

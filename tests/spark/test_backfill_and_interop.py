@@ -161,7 +161,7 @@ def test_rebuild_of_a_collection_after_a_purge_gives_the_same_table(
 def test_maintenance_purges_deletes_old_quality_results_optimizes_and_vacuums(
     spark: SparkSession, applied: Applied
 ) -> None:
-    from pipelines.maintenance import maintain_bucket
+    from pipelines.maintenance.job import maintain_bucket
 
     bucket, config = applied.bucket, applied.config
     spark.sql("CREATE DATABASE IF NOT EXISTS quality")

@@ -19,9 +19,10 @@ from dcp_cdc.capture import iter_capture
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import MalformedFrameError
 from dcp_cdc.simulator import simulate
-from pipelines import delta_io, schemas
+from pipelines import schemas
 from pipelines.bronze import job
 from pipelines.bronze.job import IngestSummary, ingest_bucket
+from pipelines.lake import delta_io
 from pipelines.tables import BucketTables
 
 

@@ -46,9 +46,10 @@ from dcp_cdc.events import (
     VbSeqnosResponse,
 )
 from dcp_cdc.protocol import ClientOpcode, Datatype, Opcode, Status, VbucketState
-from pipelines import delta_io, schemas
+from pipelines import schemas
 from pipelines.bronze.job import ingest_bucket
 from pipelines.bronze.store import EVENTS_CLUSTERING
+from pipelines.lake import delta_io
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables, all_rows

@@ -1,4 +1,4 @@
-"""Delta Lake works in the sessions pipelines.spark_session builds, with no network.
+"""Delta Lake works in the sessions pipelines.lake.spark_session builds, with no network.
 
 MERGE with all three clause kinds (metrics and resulting table), time travel, history, the
 catalog, and a table registered by one Spark process found by the next one.
@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.spark_session import METASTORE_DIR_NAME, find_delta_jars
+from pipelines.lake.spark_session import METASTORE_DIR_NAME, find_delta_jars
 
 if TYPE_CHECKING:
     from tests.spark.conftest import Warehouse

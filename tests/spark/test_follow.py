@@ -24,8 +24,8 @@ from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig, SilverConfig
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
+from pipelines.app.demo import LoopThread
 from pipelines.bronze.store import read_log
-from pipelines.demo import LoopThread
 from pipelines.follow.agent import captured_seqnos, follow_settings
 from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress

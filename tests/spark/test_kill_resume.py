@@ -15,9 +15,9 @@ from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import simulate
-from pipelines import delta_io
 from pipelines.bronze.job import ingest_bucket
 from pipelines.errors import TableLocationError
+from pipelines.lake import delta_io
 from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from tests.spark.conftest import Warehouse
@@ -150,7 +150,7 @@ def test_a_retire_killed_before_the_registry_is_saved_is_finished_by_the_next_ru
     killed right after the retire dropped its typed view, before the registry said so. The
     next run must finish the retire, not make the collection's table again (empty): the
     catalog ends as one uninterrupted run leaves it."""
-    from pipelines import faults
+    from pipelines.lake import faults
 
     names = {
         w: f"rt{w}{tmp_path.name[-6:]}".replace("_", "").replace("-", "").lower() for w in "ab"

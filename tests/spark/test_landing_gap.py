@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import simulate
-from pipelines import cli
+from pipelines.app import cli
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
 from pipelines.errors import LandingSkipError

@@ -20,9 +20,9 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
-from pipelines.delta_io import table_version
 from pipelines.follow.loop import Follower
 from pipelines.follow.progress import BucketProgress
+from pipelines.lake.delta_io import table_version
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
 from tests.support.reference_consumer import capture_files

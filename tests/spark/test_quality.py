@@ -31,7 +31,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
-from pipelines import cli, schemas
+from pipelines import schemas
+from pipelines.app import cli
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket

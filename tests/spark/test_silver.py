@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SCENARIOS, simulate
+from pipelines.app.cli import main
 from pipelines.bronze.job import ingest_bucket
-from pipelines.cli import main
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.transforms import modified_at
 from pipelines.tables import BucketTables, all_rows

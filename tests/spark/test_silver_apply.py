@@ -22,9 +22,10 @@ from pyspark.sql import types as T
 from dcp_cdc.config import AppConfig, BucketConfig, ProjectionConfig, SilverConfig
 from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import SimulationResult, simulate
-from pipelines import delta_io, faults, schemas, tables
+from pipelines import schemas, tables
 from pipelines.bronze.job import ingest_bucket
 from pipelines.errors import CommitConflictError
+from pipelines.lake import delta_io, faults
 from pipelines.silver import state, store
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.silver.registry import CHANGE_DATA_FEED

@@ -19,8 +19,8 @@ from pyspark.sql import SparkSession
 from dcp_cdc.capture import read_capture_header
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SimulationResult, simulate
-from pipelines import faults
 from pipelines.bronze.job import ingest_bucket
+from pipelines.lake import faults
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
 from tests.support.silver_runs import drop_all

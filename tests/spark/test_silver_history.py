@@ -25,8 +25,9 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.naming import identifier
 from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
-from pipelines import delta_io, tables
+from pipelines import tables
 from pipelines.bronze.job import ingest_bucket
+from pipelines.lake import delta_io
 from pipelines.silver import state
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables

@@ -11,8 +11,9 @@ from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
 from dcp_cdc.simulator import simulate
-from pipelines import delta_io, schemas, tables
+from pipelines import schemas, tables
 from pipelines.bronze.job import ingest_bucket
+from pipelines.lake import delta_io
 from pipelines.silver import live
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.registry import read_registry

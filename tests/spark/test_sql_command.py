@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines import cli
+from pipelines.app import cli
 
 
 def _sql(config: Path, query: str, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:

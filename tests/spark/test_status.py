@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from dcp_cdc.agent.driver import run as capture
 from dcp_cdc.agent.settings import settings_from_config
 from dcp_cdc.config import AppConfig, load_config
-from pipelines import cli
+from pipelines.app import cli
 from pipelines.bronze.job import ingest_bucket
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket

@@ -27,7 +27,7 @@ def stack_settings(capture: Mapping[str, str], spark_conf: Mapping[str, str] = {
     """The TOML sections of a configuration whose DAG runs under :func:`local_stack`: the
     bucket's capture section, jobs small enough for its two 1-core workers (plus
     ``spark_conf``), and a DAG that runs only when triggered, with no retries."""
-    from pipelines.spark_session import C1_ONLY
+    from pipelines.lake.spark_session import C1_ONLY
 
     conf = {
         "spark.cores.max": "2",

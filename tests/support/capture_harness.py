@@ -118,7 +118,7 @@ def write_config(
 
 
 def agent_command(config: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli", "capture", "--config", str(config), *flags]
+    return [sys.executable, "-m", "pipelines.app.cli", "capture", "--config", str(config), *flags]
 
 
 def agent_env() -> dict[str, str]:

@@ -35,7 +35,7 @@ def slow_rename_conf(delay_ms: int) -> dict[str, str]:
 
 def build_test_jar(jar: Path) -> Path:
     """Compile ``tests/support/java`` into ``jar`` (against pyspark's and the Delta jars)."""
-    from pipelines.spark_session import delta_jars_dir
+    from pipelines.lake.spark_session import delta_jars_dir
 
     subprocess.run(
         [
@@ -80,7 +80,7 @@ def race(
     log store class ``store``; what the folder kept."""
     import pyspark
 
-    from pipelines.spark_session import delta_jars_dir
+    from pipelines.lake.spark_session import delta_jars_dir
 
     log.mkdir(parents=True)
     go = log.parent / f"{log.name}.go"

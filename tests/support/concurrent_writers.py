@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pyspark.sql import types as T
 
-    from pipelines.object_storage import on_s3
-    from pipelines.spark_session import build_spark_session
+    from pipelines.lake.object_storage import on_s3
+    from pipelines.lake.spark_session import build_spark_session
 
     spark = build_spark_session(
         f"writer-{args.writer}",

@@ -1,7 +1,7 @@
 """Kill a job at any instant, run it again, and check what it left: shared by the kill-anywhere
 tests (``tests/e2e/test_kill.py``) and ``benchmarks/kill_trials.py``.
 
-Jobs run as ``python -m pipelines.cli VERB --config FILE`` in a process group of their own
+Jobs run as ``python -m pipelines.app.cli VERB --config FILE`` in a process group of their own
 (``kill -9`` of the group takes the JVM with it), over a warehouse of their own: its embedded
 Derby catalog admits one JVM at a time, so every check here reads the Delta tables with
 delta-rs (``deltalake``), without a JVM, after the jobs have exited.
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from dcp_cdc.simulator import SimulationResult, simulate
-from pipelines import faults
+from pipelines.lake import faults
 from pipelines.tables import BucketTables, all_rows
 from tests.support import delta_rs
 
-CLI = [sys.executable, "-m", "pipelines.cli"]
+CLI = [sys.executable, "-m", "pipelines.app.cli"]
 BUCKET = "kill-test"
 SIMULATION = {"scenario": "mixed", "vbuckets": 4, "docs": 60, "ops": 240, "collections": 3}
 """Small, with everything the kills should meet: collections created, flushed and dropped,
@@ -94,7 +94,7 @@ class Run:
 
 def start(setup: Setup, verb: str, tag: str, kill_at: str | None = None) -> Run:
     """``dcp-cdc VERB`` over ``setup`` in a new process group; ``kill_at`` arms a fault point
-    (:mod:`pipelines.faults`). Every point it passes is traced to ``tag``'s trace file."""
+    (:mod:`pipelines.lake.faults`). Every point it passes is traced to ``tag``'s trace file."""
     log = setup.workdir / f"{tag}.log"
     trace = setup.workdir / f"{tag}.trace"
     trace.unlink(missing_ok=True)

@@ -28,11 +28,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from dcp_cdc.config import AppConfig, BucketConfig
     from dcp_cdc.simulator import simulate
-    from pipelines import maintenance
     from pipelines.bronze.job import ingest_bucket
+    from pipelines.lake.spark_session import build_spark_session
+    from pipelines.maintenance import job as maintenance
     from pipelines.quality.job import check_bucket
     from pipelines.silver.job import apply_bucket
-    from pipelines.spark_session import build_spark_session
     from tests.support.truth import assert_equal_to_truth
 
     timings: dict[str, float] = {}

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pipelines import schemas
 from pipelines.bronze.decode import decode_file
 from pipelines.bronze.job import _file_row
-from pipelines.landing import list_captures, read_header
+from pipelines.bronze.landing import list_captures, read_header
 from pipelines.silver.transforms import _WALK_COLUMNS, WALK_OPS
 
 ARROW_BATCH_ROWS = 10_000

@@ -330,7 +330,7 @@ def test_the_producer_command_and_dcp_cdc_capture_with_a_client_certificate(
 ) -> None:
     """``python -m dcp_cdc.simulator.server --tls-client-ca`` requires client certificates;
     ``dcp-cdc capture`` with ``tls_cert_file``, ``tls_key_file`` and no password captures."""
-    from pipelines.cli import main
+    from pipelines.app.cli import main
 
     certs = make_certificates(tmp_path / "certs")
     make_client_certificate(certs, tmp_path / "conf" / "tls", USER)

@@ -319,8 +319,8 @@ def write_s3_config(tmp: Path, s3: S3Server, connection_string: str, **capture: 
 def test_the_capture_command_lands_in_s3_and_bronze_lists_it(tmp_path: Path) -> None:
     """``dcp-cdc capture`` with ``landing = "s3a://..."`` and the endpoint in ``[spark.conf]``;
     then the landing's reader (bronze's) lists and reads the same files, and only them."""
-    from pipelines.cli import main
-    from pipelines.landing import check_landing, list_captures, read_header
+    from pipelines.app.cli import main
+    from pipelines.bronze.landing import check_landing, list_captures, read_header
 
     with s3_server() as s3, producer(tmp_path, nodes=2, vbuckets=8, docs=200, ops=0) as prod:
         landing = f"s3a://{s3.bucket}/{PREFIX}"
@@ -349,7 +349,7 @@ def test_follow_modes_agent_process_captures_into_s3(tmp_path: Path) -> None:
     import threading
     import time
 
-    from pipelines.demo import LoopThread
+    from pipelines.app.demo import LoopThread
     from pipelines.follow.agent import AgentProcess, captured_seqnos
     from pipelines.follow.progress import BucketProgress
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipelines.batch_metrics import METRICS, Families, RunMetrics, success_families
+from pipelines.observe.batch_metrics import METRICS, Families, RunMetrics, success_families
 
 ROOT = Path(__file__).resolve().parents[2]
 

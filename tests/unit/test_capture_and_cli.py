@@ -21,7 +21,7 @@ from dcp_cdc.encoder import frame, make_header
 from dcp_cdc.errors import CaptureFormatError, MalformedFrameError, TruncatedFrameError
 from dcp_cdc.events import Mutation
 from dcp_cdc.protocol import Opcode
-from pipelines.cli import main
+from pipelines.app.cli import main
 from tests.support.sample_session import sample_events, write_sample_capture
 
 MUTATION_8_2 = bytes.fromhex(

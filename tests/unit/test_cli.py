@@ -21,7 +21,7 @@ HEAVY = ("pyspark", "py4j", "delta", "great_expectations", "airflow", "pandas")
 # Runs the command in a fresh interpreter, then prints which heavy modules it imported.
 PROBE = """
 import json, sys
-from pipelines.cli import main
+from pipelines.app.cli import main
 try:
     status = main(sys.argv[1:])
 except SystemExit as exc:  # --help
@@ -69,9 +69,9 @@ def test_spark_free_verbs_import_no_spark(args: list[str], tmp_path: Path) -> No
 
 
 def test_a_job_verb_imports_its_module_only_when_it_runs() -> None:
-    """The job's flags come from its command module (:mod:`pipelines.commands`): present
+    """The job's flags come from its command module (:mod:`pipelines.app.commands`): present
     when the verb is the one parsed, absent (and the module not needed) otherwise."""
-    from pipelines.cli import build_parser
+    from pipelines.app.cli import build_parser
 
     args = build_parser("apply").parse_args(
         ["apply", "--config", "c.toml", "--collection", "s.c", "--rebuild"]
@@ -122,7 +122,7 @@ JOB_VERBS = {  # verb -> the module whose run(config, bucket, ...) it calls
     "ingest": "pipelines.bronze.job",
     "apply": "pipelines.silver.job",
     "check": "pipelines.quality.job",
-    "maintain": "pipelines.maintenance",
+    "maintain": "pipelines.maintenance.job",
 }
 CATALOG_VERBS = ("sql", "tables", "spark-conf", "thrift-server", "status")
 
@@ -132,8 +132,8 @@ def _config_each_verb_uses(monkeypatch: pytest.MonkeyPatch) -> dict[str, AppConf
     its job's ``run`` (replaced, so no Spark starts), what a catalog verb loads."""
     import importlib
 
-    from pipelines import cli
-    from pipelines.commands.shared import catalog_config
+    from pipelines.app import cli
+    from pipelines.app.commands.shared import catalog_config
 
     seen: dict[str, AppConfig] = {}
     for verb, module in JOB_VERBS.items():
@@ -182,7 +182,7 @@ def test_every_verb_finds_its_configuration_by_one_rule(
 
 
 def test_help_states_the_configuration_rule() -> None:
-    from pipelines.cli import build_parser
+    from pipelines.app.cli import build_parser
 
     assert "$DCP_CDC_CONFIG, else ./conf/local.toml" in " ".join(
         build_parser("decode").format_help().split()
@@ -197,7 +197,7 @@ def test_help_states_the_configuration_rule() -> None:
 def test_landing_skip_needs_the_session_and_sequence_and_one_bucket(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipelines import cli
+    from pipelines.app import cli
 
     parser = cli.build_parser("landing")
     args = parser.parse_args(["landing", "skip", "--session", "s1", "--sequence", "2"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.app.cli import main
 from tests.unit.test_cli import _probe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_capture_until_now_then_follow_stopped_by_sigterm(
     assert sorted(checkpoint["vbuckets"]) == ["0", "1", "2", "3"]
 
     follow = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "capture", "--config", str(config), "--follow"],
+        [sys.executable, "-m", "pipelines.app.cli", "capture", "--config", str(config), "--follow"],
         env={**os.environ, "PYTHONPATH": str(REPO), "TEST_CB_PASSWORD": "password"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -236,10 +236,10 @@ def test_silver_modules_point_one_way() -> None:
 
 
 COMMAND_MODULES = [
-    "pipelines.cli",
+    "pipelines.app.cli",
     *(
-        f"pipelines.commands.{p.stem}"
-        for p in sorted((ROOT / "pipelines" / "commands").glob("*.py"))
+        f"pipelines.app.commands.{p.stem}"
+        for p in sorted((ROOT / "pipelines" / "app" / "commands").glob("*.py"))
         if p.stem != "__init__"
     ),
 ]

@@ -22,12 +22,12 @@ from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig
-from pipelines.demo import DEMO_NODES, LoopThread, demo_simulation
+from pipelines.app.demo import DEMO_NODES, LoopThread, demo_simulation
 from pipelines.follow import loop
 from pipelines.follow.agent import AgentProcess, captured_seqnos, checkpoint_of, follow_settings
 from pipelines.follow.entry import stop_signals
 from pipelines.follow.progress import Batch, BucketProgress, status_line
-from pipelines.freshness import PROBABILITIES, ChangeTimes
+from pipelines.observe.freshness import PROBABILITIES, ChangeTimes
 from pipelines.quality.report import ExpectationOutcome, QualityReport
 
 

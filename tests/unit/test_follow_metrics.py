@@ -22,13 +22,13 @@ from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
 from dcp_cdc.errors import ConfigError
+from pipelines.bronze.landing import CaptureFile
 from pipelines.bronze.plan import HeldBack, IngestSummary
 from pipelines.follow import loop
 from pipelines.follow.loop import Follower
 from pipelines.follow.metrics import APPLY_STEPS, METRICS, STEPS, FollowMetrics, monitoring_for
 from pipelines.follow.progress import Batch, BucketProgress, freshness_text
-from pipelines.freshness import PROBABILITIES, ChangeTimes
-from pipelines.landing import CaptureFile
+from pipelines.observe.freshness import PROBABILITIES, ChangeTimes
 from pipelines.silver.job import ApplySummary
 from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.steps import STEPS as SILVER_STEPS

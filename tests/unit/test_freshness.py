@@ -1,4 +1,4 @@
-"""Freshness from a batch's CAS quantiles (``pipelines/freshness.py``): one batch's quantiles,
+"""Freshness from a batch's CAS quantiles (``pipelines/observe/freshness.py``): one batch's quantiles,
 several batches mixed by their counts, a histogram's cumulative counts, clock skew. Each
 expected value is worked out by hand from the batches written here."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from pipelines.freshness import PROBABILITIES, ChangeTimes, window_quantile
+from pipelines.observe.freshness import PROBABILITIES, ChangeTimes, window_quantile
 
 
 def uniform(changes: int, first: float, last: float, committed_at: float) -> ChangeTimes:

@@ -17,8 +17,8 @@ import pytest
 
 from dcp_cdc.agent.metrics import METRICS as CAPTURE
 from dcp_cdc.agent.metrics import MetricSpec
-from pipelines.batch_metrics import METRICS as BATCH
 from pipelines.follow.metrics import METRICS as FOLLOW
+from pipelines.observe.batch_metrics import METRICS as BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "conf" / "grafana" / "dcp-cdc.json"

@@ -11,6 +11,7 @@ import pytest
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
+from pipelines.bronze.landing import CaptureFile, Problem, check_landing
 from pipelines.bronze.plan import (
     LOST,
     IngestSummary,
@@ -22,7 +23,6 @@ from pipelines.bronze.plan import (
     stream_states,
     task_groups,
 )
-from pipelines.landing import CaptureFile, Problem, check_landing
 
 
 def _row(

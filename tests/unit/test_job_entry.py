@@ -1,5 +1,5 @@
 """The entry point of the jobs' ``python -m`` and ``spark-submit`` runs (what the DAG's tasks
-run), ``pipelines.cli.job_main``: a bad configuration is a one-line error and exit status 2,
+run), ``pipelines.app.cli.job_main``: a bad configuration is a one-line error and exit status 2,
 before any Spark session. (``tests/e2e/test_installed_package.py`` runs one by ``python -m``.)"""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import job_main
+from pipelines.app.cli import job_main
 
 JOBS = [
     ("pipelines.bronze.job", "ingest"),
     ("pipelines.silver.job", "apply"),
     ("pipelines.quality.job", "check"),
-    ("pipelines.maintenance", "maintain"),
+    ("pipelines.maintenance.job", "maintain"),
 ]
 
 
@@ -92,7 +92,7 @@ def test_check_exits_1_naming_every_failed_error_expectation(
     """The check's exit logic is written once: ``dcp-cdc check`` and ``python -m`` share it."""
     from types import SimpleNamespace
 
-    from pipelines import cli
+    from pipelines.app import cli
     from pipelines.quality import job
 
     path = tmp_path / "ok.toml"
@@ -117,7 +117,7 @@ def test_a_landing_folder_that_is_not_there_exits_2_before_spark(
     def no_spark(*args: object, **kwargs: object) -> None:
         raise AssertionError("a Spark session was started")
 
-    monkeypatch.setattr("pipelines.spark_session.session_for", no_spark)
+    monkeypatch.setattr("pipelines.lake.spark_session.session_for", no_spark)
     path = tmp_path / "ok.toml"
     path.write_text('landing = "missing"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n')
     assert job_main(verb, ["--config", str(path)]) == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from pipelines.landing import (
+from pipelines.bronze.landing import (
     Skipped,
     filesystem,
     gone,
@@ -119,7 +119,7 @@ def test_an_object_store_prefix_needs_only_its_bucket(monkeypatch: pytest.Monkey
             return pafs.FileInfo(path, known.get(path, pafs.FileType.NotFound))
 
     monkeypatch.setattr(
-        "pipelines.landing.filesystem",
+        "pipelines.bronze.landing.filesystem",
         lambda location, settings: (Store(), location.split("://", 1)[1]),
     )
     assert location_problem("s3a://landing/not/yet/written") is None

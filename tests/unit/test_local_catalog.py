@@ -1,4 +1,4 @@
-"""The embedded catalog's guard (:mod:`pipelines.local_catalog`), without Spark: a catalog
+"""The embedded catalog's guard (:mod:`pipelines.catalog.embedded`), without Spark: a catalog
 whose creation was killed is set aside, a complete one is left alone, a second process on the
 same warehouse is refused by name, and Derby's failures become errors that say what to do."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import local_catalog
+from pipelines.catalog import embedded as local_catalog
 from pipelines.errors import CatalogError
 
 
@@ -49,7 +49,7 @@ def test_a_second_process_on_the_warehouse_is_refused_by_name(warehouse: Path) -
                 f"""
                 import sys, time
                 from pathlib import Path
-                from pipelines import local_catalog
+                from pipelines.catalog import embedded as local_catalog
                 local_catalog.open_local_catalog(Path({str(warehouse)!r}))
                 print("held", flush=True)
                 sys.stdin.read()

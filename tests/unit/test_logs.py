@@ -378,7 +378,15 @@ def test_a_command_writes_json_log_lines_with_its_bucket(tmp_path: Path) -> None
             "rotate_seconds = 0.5\nconnect_timeout_s = 1\nreconnect_timeout_s = 1\n"
         )
         capture = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "capture", "--config", str(config), "--follow"],
+            [
+                sys.executable,
+                "-m",
+                "pipelines.app.cli",
+                "capture",
+                "--config",
+                str(config),
+                "--follow",
+            ],
             env={**env, "TEST_CB_PASSWORD": PASSWORD, logs.FORMAT_ENV: "json"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -13,10 +13,10 @@ import pytest
 
 from dcp_cdc.config import load_config, metastore_address
 from dcp_cdc.errors import ConfigError
-from pipelines import cli
+from pipelines.app import cli
+from pipelines.catalog.settings import catalog_service, check_reachable, hive_client_conf
 from pipelines.errors import MetastoreError, MetastoreUnreachableError
-from pipelines.metastore import catalog_service, check_reachable, hive_client_conf
-from pipelines.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
+from pipelines.lake.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
 from tests.support.ports import free_port
 
 BASE = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "b"\n'
@@ -166,7 +166,7 @@ def test_the_message_says_why_each_endpoint_failed(monkeypatch: pytest.MonkeyPat
             raise TimeoutError("timed out")
         return real(address, timeout=timeout)
 
-    monkeypatch.setattr("pipelines.metastore_server.socket.create_connection", connect)
+    monkeypatch.setattr("pipelines.catalog.server.socket.create_connection", connect)
     refused = free_port()
     metastore = f"thrift://127.0.0.1:{refused},thrift://127.0.0.1:{silent}"
     with pytest.raises(MetastoreUnreachableError) as info:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import metastore_leases, metastore_server
+from pipelines.catalog import leases as metastore_leases
+from pipelines.catalog import server as metastore_server
+from pipelines.catalog.leases import Verdict, verdict
+from pipelines.catalog.server import ServerRecord
+from pipelines.catalog.watchdog import watch
 from pipelines.errors import MetastoreError
-from pipelines.metastore_leases import Verdict, verdict
-from pipelines.metastore_server import ServerRecord
-from pipelines.metastore_watchdog import watch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +65,7 @@ def test_the_verdict(
 HOLDER = """
 import sys
 from pathlib import Path
-from pipelines import metastore_leases
+from pipelines.catalog import leases as metastore_leases
 lease = metastore_leases.take(Path(sys.argv[1]))
 print("held", flush=True)
 sys.stdin.readline()

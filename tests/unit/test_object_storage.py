@@ -12,14 +12,14 @@ import pytest
 from dcp_cdc.config import load_config
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOG_STORE_CLASSES
-from pipelines import object_storage
 from pipelines.errors import (
     S3BucketNotFoundError,
     S3CredentialsError,
     S3EndpointError,
     S3SetupError,
 )
-from pipelines.object_storage import preflight, s3_jars
+from pipelines.lake import object_storage
+from pipelines.lake.object_storage import preflight, s3_jars
 from tests.support.s3_server import SECRET_KEY, MotoS3Server
 
 S3_WAREHOUSE = """
@@ -114,7 +114,7 @@ def test_missing_s3_jars_name_make_setup_s3(
     with pytest.raises(S3SetupError, match=r"make setup-s3") as caught:
         s3_jars()
     assert "hadoop-aws" in str(caught.value) and str(tmp_path) in str(caught.value)
-    from pipelines.spark_session import object_storage_jars
+    from pipelines.lake.spark_session import object_storage_jars
 
     assert object_storage_jars(tmp_path / "warehouse") == []  # a local warehouse needs none
     with pytest.raises(S3SetupError):
@@ -124,7 +124,7 @@ def test_missing_s3_jars_name_make_setup_s3(
 def test_launch_conf_of_an_s3_warehouse_has_the_jars_and_log_store(tmp_path: Path) -> None:
     if not (object_storage.CHECKOUT_S3_JARS_DIR / object_storage.LOG_STORE_JAR).is_file():
         pytest.skip("no .cache/jars-s3 (make setup-s3)")
-    from pipelines.spark_session import launch_conf
+    from pipelines.lake.spark_session import launch_conf
 
     conf = launch_conf(load_config(_config(tmp_path, S3_WAREHOUSE)), "t", master=None)
     jars = conf["spark.jars"].split(",")
@@ -184,7 +184,7 @@ def test_preflight_without_credentials_says_where_they_go(
 def test_a_job_session_stops_before_spark_when_the_bucket_is_missing(
     s3: MotoS3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipelines import spark_session
+    from pipelines.lake import spark_session
 
     def no_spark(*args: object, **kwargs: object) -> None:
         raise AssertionError("Spark was started")

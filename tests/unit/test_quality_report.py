@@ -13,8 +13,8 @@ import pytest
 
 from dcp_cdc.config import QualityConfig, load_config
 from dcp_cdc.errors import ConfigError, DcpError
+from pipelines.bronze.landing import CaptureFile
 from pipelines.bronze.plan import HeldBack
-from pipelines.landing import CaptureFile
 from pipelines.quality.report import (
     ExpectationOutcome,
     OpenSnapshot,
@@ -361,7 +361,7 @@ def test_summary_page_of_a_clean_run_says_so() -> None:
 def test_check_command_fails_on_bad_configuration_before_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipelines import cli
+    from pipelines.app import cli
 
     path = tmp_path / "q.toml"
     path.write_text(

@@ -1,4 +1,4 @@
-"""pipelines.delta_io.session_conf: a setting held for a block, restored once no block holds
+"""pipelines.lake.delta_io.session_conf: a setting held for a block, restored once no block holds
 it, also when blocks of two threads overlap on one session (without a JVM: a session's
 ``conf`` is all it touches)."""
 
@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.delta_io import session_conf
+from pipelines.lake.delta_io import session_conf
 
 KEY = "spark.databricks.delta.merge.materializeSource"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import pipelines.spark_session as spark_session
+import pipelines.lake.spark_session as spark_session
 from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
 from dcp_cdc.errors import ConfigError
 from pipelines.errors import SparkSetupError
-from pipelines.shipping import code_zip, main, package_files, py_files_for
-from pipelines.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
+from pipelines.lake.shipping import code_zip, main, package_files, py_files_for
+from pipelines.lake.spark_session import JARS_DIR_ENV, LOCAL_LOG_STORE_JAR, launch_conf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,9 +26,9 @@ def test_the_zip_holds_both_packages_and_their_data_but_no_bytecode(tmp_path: Pa
     for name in (
         "dcp_cdc/__init__.py",
         "dcp_cdc/simulator/__init__.py",
-        "pipelines/shipping.py",
+        "pipelines/lake/shipping.py",
         "pipelines/bronze/decode.py",
-        "pipelines/log4j2.properties",
+        "pipelines/lake/log4j2.properties",
     ):
         assert name in names
     assert not [n for n in names if "__pycache__" in n or n.endswith((".pyc", ".so"))]

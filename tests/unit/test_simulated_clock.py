@@ -18,8 +18,8 @@ from dcp_cdc.simulator import simulate
 from dcp_cdc.simulator.model import NS, Bucket
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import START_NS, SimConfig
-from pipelines.cli import main
-from pipelines.demo import DEMO_NODES, demo_simulation
+from pipelines.app.cli import main
+from pipelines.app.demo import DEMO_NODES, demo_simulation
 
 
 def _documents(out: Path) -> list[dict[str, Any]]:

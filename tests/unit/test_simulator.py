@@ -22,7 +22,7 @@ from dcp_cdc.events import Deletion, Event, Expiration, Mutation, SnapshotMarker
 from dcp_cdc.simulator import SCENARIOS, SimulationResult, simulate
 from dcp_cdc.simulator.model import vbucket_of
 from dcp_cdc.simulator.scenarios import SCENARIO_FUNCS
-from pipelines.cli import main
+from pipelines.app.cli import main
 from tests.support.reference_consumer import ReferenceConsumer, capture_files
 
 SMALL = {"vbuckets": 16, "docs": 300, "ops": 1200, "collections": 3}

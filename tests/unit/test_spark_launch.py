@@ -9,7 +9,7 @@ import pytest
 
 from dcp_cdc.config import AppConfig, BucketConfig, IngestConfig, SparkConfig
 from pipelines.errors import SparkSetupError
-from pipelines.spark_session import (
+from pipelines.lake.spark_session import (
     C1_ONLY,
     JARS_DIR_ENV,
     LOCAL_LOG_STORE_JAR,
@@ -134,7 +134,7 @@ def test_an_ingest_jvm_keeps_its_jit_at_c1_unless_told_otherwise() -> None:
 
 
 def test_a_launchers_delta_jars_are_recognised_as_paths_or_urls() -> None:
-    from pipelines.spark_session import delta_jars_given
+    from pipelines.lake.spark_session import delta_jars_given
 
     given = "/j/delta-storage-4.4.0.jar,file:///j/delta-spark_2.13-4.4.0.jar"
     assert delta_jars_given(given) == given
@@ -146,7 +146,7 @@ def test_a_launchers_delta_jars_are_recognised_as_paths_or_urls() -> None:
 def test_a_driver_not_started_by_spark_submit_resolves_its_own_jars(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pipelines.spark_session import submitted_delta_jars
+    from pipelines.lake.spark_session import submitted_delta_jars
 
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     assert submitted_delta_jars() is None  # and no JVM is started to find out

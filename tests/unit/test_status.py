@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from pipelines.bronze.landing import CaptureFile
 from pipelines.bronze.plan import HeldBack
-from pipelines.landing import CaptureFile
 from pipelines.status.lag import BucketStatus, QualityResult, Stage, lag, snapshot_ends
 from pipelines.status.render import age, as_json, screen
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import pipelines.metastore
+import pipelines.catalog.settings
 from dcp_cdc.config import (
     AppConfig,
     BucketConfig,
@@ -24,8 +24,8 @@ from dcp_cdc.config import (
     thrift_settings,
 )
 from dcp_cdc.errors import ConfigError
-from pipelines import cli
-from pipelines.spark_session import (
+from pipelines.app import cli
+from pipelines.lake.spark_session import (
     JARS_DIR_ENV,
     LOCAL_LOG_STORE_JAR,
     thrift_hiveconf,
@@ -223,7 +223,7 @@ def launch(monkeypatch: pytest.MonkeyPatch) -> Launch:
     recorded = Launch()
     monkeypatch.setattr(subprocess, "call", recorded)
     # the metastore server it would start for the local warehouse: tests/e2e run a real one
-    monkeypatch.setattr(pipelines.metastore, "shared_catalog", recorded.shared_catalog)
+    monkeypatch.setattr(pipelines.catalog.settings, "shared_catalog", recorded.shared_catalog)
     return recorded
 
 
@@ -287,7 +287,7 @@ def test_an_ldap_server_is_launched_with_its_settings_and_no_secret_shown(
 def test_sigterm_ends_the_command_through_its_cleanup() -> None:
     import signal
 
-    from pipelines.commands.thrift_server import terminate_through_cleanup
+    from pipelines.app.commands.thrift_server import terminate_through_cleanup
 
     before = signal.getsignal(signal.SIGTERM)
     cleaned = []
@@ -302,8 +302,8 @@ def test_sigterm_ends_the_command_through_its_cleanup() -> None:
 
 
 def test_beeline_connects_to_the_configured_server_by_default(tmp_path: Path) -> None:
-    from pipelines.cli import build_parser
-    from pipelines.commands.beeline import beeline_arguments
+    from pipelines.app.cli import build_parser
+    from pipelines.app.commands.beeline import beeline_arguments
 
     def arguments(config: AppConfig, *argv: str) -> list[str]:
         args = build_parser("beeline").parse_args(["beeline", *argv])
@@ -334,7 +334,16 @@ def test_beeline_runs_without_the_venv_on_path(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo)}
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "beeline", "--config", str(path), "-e", "SELECT 1"],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.app.cli",
+            "beeline",
+            "--config",
+            str(path),
+            "-e",
+            "SELECT 1",
+        ],
         env=env,
         cwd=tmp_path,
         capture_output=True,

@@ -1,0 +1,1 @@
+"""The catalog (Hive metastore) of the tables: which one a session uses, the embedded Derby catalog, the shared Derby server started on demand with its leases and watchdog, and what the catalog holds."""

@@ -1,0 +1,1 @@
+"""Maintenance of a bucket's tables (OPTIMIZE, VACUUM, tombstone purge, quality retention)."""

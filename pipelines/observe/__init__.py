@@ -1,0 +1,1 @@
+"""Observation of batch runs: their Prometheus metrics and silver's freshness."""
