@@ -5,8 +5,8 @@ bucket's ``landing``) are relative to the file's own folder, so a job finds the 
 whatever directory it starts in (an Airflow worker's is anyone's guess). A wrong or missing setting fails with
 :class:`ConfigError` naming the file and the field, before any Spark session starts.
 
-The capture section (``[buckets.capture]``) is :mod:`dcp_cdc.capture_config`; the reference
-generated from these models' docstrings is :mod:`dcp_cdc.config_reference`;
+The capture section (``[buckets.capture]``) is :mod:`dcp_cdc.config.capture`; the reference
+generated from these models' docstrings is :mod:`dcp_cdc.config.reference`;
 ``python -m dcp_cdc.config --check FILE`` validates a file and prints it with every default.
 """
 
@@ -29,7 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from dcp_cdc.capture_config import (
+from dcp_cdc.config.base import ConfigModel
+from dcp_cdc.config.capture import (
     CAPTURE_DIR,
     COLLECTION_PATTERN,
     WILDCARD_HOSTS,
@@ -39,9 +40,8 @@ from dcp_cdc.capture_config import (
     is_object_store,
     listen_host,
 )
-from dcp_cdc.config_base import ConfigModel
+from dcp_cdc.config.storage import StorageConfig, unsafe_log_store
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.storage_config import StorageConfig, unsafe_log_store
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -906,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m dcp_cdc.config",
-        description="Check a configuration file (its reference: python -m dcp_cdc.config_reference).",
+        description="Check a configuration file (its reference: python -m dcp_cdc.config.reference).",
     )
     parser.add_argument(
         "--check", metavar="FILE", required=True, help="validate FILE and print it with defaults"
@@ -918,7 +918,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,7 +14,7 @@ from typing import Annotated, NamedTuple
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from dcp_cdc.config_base import ConfigModel
+from dcp_cdc.config.base import ConfigModel
 from dcp_cdc.errors import ConfigError
 
 CAPTURE_DIR = ".dcp-cdc-capture"
