@@ -53,7 +53,7 @@ class TableConfig(ConfigModel):
     with that reader feature, and turning it off later leaves the feature in the protocol.
     Optimized writes (``delta.autoOptimize.optimizeWrite``) are off by default too: with few
     shuffle partitions a MERGE writes few files anyway, and an optimized write bins them into
-    one task (a 1M-change MERGE took 47 s with it, 32 s without, on 2 cores); with many
+    one task (a 1M-change MERGE takes 47 s with it, 32 s without, on 2 cores); with many
     partitions turn it on, as ``conf/cluster.example.toml`` does."""
 
 
