@@ -159,7 +159,7 @@ class Bucket:
 
     def start(self) -> None:
         from dcp_cdc.agent.settings import CaptureSettings
-        from dcp_cdc.capture_config import CAPTURE_DIR
+        from dcp_cdc.config.capture import CAPTURE_DIR
         from dcp_cdc.simulator.server import ProducerServer
 
         user, password = "dcp-cdc-bench", secrets.token_urlsafe(18)

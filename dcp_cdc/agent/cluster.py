@@ -1,7 +1,7 @@
 """The cluster map (CCCP) a data node returns.
 
 The seed nodes to ask for it come from the connection string, parsed by the configuration
-(:func:`dcp_cdc.capture_config.parse_connection_string`). The cluster map
+(:func:`dcp_cdc.config.capture.parse_connection_string`). The cluster map
 (GET_CLUSTER_CONFIG, a NOT_MY_VBUCKET body, a cluster-map change notification) says which
 data node owns each vbucket: ``vBucketServerMap.vBucketMap[vb][0]`` indexes
 ``vBucketServerMap.serverList`` (plain KV endpoints); ``nodesExt`` gives each node's TLS port.
@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 from dcp_cdc.errors import ProtocolError
 
 KV_PORT = 11210

@@ -25,7 +25,7 @@ from dcp_cdc.agent.cluster import ClusterMap, parse_cluster_map
 from dcp_cdc.agent.node import Link
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.agent.tls import client_context
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 from dcp_cdc.errors import AuthenticationError, CaptureConnectionError, ProtocolError, TlsError
 
 

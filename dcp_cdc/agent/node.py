@@ -36,7 +36,7 @@ from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import MAX_BACKOFF_S, CaptureSettings, CaptureSummary
 from dcp_cdc.agent.tls import closed_after_handshake, tls_failure
 from dcp_cdc.agent.writer import SessionWriter, rfc3339
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 from dcp_cdc.errors import CaptureConnectionError, ConnectionLostError, ProtocolError
 
 log = logging.getLogger(__name__)

@@ -69,7 +69,7 @@ from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary, Mode
 from dcp_cdc.agent.tls import client_context
 from dcp_cdc.agent.vbucket_state import VbEvent, VbStatus, VbucketStates
 from dcp_cdc.agent.writer import CheckpointStore, clear_staging, rfc3339
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 from dcp_cdc.errors import (
     AuthenticationError,
     CaptureConnectionError,

@@ -21,7 +21,7 @@ from typing import Protocol
 from dcp_cdc.agent.node import Node
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 
 log = logging.getLogger(__name__)
 

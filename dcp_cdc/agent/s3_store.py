@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from dcp_cdc.capture_config import OBJECT_STORE_SCHEMES, is_object_store
+from dcp_cdc.config.capture import OBJECT_STORE_SCHEMES, is_object_store
 from dcp_cdc.errors import CheckpointConflictError, ConfigError, ObjectStoreError
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from dcp_cdc.agent.landing_store import join_location
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.s3_store import S3Options, is_object_location
 from dcp_cdc.agent.writer import checkpoint_name
-from dcp_cdc.capture_config import CAPTURE_DIR, ConnectionString, parse_connection_string
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config.capture import CAPTURE_DIR, ConnectionString, parse_connection_string
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import register_secret
 

@@ -33,7 +33,7 @@ from dcp_cdc.agent.landing_store import (
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.capture import EXTENSION, CaptureHeader, capture_file_name, encode_header
-from dcp_cdc.capture_config import CAPTURE_DIR
+from dcp_cdc.config.capture import CAPTURE_DIR
 from dcp_cdc.errors import CheckpointError
 
 STAGING_DIR = CAPTURE_DIR

@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import cast
 
-from dcp_cdc.capture_config import read_password
+from dcp_cdc.config.capture import read_password
 from dcp_cdc.errors import ConfigError, ProtocolError
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.model import Collection, Scope

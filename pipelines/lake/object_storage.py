@@ -7,7 +7,7 @@ session whose warehouse is on S3 (or that asks for S3 tables).
   (or ``$DCP_CDC_S3_JARS_DIR``); a session on S3 without them fails here, before Spark starts,
   with :class:`~pipelines.errors.S3SetupError` naming ``make setup-s3``.
 - **Several writers.** Every commit goes through the log store ``[storage] log_store`` names
-  (:mod:`dcp_cdc.storage_config`): by default S3's conditional PUT, so two drivers never both
+  (:mod:`dcp_cdc.config.storage`): by default S3's conditional PUT, so two drivers never both
   commit one version.
 - **Preflight.** :func:`preflight` asks the configured endpoint for each bucket the warehouse
   and landing use (boto3, ``HeadBucket``, seconds at most), so missing or refused credentials,
@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import is_uri
-from dcp_cdc.storage_config import LOG_STORE_CLASSES, S3_LOG_STORE_KEYS
+from dcp_cdc.config.storage import LOG_STORE_CLASSES, S3_LOG_STORE_KEYS
 from pipelines.errors import (
     S3BucketNotFoundError,
     S3CredentialsError,

@@ -5,7 +5,7 @@ Every session gets Delta Lake (SQL extension and ``DeltaCatalog``) from jars res
 names); nothing is downloaded at run time (no ``spark.jars.packages``, so no ivy, unlike
 ``delta.configure_spark_with_delta_pip``). Local tables commit through dcp-cdc's log store
 (``dcp-cdc-local-logstore.jar``, built by ``make setup`` into the same folder), which keeps
-every commit when several processes write the same tables (:mod:`dcp_cdc.storage_config`).
+every commit when several processes write the same tables (:mod:`dcp_cdc.config.storage`).
 Every session of a job gets the code its executors run from ``[spark] py_files``
 (:mod:`pipelines.lake.shipping`), whoever started it. Tables
 registered in the catalog persist across sessions: the catalog is Spark's built-in Hive metastore
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from dcp_cdc.config import is_uri
-from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
+from dcp_cdc.config.storage import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
 from pipelines.catalog.embedded import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 from pipelines.catalog.settings import catalog_service, hive_client_conf
 from pipelines.errors import SparkSetupError
@@ -64,7 +64,7 @@ JARS_DIR_ENV = "DCP_CDC_JARS_DIR"
 CHECKOUT_JARS_DIR = Path(__file__).resolve().parents[2] / ".cache" / "jars"
 """Where ``make setup`` puts the jars, when this package runs from a checkout."""
 LOCAL_LOG_STORE_JAR = "dcp-cdc-local-logstore.jar"
-"""The jar of :data:`~dcp_cdc.storage_config.LOCAL_LOG_STORE_CLASS`, beside the Delta jars."""
+"""The jar of :data:`~dcp_cdc.config.storage.LOCAL_LOG_STORE_CLASS`, beside the Delta jars."""
 LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"

@@ -14,8 +14,8 @@ from dcp_cdc.agent.landing_store import join_location
 from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.agent.settings import settings_from_config
 from dcp_cdc.agent.writer import CheckpointStore, checkpoint_name
-from dcp_cdc.capture_config import CaptureConfig
 from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config.capture import CaptureConfig
 from dcp_cdc.errors import ConfigError, DcpError
 from pipelines.follow.agent import checkpoint_of
 from pipelines.status.lag import Stage

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
+from dcp_cdc.config.storage import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
 from tests.support.commit_race import (
     STOCK_LOCAL_STORE,
     build_test_jar,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
+from dcp_cdc.config.storage import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

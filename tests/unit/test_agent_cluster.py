@@ -8,7 +8,7 @@ import pytest
 
 from dcp_cdc.agent.cluster import parse_cluster_map
 from dcp_cdc.agent.positions import VbPosition, prune_log, uuid_at
-from dcp_cdc.capture_config import HostPort, parse_connection_string
+from dcp_cdc.config.capture import HostPort, parse_connection_string
 from dcp_cdc.errors import CheckpointError, ConfigError, ProtocolError
 
 

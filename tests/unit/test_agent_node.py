@@ -17,7 +17,7 @@ import pytest
 
 from dcp_cdc.agent.consumer_events import NEED_DATA
 from dcp_cdc.agent.node import Node, stop_task
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 
 
 class _Core:

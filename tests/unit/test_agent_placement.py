@@ -16,7 +16,7 @@ from typing import Any
 
 from dcp_cdc.agent.consumer_events import HighSeqnos
 from dcp_cdc.agent.placement import Placement
-from dcp_cdc.capture_config import HostPort
+from dcp_cdc.config.capture import HostPort
 from tests.support.capture_harness import in_process_settings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dcp_cdc.config_reference import REFERENCE_MARKERS, reference_markdown, with_reference
+from dcp_cdc.config.reference import REFERENCE_MARKERS, reference_markdown, with_reference
 from dcp_cdc.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def test_configuration_reference_is_up_to_date() -> None:
     copy = page.split(start, 1)[1].split(end, 1)[0]
     assert copy == reference_markdown(), (
         "docs/configuration.md's reference is stale: run "
-        "`.venv/bin/python -m dcp_cdc.config_reference --update docs/configuration.md`"
+        "`.venv/bin/python -m dcp_cdc.config.reference --update docs/configuration.md`"
     )
 
 

@@ -17,8 +17,8 @@ import pytest
 from dcp_cdc.agent.positions import VbPosition
 from dcp_cdc.agent.settings import CaptureSettings
 from dcp_cdc.agent.writer import CheckpointStore
-from dcp_cdc.capture_config import CaptureConfig
 from dcp_cdc.config import AppConfig, BucketConfig, FollowConfig
+from dcp_cdc.config.capture import CaptureConfig
 from dcp_cdc.errors import AuthenticationError
 from dcp_cdc.simulator.server import ProducerServer
 from dcp_cdc.simulator.state import SimConfig

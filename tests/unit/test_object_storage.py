@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dcp_cdc.config import load_config
+from dcp_cdc.config.storage import LOCAL_LOG_STORE_CLASS, LOG_STORE_CLASSES
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.storage_config import LOCAL_LOG_STORE_CLASS, LOG_STORE_CLASSES
 from pipelines.errors import (
     S3BucketNotFoundError,
     S3CredentialsError,

@@ -10,8 +10,8 @@ import argparse
 import subprocess
 from typing import TextIO
 
-from dcp_cdc.capture_config import WILDCARD_HOSTS
 from dcp_cdc.config import ThriftConfig, thrift_settings
+from dcp_cdc.config.capture import WILDCARD_HOSTS
 from pipelines.app.commands.shared import command_config
 
 

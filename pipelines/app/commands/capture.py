@@ -36,7 +36,7 @@ def command(args: argparse.Namespace, out: TextIO) -> int:
     until SIGTERM/SIGINT. Either way the stop is clean: files closed, checkpoint committed."""
     from dcp_cdc.agent.driver import run
     from dcp_cdc.agent.settings import settings_from_config
-    from dcp_cdc.capture_config import parse_vbucket_range
+    from dcp_cdc.config.capture import parse_vbucket_range
     from dcp_cdc.errors import ConfigError
 
     config = command_config(args.config, log_level="INFO")

@@ -1,6 +1,6 @@
 """The configuration reference, generated from the models' field docstrings.
 
-``python -m dcp_cdc.config_reference --update docs/configuration.md`` regenerates the
+``python -m dcp_cdc.config.reference --update docs/configuration.md`` regenerates the
 reference between the markers of ``docs/configuration.md`` (a unit test keeps it up to date);
 ``--markdown`` prints it.
 """
@@ -15,8 +15,8 @@ from typing import Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from dcp_cdc.config import AppConfig
-from dcp_cdc.config_base import ConfigModel
+from dcp_cdc.config.base import ConfigModel
+from dcp_cdc.config.loader import AppConfig
 from dcp_cdc.errors import ConfigError
 
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m dcp_cdc.config_reference",
+        prog="python -m dcp_cdc.config.reference",
         description="Print the configuration reference, or regenerate it in a file.",
     )
     group = parser.add_mutually_exclusive_group(required=True)

@@ -14,7 +14,7 @@ from typing import Annotated, NamedTuple
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from dcp_cdc.config_base import ConfigModel
+from dcp_cdc.config.base import ConfigModel
 from dcp_cdc.errors import ConfigError
 
 CAPTURE_DIR = ".dcp-cdc-capture"
@@ -359,7 +359,7 @@ class CaptureConfig(ConfigModel):
         return None if self.vbuckets is None else parse_vbucket_range(self.vbuckets)
 
     def password(self) -> str:
-        """The password, read now from ``password_env`` or ``password_file``
+        """The password, read at each call from ``password_env`` or ``password_file``
         (:func:`read_password`). A :class:`ConfigError` names the variable or the file,
         never the secret."""
         if self.password_env is None and self.password_file is None:
@@ -377,10 +377,10 @@ def read_password(
     what: str = "capture password",
     settings: tuple[str, str] = ("password_env", "password_file"),
 ) -> str:
-    """A password read now from the environment variable ``password_env``, else from the file
-    ``password_file`` (UTF-8, one trailing newline ignored). A :class:`ConfigError` says
-    ``what`` and names the variable or the file and its setting (``settings``: the names of
-    the two), never the secret."""
+    """A password read at each call from the environment variable ``password_env``, else from
+    the file ``password_file`` (UTF-8, one trailing newline ignored). A :class:`ConfigError`
+    says ``what`` and names the variable or the file and its setting (``settings``: the names
+    of the two), never the secret."""
     env_setting, file_setting = settings
     if password_env is not None:
         value = os.environ.get(password_env)

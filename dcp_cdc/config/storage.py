@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from dcp_cdc.config_base import ConfigModel
+from dcp_cdc.config.base import ConfigModel
 
 LogStore = Literal["s3-conditional-put", "single-driver"]
 

@@ -1,7 +1,7 @@
 """What every configuration model is: a pydantic model, frozen, with ``extra="forbid"``.
 
 Attribute docstrings become field descriptions: the configuration reference
-(``docs/configuration.md``) is generated from them by :mod:`dcp_cdc.config_reference`.
+(``docs/configuration.md``) is generated from them by :mod:`dcp_cdc.config.reference`.
 """
 
 from __future__ import annotations
