@@ -55,6 +55,7 @@ from pipelines.silver.registry import (
     retire_dropped,
     update_registry,
 )
+from pipelines.silver.walk import VERSION_KINDS, RowKind
 from pipelines.spark_session import session_for
 from pipelines.tables import BucketTables
 
@@ -200,33 +201,33 @@ def _apply(
     frames, late_after = state.unconsumed_frames(spark, names, states)
     at = summary.step("unconsumed", at)
     walked, found = _walk(spark, config, names, states, frames, late_after)
-    is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+    is_version = F.col("kind").isin(*VERSION_KINDS)
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
-        times_row = next(r for r in found if r["kind"] == transforms.CHANGE_TIMES)
-        found = [r for r in found if r["kind"] != transforms.CHANGE_TIMES]
-        controls = [r for r in found if r["kind"] not in transforms.VERSION_KINDS]
-        change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
-        version_cids = {r["collection_id"] for r in found if r["kind"] in transforms.VERSION_KINDS}
-        summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
+        times_row = next(r for r in found if r["kind"] == RowKind.CHANGE_TIMES)
+        found = [r for r in found if r["kind"] != RowKind.CHANGE_TIMES]
+        controls = [r for r in found if r["kind"] not in VERSION_KINDS]
+        change_cids = {r["collection_id"] for r in found if r["kind"] == RowKind.CHANGE}
+        version_cids = {r["collection_id"] for r in found if r["kind"] in VERSION_KINDS}
+        summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == RowKind.STATE)
         new_states = {
-            r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
+            r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == RowKind.STATE
         }
         if not new_states:
             if bucket.projections:  # a projection added since the last run with changes
                 ensure_projections(spark, read_registry(spark, name), bucket.projections)
             summary.seconds = time.perf_counter() - started
             return summary
-        summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
+        summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == RowKind.STATE)
         summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
-        changes = walked.where(F.col("kind") == "change")
+        changes = walked.where(F.col("kind") == RowKind.CHANGE.value)
         versions = walked.where(is_version)  # for history tables: ended changes too
         registry = _update_registry(spark, config, name, controls, change_cids, memory)
         at = summary.step("registry", at)
         rollbacks = [
-            (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
+            (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == RowKind.ROLLBACK
         ]
         summary.rollbacks = rollbacks
         if collection is not None and not rebuild:
@@ -240,7 +241,7 @@ def _apply(
             version_cids &= set(keep)
         overlap = MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1
         if _through_live_layer(config, bucket, collection, rebuild, registry, controls):
-            keys = {r["collection_id"]: r["keys"] for r in found if r["kind"] == "change"}
+            keys = {r["collection_id"]: r["keys"] for r in found if r["kind"] == RowKind.CHANGE}
             summary.tables = _append_pending(spark, name, registry, changes, keys)
             summary.changes = sum(summary.tables.values())
             at = summary.step("append", at)
@@ -318,8 +319,8 @@ def _through_live_layer(
         and collection is None
         and not rebuild
         and not bucket.history
-        and not any(r["kind"] == "rollback" for r in controls)
-        and not any(r["kind"] == "system_event" and r["event"] in cuts for r in controls)
+        and not any(r["kind"] == RowKind.ROLLBACK for r in controls)
+        and not any(r["kind"] == RowKind.SYSTEM_EVENT and r["event"] in cuts for r in controls)
         and not any(r["status"] in ("dropped", "retiring") for r in registry)
     )
 
@@ -365,13 +366,13 @@ def _walk(
             spark, frames, states, again, eager=config.silver.eager_apply, late_after=late_after
         ).cache()
         try:
-            is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+            is_version = F.col("kind").isin(*VERSION_KINDS)
             changed = (
                 walked.where(is_version)
                 .groupBy("kind", "collection_id")
                 .agg(F.count_distinct("key").alias("keys"))
             )
-            times = transforms.change_times(walked.where(F.col("kind") == "change"))
+            times = transforms.change_times(walked.where(F.col("kind") == RowKind.CHANGE.value))
             found = [
                 r.asDict(recursive=True)
                 for r in walked.where(~is_version)

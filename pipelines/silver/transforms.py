@@ -17,7 +17,7 @@ from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.freshness import ACCURACY, PROBABILITIES
-from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE
+from pipelines.silver.walk import CHANGE_OF, RowKind
 from pipelines.silver.walk_columns import walk_group
 
 WALK_OPS = [
@@ -88,9 +88,6 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
         .withColumn("vb_key", vb_key())
     )
 
-
-VERSION_KINDS = ("change", ENDED_CHANGE)
-"""The kinds of walked rows that are versions of documents."""
 
 # --- the walk ------------------------------------------------------------------------------
 
@@ -184,12 +181,8 @@ def modified_at(cas: str) -> Column:
     return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
 
 
-CHANGE_TIMES = "change_times"
-"""The kind of the one row :func:`change_times` adds to the walk's collected rows."""
-
-
 def change_times(changes: DataFrame) -> DataFrame:
-    """One row of kind :data:`CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
+    """One row of kind :attr:`RowKind.CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
     summed up for freshness (:class:`pipelines.freshness.ChangeTimes`): ``cas_count`` (changes
     with a CAS time), ``cas_sum`` and ``cas_quantiles`` at
     :data:`pipelines.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
@@ -204,7 +197,7 @@ def change_times(changes: DataFrame) -> DataFrame:
             F.sum("cas_s").alias("cas_sum"),
             F.percentile_approx("cas_s", list(PROBABILITIES), ACCURACY).alias("cas_quantiles"),
         )
-        .withColumn("kind", F.lit(CHANGE_TIMES))
+        .withColumn("kind", F.lit(RowKind.CHANGE_TIMES.value))
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -301,10 +302,29 @@ def record_event(
 
 # --- one vbucket's group, row by row -------------------------------------------------------
 
-ENDED_CHANGE = "ended_change"
-"""The kind of a walked row that is a committed change a later drop or flush of its collection
-removed in the same run (:attr:`WalkResult.ended`): a version for the history tables, not a
-change to apply."""
+
+class RowKind(StrEnum):
+    """The ``kind`` column of a walked row (:data:`pipelines.schemas.WALKED`), a string in the
+    tables; the members compare equal to their strings."""
+
+    CHANGE = "change"
+    """A committed change to apply."""
+    ENDED_CHANGE = "ended_change"
+    """A committed change a later drop or flush of its collection removed in the same run
+    (:attr:`WalkResult.ended`): a version for the history tables, not a change to apply."""
+    SYSTEM_EVENT = "system_event"
+    """A committed system event (``event``: its kind as silver records it)."""
+    ROLLBACK = "rollback"
+    """A rollback of the vbucket to ``rollback_seqno``."""
+    STATE = "state"
+    """The vbucket's state to save, one row per vbucket walked."""
+    CHANGE_TIMES = "change_times"
+    """The one row :func:`pipelines.silver.transforms.change_times` adds to the walk's
+    collected rows."""
+
+
+VERSION_KINDS = (RowKind.CHANGE.value, RowKind.ENDED_CHANGE.value)
+"""The kinds of walked rows that are versions of documents."""
 
 
 def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
@@ -335,12 +355,12 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     out: list[dict[str, Any]] = []
     changes = list(result.changes)
     events = list(result.system_events)
-    for kind, rows_of_kind in (("change", changes), (ENDED_CHANGE, result.ended)):
+    for kind, rows_of_kind in ((RowKind.CHANGE, changes), (RowKind.ENDED_CHANGE, result.ended)):
         for c in rows_of_kind:
             out.append(
                 {
                     **{k: c.get(k) for k in out_schema.names},
-                    "kind": kind,
+                    "kind": kind.value,
                     "vbucket": vb,
                     "state": None,
                 }
@@ -349,14 +369,14 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
         out.append(
             {
                 **{k: e.get(k) for k in out_schema.names},
-                "kind": "system_event",
+                "kind": RowKind.SYSTEM_EVENT.value,
                 "event": e["kind"],
                 "vbucket": vb,
                 "state": None,
             }
         )
     for seqno in result.rollbacks:
-        out.append({"kind": "rollback", "vbucket": vb, "rollback_seqno": seqno})
+        out.append({"kind": RowKind.ROLLBACK.value, "vbucket": vb, "rollback_seqno": seqno})
     # the run holding the first frame not consumed (or the last one read): the next run reads
     # bronze from that run on
     after = [r for r in fresh if state.position is None or position_of(r) > state.position]
@@ -368,7 +388,7 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     seen = max([seen, *(r["run_version"] for r in rows)])
     out.append(
         {
-            "kind": "state",
+            "kind": RowKind.STATE.value,
             "vbucket": vb,
             "frames": len(fresh),
             "ignored": result.ignored,

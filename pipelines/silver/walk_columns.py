@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import OsoFlag
 from pipelines.silver.walk import (
-    ENDED_CHANGE,
     ENDING_EVENTS,
     Position,
+    RowKind,
     VbState,
     branch_point,
     record_event,
@@ -59,7 +59,13 @@ _DATA = len(DATA_OPS)  # ops below it are data changes
 SYSTEM_EVENT, _, MARKER, OSO, STREAM_END, RESPONSE, OTHER = range(_DATA, _DATA + 7)
 _CODE = {op: code for code, op in enumerate(_OPS)}
 _KEPT = -1  # not a frame: the state's own open snapshot, which the walk did not touch
-_KINDS = ("change", ENDED_CHANGE, "system_event", "rollback", "state")
+_KINDS = (
+    RowKind.CHANGE,
+    RowKind.ENDED_CHANGE,
+    RowKind.SYSTEM_EVENT,
+    RowKind.ROLLBACK,
+    RowKind.STATE,
+)
 """The kinds of walked rows, in the order they come."""
 
 
@@ -491,7 +497,7 @@ def _walked_rows(
     for name, type_ in _fields(out_schema):
         column: pa.Array | pa.ChunkedArray
         if name == "kind":
-            kinds = (itertools.repeat(k, c) for k, c in zip(_KINDS, counts, strict=True))
+            kinds = (itertools.repeat(k.value, c) for k, c in zip(_KINDS, counts, strict=True))
             column = pa.array(itertools.chain.from_iterable(kinds), type_, size=n)
         elif name == "vbucket":
             column = pa.array(np.full(n, vb, dtype=type_.to_pandas_dtype()), type_)
