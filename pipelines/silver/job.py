@@ -24,7 +24,6 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -40,20 +39,18 @@ from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
 from pipelines.batch_metrics import RunMetrics, pushed
-from pipelines.delta_io import table_version, vanished_table
+from pipelines.delta_io import vanished_table
 from pipelines.errors import CommitConflictError
 from pipelines.freshness import ChangeTimes
 from pipelines.silver import live, state, store, transforms
-from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
+from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
-    collection_properties,
     ensure_projections,
     ensure_support_tables,
     history_properties,
     read_registry,
     retire_dropped,
-    update_registry,
 )
 from pipelines.silver.walk import VERSION_KINDS, RowKind
 from pipelines.spark_session import session_for
@@ -170,26 +167,20 @@ def _apply(
     summary = ApplySummary(bucket.name)
     name = bucket.name
     names = BucketTables(name)
-    if memory is None or not memory.support_ready:
+    recall = Recall(spark, names, memory)
+    if not recall.support_ready:
         ensure_support_tables(spark, name, config.tables.properties, live=config.silver.live_layer)
         if not spark.catalog.tableExists(names.events):
             log.info("no bronze table for bucket %s yet", name)
             return summary
-        if memory is not None:
-            memory.support_ready = True
+        recall.mark_support_ready()
     at = summary.step("tables", started)
     mark = state.consumed_mark(spark, names, config, bucket)
     if not rebuild and state.nothing_new(spark, names, mark):
         log.info("nothing new to apply to bucket %s (%s)", name, mark)
         summary.seconds = time.perf_counter() - started
         return summary
-    states = None
-    if memory is not None:
-        version, states = memory.kept(spark, names.stream_state, memory.states)
-    if states is None:
-        states = state.read_states(spark, names.stream_state)
-        if memory is not None:
-            memory.states = Kept(version, copy.deepcopy(states))
+    states = recall.read_states()
     at = summary.step("read_states", at)
     if rebuild:
         live.compact(spark, name, read_registry(spark, name))  # none left to overlay the rebuild
@@ -224,7 +215,7 @@ def _apply(
         summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
         changes = walked.where(F.col("kind") == RowKind.CHANGE.value)
         versions = walked.where(is_version)  # for history tables: ended changes too
-        registry = _update_registry(spark, config, name, controls, change_cids, memory)
+        registry = recall.update_registry(config, controls, change_cids)
         at = summary.step("registry", at)
         rollbacks = [
             (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == RowKind.ROLLBACK
@@ -281,16 +272,10 @@ def _apply(
                     history_properties(config),
                 )
                 at = summary.step("history", at)
-        if retire_dropped(spark, name, registry, new_states, config) and memory is not None:
-            memory.registry = None  # tables renamed or dropped: read and check them again
-            memory.ensured.clear()
+        if retire_dropped(spark, name, registry, new_states, config):
+            recall.tables_moved()
         ensure_projections(spark, registry, bucket.projections)
-        before = table_version(spark, names.stream_state) if memory is not None else 0
-        saved = state.save_states(spark, names.stream_state, states, new_states, mark)
-        if memory is not None:
-            memory.states = memory.after_write(
-                spark, names.stream_state, before, states_as_read(saved)
-            )
+        recall.save_states(states, new_states, mark)
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
@@ -390,42 +375,6 @@ def _walk(
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
         frames, late_after = state.unconsumed_frames(spark, names, states, again)
-
-
-def _update_registry(
-    spark: SparkSession,
-    config: AppConfig,
-    bucket: str,
-    controls: list[dict[str, Any]],
-    change_cids: set[int],
-    memory: ApplyMemory | None,
-) -> Registry:
-    """:func:`update_registry`, from the registry ``memory`` keeps while the table is at its
-    version (its collection tables not checked again), and kept for the next run."""
-    table = BucketTables(bucket).registry
-    before, kept = 0, None
-    if memory is not None:
-        before, kept = memory.kept(spark, table, memory.registry)
-        if kept is None:
-            memory.ensured.clear()  # read again: so are the tables checked
-    registry, saved = update_registry(
-        spark,
-        bucket,
-        controls,
-        collection_properties(config),
-        change_cids,
-        document_variant=config.silver.document_variant,
-        stored=kept,
-        live=config.silver.live_layer,
-        ensured=memory.ensured if memory is not None else None,
-    )
-    if memory is not None:
-        memory.registry = (
-            memory.after_write(spark, table, before, registry)
-            if saved
-            else Kept(before, copy.deepcopy(registry))
-        )
-    return registry
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:
