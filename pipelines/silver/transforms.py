@@ -432,30 +432,8 @@ def history_chain(stored: DataFrame, new: DataFrame, ends: DataFrame) -> DataFra
     is an ``insert``; deletions and expirations keep their kind."""
     columns = schemas.HISTORY.fieldNames()
     chain = list(schemas.HISTORY_CHAIN)
-    fresh = new.select(
-        *[
-            F.col(c) if c in new.columns else F.lit(None).cast(schemas.HISTORY[c].dataType).alias(c)
-            for c in columns
-        ],
-        F.lit(False).alias("_stored"),
-    )
-    one = Window.partitionBy("key", "_seqno").orderBy(F.col("_stored").desc())
-    versions = (
-        stored.select(*columns, F.lit(True).alias("_stored"))
-        .unionByName(fresh)
-        .withColumn("_n", F.row_number().over(one))
-        .where(F.col("_n") == 1)
-        .withColumn("_was", F.struct(*chain))
-    )
-    run_ends = ends.groupBy("e_vb").agg(
-        F.collect_list(
-            F.struct(
-                F.col("e_seqno").alias("seqno"),
-                F.col("e_kind").alias("kind"),
-                modified_at("e_cas").alias("at"),
-            )
-        ).alias("_run_ends")
-    )
+    versions = _one_row_per_version(stored, new, columns, chain)
+    run_ends = _ends_by_vbucket(ends)
     own_end = F.when(
         F.col("_ended_by").isin(*_CLOSED),
         F.struct(
@@ -506,6 +484,43 @@ def history_chain(stored: DataFrame, new: DataFrame, ends: DataFrame) -> DataFra
         )
         .where(~F.col("_stored") | ~F.struct(*chain).eqNullSafe(F.col("_was")))
         .select(*columns, "_stored")
+    )
+
+
+def _one_row_per_version(
+    stored: DataFrame, new: DataFrame, columns: list[str], chain: list[str]
+) -> DataFrame:
+    """``stored`` and ``new`` history rows (in ``columns``) as one row per version (``key``,
+    ``_seqno``; a version stored already keeps its row), ``_stored`` saying which, with
+    ``_was``: the version's ``chain`` columns as they are."""
+    fresh = new.select(
+        *[
+            F.col(c) if c in new.columns else F.lit(None).cast(schemas.HISTORY[c].dataType).alias(c)
+            for c in columns
+        ],
+        F.lit(False).alias("_stored"),
+    )
+    one = Window.partitionBy("key", "_seqno").orderBy(F.col("_stored").desc())
+    return (
+        stored.select(*columns, F.lit(True).alias("_stored"))
+        .unionByName(fresh)
+        .withColumn("_n", F.row_number().over(one))
+        .where(F.col("_n") == 1)
+        .withColumn("_was", F.struct(*chain))
+    )
+
+
+def _ends_by_vbucket(ends: DataFrame) -> DataFrame:
+    """The run's ``ends`` (:data:`ENDS`) as one row per vbucket: ``e_vb``, and ``_run_ends``,
+    its ends as (``seqno``, ``kind``, ``at``: the time of the CAS before it)."""
+    return ends.groupBy("e_vb").agg(
+        F.collect_list(
+            F.struct(
+                F.col("e_seqno").alias("seqno"),
+                F.col("e_kind").alias("kind"),
+                modified_at("e_cas").alias("at"),
+            )
+        ).alias("_run_ends")
     )
 
 

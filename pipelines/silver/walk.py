@@ -122,22 +122,7 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
 
     def complete(closing: dict[str, Any] | None) -> None:
         nonlocal buffer, snap_end, last_position
-        top = state.consistent_seqno
-        clock = state.last_cas
-        for f in buffer:
-            seqno = f["by_seqno"]
-            top = max(top, seqno)
-            if f["op"] in DATA_OPS:
-                clock = max(clock, f["cas"] or 0)
-                cid = f["collection_id"] or 0
-                if cid in state.dropped and state.dropped[cid] <= seqno:
-                    result.ignored += 1
-                    continue
-                result.changes.append(f)
-                state.last_applied_seqno = max(state.last_applied_seqno, seqno)
-            elif f["op"] == "system_event":
-                _system_event(f, state, result, _clock_before(buffer, seqno, state.last_cas))
-        state.last_cas = clock
+        top = _commit(buffer, state, result)
         if snap_end is not None and not oso:
             top = max(top, snap_end)
         if buffer or snap_end is not None:
@@ -197,6 +182,29 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
         _apply_tail(buffer, state, result)
     state.position = last_position
     return result
+
+
+def _commit(buffer: list[dict[str, Any]], state: VbState, result: WalkResult) -> int:
+    """The frames of a complete snapshot (``buffer``) committed in order: its data changes
+    (but those of collections dropped) and its system events; their highest seqno (or the
+    consistent seqno)."""
+    top = state.consistent_seqno
+    clock = state.last_cas
+    for f in buffer:
+        seqno = f["by_seqno"]
+        top = max(top, seqno)
+        if f["op"] in DATA_OPS:
+            clock = max(clock, f["cas"] or 0)
+            cid = f["collection_id"] or 0
+            if cid in state.dropped and state.dropped[cid] <= seqno:
+                result.ignored += 1
+                continue
+            result.changes.append(f)
+            state.last_applied_seqno = max(state.last_applied_seqno, seqno)
+        elif f["op"] == "system_event":
+            _system_event(f, state, result, _clock_before(buffer, seqno, state.last_cas))
+    state.last_cas = clock
+    return top
 
 
 def _apply_tail(buffer: list[dict[str, Any]], state: VbState, result: WalkResult) -> None:
