@@ -279,6 +279,7 @@ class Found:
 
     @classmethod
     def of(cls, found: list[dict[str, Any]]) -> Found:
+        """``found``, the rows :func:`_walk` collected, read by their kind (:class:`RowKind`)."""
         times_row = next(r for r in found if r["kind"] == RowKind.CHANGE_TIMES)
         found = [r for r in found if r["kind"] != RowKind.CHANGE_TIMES]
         controls = [r for r in found if r["kind"] not in VERSION_KINDS]
