@@ -24,7 +24,6 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import threading
@@ -40,22 +39,21 @@ from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
 from pipelines import tables
 from pipelines.errors import CommitConflictError
-from pipelines.lake.delta_io import table_version, vanished_table
+from pipelines.lake.delta_io import vanished_table
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.observe.freshness import ChangeTimes
 from pipelines.silver import live, state, store, transforms
-from pipelines.silver.memory import ApplyMemory, Kept, states_as_read
+from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
-    collection_properties,
     ensure_projections,
     ensure_support_tables,
     history_properties,
     read_registry,
     retire_dropped,
-    update_registry,
 )
+from pipelines.silver.walk import VERSION_KINDS, RowKind
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
@@ -87,6 +85,14 @@ class ApplySummary:
         now = time.perf_counter()
         self.steps[name] = round(now - since, 3)
         return now
+
+    def walked(self, found: Found) -> None:
+        """Record what the walk's collected rows say of the run."""
+        self.frames = found.frames
+        self.ignored = found.ignored
+        self.open_snapshots = sum(1 for s in found.states.values() if s["open_snapshot"])
+        self.positions = {vb: s["consistent_seqno"] for vb, s in found.states.items()}
+        self.rollbacks = found.rollbacks
 
     def render(self) -> str:
         lines = [
@@ -165,131 +171,55 @@ def _apply(
     memory: ApplyMemory | None,
     compaction: Compaction,
 ) -> ApplySummary:
+    """The steps of the module's docstring, in order, each timed in the summary."""
     started = time.perf_counter()
     summary = ApplySummary(bucket.name)
     name = bucket.name
     names = BucketTables(name)
-    if memory is None or not memory.support_ready:
-        ensure_support_tables(spark, name, config.tables.properties, live=config.silver.live_layer)
-        if not spark.catalog.tableExists(names.events):
-            log.info("no bronze table for bucket %s yet", name)
-            return summary
-        if memory is not None:
-            memory.support_ready = True
+    recall = Recall(spark, names, memory)
+    if not _support_tables(spark, config, names, recall):
+        return summary
     at = summary.step("tables", started)
     mark = state.consumed_mark(spark, names, config, bucket)
     if not rebuild and state.nothing_new(spark, names, mark):
         log.info("nothing new to apply to bucket %s (%s)", name, mark)
         summary.seconds = time.perf_counter() - started
         return summary
-    states = None
-    if memory is not None:
-        version, states = memory.kept(spark, names.stream_state, memory.states)
-    if states is None:
-        states = state.read_states(spark, names.stream_state)
-        if memory is not None:
-            memory.states = Kept(version, copy.deepcopy(states))
+    states = recall.read_states()
     at = summary.step("read_states", at)
     if rebuild:
-        live.compact(spark, name, read_registry(spark, name))  # none left to overlay the rebuild
-        emptied = empty_tables(spark, name, collection)
-        log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), name)
+        _empty_for_rebuild(spark, name, collection)
         # Every vbucket is walked from its first frame again; the tables not emptied see
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
     frames, late_after = state.unconsumed_frames(spark, names, states)
     at = summary.step("unconsumed", at)
-    walked, found = _walk(spark, config, names, states, frames, late_after)
-    is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+    walked, rows = _walk(spark, config, names, states, frames, late_after)
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
-        times_row = next(r for r in found if r["kind"] == transforms.CHANGE_TIMES)
-        found = [r for r in found if r["kind"] != transforms.CHANGE_TIMES]
-        controls = [r for r in found if r["kind"] not in transforms.VERSION_KINDS]
-        change_cids = {r["collection_id"] for r in found if r["kind"] == "change"}
-        version_cids = {r["collection_id"] for r in found if r["kind"] in transforms.VERSION_KINDS}
-        summary.frames = sum(r["frames"] or 0 for r in controls if r["kind"] == "state")
-        new_states = {
-            r["vbucket"]: json.loads(r["state"]) for r in controls if r["kind"] == "state"
-        }
-        if not new_states:
+        found = Found.of(rows)
+        if not found.states:
             if bucket.projections:  # a projection added since the last run with changes
                 ensure_projections(spark, read_registry(spark, name), bucket.projections)
             summary.seconds = time.perf_counter() - started
             return summary
-        summary.ignored = sum(r["ignored"] or 0 for r in controls if r["kind"] == "state")
-        summary.open_snapshots = sum(1 for s in new_states.values() if s["open_snapshot"])
-        summary.positions = {vb: s["consistent_seqno"] for vb, s in new_states.items()}
-        changes = walked.where(F.col("kind") == "change")
-        versions = walked.where(is_version)  # for history tables: ended changes too
-        registry = _update_registry(spark, config, name, controls, change_cids, memory)
+        summary.walked(found)
+        registry = recall.update_registry(config, found.controls, found.change_cids)
         at = summary.step("registry", at)
-        rollbacks = [
-            (r["vbucket"], r["rollback_seqno"]) for r in controls if r["kind"] == "rollback"
-        ]
-        summary.rollbacks = rollbacks
-        if collection is not None and not rebuild:
-            scope, _, coll = collection.partition(".")
-            keep = [
-                c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
-            ]
-            changes = changes.where(F.col("collection_id").isin(keep))
-            versions = versions.where(F.col("collection_id").isin(keep))
-            change_cids &= set(keep)
-            version_cids &= set(keep)
-        overlap = MERGE_OVERLAP if summary.frames <= SMALL_BATCH_FRAMES else 1
-        if _through_live_layer(config, bucket, collection, rebuild, registry, controls):
-            keys = {r["collection_id"]: r["keys"] for r in found if r["kind"] == "change"}
-            summary.tables = _append_pending(spark, name, registry, changes, keys)
-            summary.changes = sum(summary.tables.values())
-            at = summary.step("append", at)
-            summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
-            if compaction.in_run and live.compaction_due(spark, name, config.silver):
-                with compaction.lock:
-                    live.compact(spark, name, registry, overlap=overlap)
-                at = summary.step("compact", at)
+        batch = _Batch.of(found, registry, walked, None if rebuild else collection)
+        if _through_live_layer(config, bucket, collection, rebuild, batch):
+            at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
         else:
             # The steps below need the tables complete, and no compaction beside them: one
             # that MERGEd pending rows after a rollback's rebuild would bring them back.
             compaction.lock.acquire()
             held.append(compaction.lock)
-            if live.has_pending(spark, name):
-                live.compact(spark, name, registry, overlap=overlap)
-                at = summary.step("compact", at)
-            if rollbacks:
-                summary.rebuilt_keys = store.rebuild_rolled_back(
-                    spark, name, names.events, registry, rollbacks, new_states, changes
-                )
-            summary.dropped_rows = store.apply_drops(spark, name, registry, controls)
-            at = summary.step("rollbacks_drops", at)
-            summary.tables = store.merge_changes(
-                spark, name, registry, changes, change_cids, overlap=overlap
-            )
-            summary.changes = sum(summary.tables.values())
-            at = summary.step("merge", at)
-            summary.change_times = ChangeTimes.from_row(times_row, committed_at=time.time())
-            if bucket.history:
-                summary.history = store.apply_history(
-                    spark,
-                    registry,
-                    versions,
-                    version_cids,
-                    controls,
-                    bucket.keeps_history,
-                    history_properties(config),
-                )
-                at = summary.step("history", at)
-        if retire_dropped(spark, name, registry, new_states, config) and memory is not None:
-            memory.registry = None  # tables renamed or dropped: read and check them again
-            memory.ensured.clear()
+            at = _write_tables(spark, config, bucket, batch, summary, at)
+        if retire_dropped(spark, name, registry, found.states, config):
+            recall.tables_moved()
         ensure_projections(spark, registry, bucket.projections)
-        before = table_version(spark, names.stream_state) if memory is not None else 0
-        saved = state.save_states(spark, names.stream_state, states, new_states, mark)
-        if memory is not None:
-            memory.states = memory.after_write(
-                spark, names.stream_state, before, states_as_read(saved)
-            )
+        recall.save_states(states, found.states, mark)
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
@@ -300,28 +230,207 @@ def _apply(
     return summary
 
 
+def _support_tables(
+    spark: SparkSession, config: AppConfig, names: BucketTables, recall: Recall
+) -> bool:
+    """The bucket's support tables made (unless ``recall`` says they are); False while bronze
+    has no events table (nothing to apply yet)."""
+    if not recall.support_ready:
+        name = names.bucket
+        ensure_support_tables(spark, name, config.tables.properties, live=config.silver.live_layer)
+        if not spark.catalog.tableExists(names.events):
+            log.info("no bronze table for bucket %s yet", name)
+            return False
+        recall.mark_support_ready()
+    return True
+
+
+def _empty_for_rebuild(spark: SparkSession, bucket: str, collection: str | None) -> None:
+    """A rebuild's first step: the live layer compacted (none left to overlay the rebuild),
+    then the tables it rebuilds emptied (:func:`empty_tables`)."""
+    live.compact(spark, bucket, read_registry(spark, bucket))
+    emptied = empty_tables(spark, bucket, collection)
+    log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), bucket)
+
+
+@dataclass
+class Found:
+    """The rows the walk's job collected (:func:`_walk`), read once: the control rows and what
+    they say, the collections changed and the CAS times of the changes."""
+
+    controls: list[dict[str, Any]]
+    """The rows that are not versions of documents nor the CAS times: the ``state`` rows, the
+    rollbacks and the system events (what :mod:`pipelines.silver.registry` and
+    :mod:`pipelines.silver.store` read)."""
+    states: dict[int, dict[str, Any]]
+    """vbucket -> the state to save (its ``state`` row); empty when nothing was walked."""
+    frames: int
+    """Frames walked, over every vbucket."""
+    ignored: int
+    """Changes to collections already dropped, over every vbucket."""
+    rollbacks: list[tuple[int, int]]
+    """(vbucket, rollback seqno) of each rollback."""
+    keys: dict[int, int]
+    """collection id -> the keys of its committed changes (one ``change`` row each)."""
+    version_cids: set[int]
+    """The collections with versions of documents (changes, or changes a drop or flush ended)."""
+    times: dict[str, Any]
+    """The CAS times of the committed changes (the row of kind ``change_times``)."""
+
+    @classmethod
+    def of(cls, found: list[dict[str, Any]]) -> Found:
+        """``found``, the rows :func:`_walk` collected, read by their kind (:class:`RowKind`)."""
+        times_row = next(r for r in found if r["kind"] == RowKind.CHANGE_TIMES)
+        found = [r for r in found if r["kind"] != RowKind.CHANGE_TIMES]
+        controls = [r for r in found if r["kind"] not in VERSION_KINDS]
+        state_rows = [r for r in controls if r["kind"] == RowKind.STATE]
+        return cls(
+            controls=controls,
+            states={r["vbucket"]: json.loads(r["state"]) for r in state_rows},
+            frames=sum(r["frames"] or 0 for r in state_rows),
+            ignored=sum(r["ignored"] or 0 for r in state_rows),
+            rollbacks=[
+                (r["vbucket"], r["rollback_seqno"])
+                for r in controls
+                if r["kind"] == RowKind.ROLLBACK
+            ],
+            keys={r["collection_id"]: r["keys"] for r in found if r["kind"] == RowKind.CHANGE},
+            version_cids={r["collection_id"] for r in found if r["kind"] in VERSION_KINDS},
+            times=times_row,
+        )
+
+    @property
+    def change_cids(self) -> set[int]:
+        """The collections with committed changes (a new set)."""
+        return set(self.keys)
+
+
+@dataclass
+class _Batch:
+    """What a run writes: the walk's collected rows (``found``), the registry they updated,
+    and the walked ``changes`` to apply and ``versions`` for history tables (ended changes
+    too), DataFrames over the cached walk, with the collections each touches."""
+
+    found: Found
+    registry: Registry
+    changes: DataFrame
+    versions: DataFrame
+    change_cids: set[int]
+    version_cids: set[int]
+
+    @classmethod
+    def of(
+        cls, found: Found, registry: Registry, walked: DataFrame, collection: str | None
+    ) -> _Batch:
+        """The batch of ``walked``; with ``collection`` (``SCOPE.NAME``), of that collection
+        alone."""
+        change_cids, version_cids = found.change_cids, set(found.version_cids)
+        changes = walked.where(F.col("kind") == RowKind.CHANGE.value)
+        versions = walked.where(F.col("kind").isin(*VERSION_KINDS))
+        if collection is not None:
+            scope, _, coll = collection.partition(".")
+            keep = [
+                c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
+            ]
+            changes = changes.where(F.col("collection_id").isin(keep))
+            versions = versions.where(F.col("collection_id").isin(keep))
+            change_cids &= set(keep)
+            version_cids &= set(keep)
+        return cls(found, registry, changes, versions, change_cids, version_cids)
+
+    @property
+    def overlap(self) -> int:
+        """How many collections MERGE at once (:data:`SMALL_BATCH_FRAMES`)."""
+        return MERGE_OVERLAP if self.found.frames <= SMALL_BATCH_FRAMES else 1
+
+
 def _through_live_layer(
     config: AppConfig,
     bucket: BucketConfig,
     collection: str | None,
     rebuild: bool,
-    registry: Registry,
-    controls: list[dict[str, Any]],
+    batch: _Batch,
 ) -> bool:
     """Whether this apply's changes go to the live layer (:mod:`pipelines.silver.live`):
     it is on, and nothing of the apply needs the collection tables complete (a rollback, a
     drop or flush, a collection being retired, history tables, one collection's run, a
     rebuild)."""
     cuts = ("drop_collection", "flush_collection")
+    controls = batch.found.controls
     return (
         config.silver.live_layer
         and collection is None
         and not rebuild
         and not bucket.history
-        and not any(r["kind"] == "rollback" for r in controls)
-        and not any(r["kind"] == "system_event" and r["event"] in cuts for r in controls)
-        and not any(r["status"] in ("dropped", "retiring") for r in registry)
+        and not batch.found.rollbacks
+        and not any(r["kind"] == RowKind.SYSTEM_EVENT and r["event"] in cuts for r in controls)
+        and not any(r["status"] in ("dropped", "retiring") for r in batch.registry)
     )
+
+
+def _append_to_live_layer(
+    spark: SparkSession,
+    config: AppConfig,
+    batch: _Batch,
+    compaction: Compaction,
+    summary: ApplySummary,
+    at: float,
+) -> float:
+    """Step 5 through the live layer: the batch's changes appended to the pending table, then
+    a compaction when one is due and the run compacts (``compaction.in_run``); returns the
+    time the last step ended."""
+    name, registry = summary.bucket, batch.registry
+    summary.tables = _append_pending(spark, name, registry, batch.changes, batch.found.keys)
+    summary.changes = sum(summary.tables.values())
+    at = summary.step("append", at)
+    summary.change_times = ChangeTimes.from_row(batch.found.times, committed_at=time.time())
+    if compaction.in_run and live.compaction_due(spark, name, config.silver):
+        with compaction.lock:
+            live.compact(spark, name, registry, overlap=batch.overlap)
+        return summary.step("compact", at)
+    return at
+
+
+def _write_tables(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    batch: _Batch,
+    summary: ApplySummary,
+    at: float,
+) -> float:
+    """Steps 3 to 5 on the complete collection tables (any pending rows compacted first):
+    rollbacks retracted, drops and flushes applied, the changes MERGEd, then the history
+    tables' versions; returns the time the last step ended."""
+    name, registry, found = bucket.name, batch.registry, batch.found
+    if live.has_pending(spark, name):
+        live.compact(spark, name, registry, overlap=batch.overlap)
+        at = summary.step("compact", at)
+    if found.rollbacks:
+        events = BucketTables(name).events
+        summary.rebuilt_keys = store.rebuild_rolled_back(
+            spark, name, events, registry, found.rollbacks, found.states, batch.changes
+        )
+    summary.dropped_rows = store.apply_drops(spark, name, registry, found.controls)
+    at = summary.step("rollbacks_drops", at)
+    summary.tables = store.merge_changes(
+        spark, name, registry, batch.changes, batch.change_cids, overlap=batch.overlap
+    )
+    summary.changes = sum(summary.tables.values())
+    at = summary.step("merge", at)
+    summary.change_times = ChangeTimes.from_row(found.times, committed_at=time.time())
+    if bucket.history:
+        summary.history = store.apply_history(
+            spark,
+            registry,
+            batch.versions,
+            batch.version_cids,
+            found.controls,
+            bucket.keeps_history,
+            history_properties(config),
+        )
+        at = summary.step("history", at)
+    return at
 
 
 def _append_pending(
@@ -354,9 +463,9 @@ def _walk(
     frames: DataFrame,
     late_after: int | None,
 ) -> tuple[DataFrame, list[dict[str, Any]]]:
-    """The vbuckets walked (cached) and, in one job, the control rows, the collections changed
-    (a row of kind ``change`` or ``ended_change`` per collection, with nothing else) and the
-    CAS times of the changes summed up (freshness). A vbucket whose walk met frames of an older
+    """The vbuckets walked (cached) and, in one job, the rows :class:`Found` reads: the control
+    rows, the collections changed (a row of kind ``change`` or ``ended_change`` per collection,
+    with nothing else) and the CAS times of the changes summed up (freshness). A vbucket whose walk met frames of an older
     session that arrived late (:func:`state.late_vbuckets`) is walked again from its start,
     with the others, until none is late (once, unless a run finishes in between)."""
     again: set[int] = set()
@@ -365,13 +474,13 @@ def _walk(
             spark, frames, states, again, eager=config.silver.eager_apply, late_after=late_after
         ).cache()
         try:
-            is_version = F.col("kind").isin(*transforms.VERSION_KINDS)
+            is_version = F.col("kind").isin(*VERSION_KINDS)
             changed = (
                 walked.where(is_version)
                 .groupBy("kind", "collection_id")
                 .agg(F.count_distinct("key").alias("keys"))
             )
-            times = transforms.change_times(walked.where(F.col("kind") == "change"))
+            times = transforms.change_times(walked.where(F.col("kind") == RowKind.CHANGE.value))
             found = [
                 r.asDict(recursive=True)
                 for r in walked.where(~is_version)
@@ -389,42 +498,6 @@ def _walk(
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
         frames, late_after = state.unconsumed_frames(spark, names, states, again)
-
-
-def _update_registry(
-    spark: SparkSession,
-    config: AppConfig,
-    bucket: str,
-    controls: list[dict[str, Any]],
-    change_cids: set[int],
-    memory: ApplyMemory | None,
-) -> Registry:
-    """:func:`update_registry`, from the registry ``memory`` keeps while the table is at its
-    version (its collection tables not checked again), and kept for the next run."""
-    table = BucketTables(bucket).registry
-    before, kept = 0, None
-    if memory is not None:
-        before, kept = memory.kept(spark, table, memory.registry)
-        if kept is None:
-            memory.ensured.clear()  # read again: so are the tables checked
-    registry, saved = update_registry(
-        spark,
-        bucket,
-        controls,
-        collection_properties(config),
-        change_cids,
-        document_variant=config.silver.document_variant,
-        stored=kept,
-        live=config.silver.live_layer,
-        ensured=memory.ensured if memory is not None else None,
-    )
-    if memory is not None:
-        memory.registry = (
-            memory.after_write(spark, table, before, registry)
-            if saved
-            else Kept(before, copy.deepcopy(registry))
-        )
-    return registry
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

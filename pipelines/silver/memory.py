@@ -9,6 +9,9 @@ table is still at that version (a look at the table's log, no Spark job). Anothe
 commit (a hand-run ``dcp-cdc apply``, a backfill, a second follow process by mistake) moves
 the version, and the next micro-batch reads the table again. A micro-batch that fails forgets
 everything (:meth:`ApplyMemory.forget`): the next one starts as a batch run does.
+
+An apply reads and saves those tables through :class:`Recall`, with the memory or without
+(a batch run), the same calls either way.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from dcp_cdc.config import AppConfig
 from pipelines.lake.delta_io import table_version
+from pipelines.silver import state
+from pipelines.silver.registry import Registry, collection_properties, update_registry
+from pipelines.tables import BucketTables
 
 States = dict[int, dict[str, Any]]
 """vbucket -> ``{"state": ..., "position_run_id": ...}``, as ``state.read_states`` gives."""
@@ -77,3 +84,87 @@ def states_as_read(saved: dict[int, dict[str, Any]]) -> States:
         vb: {"state": json.loads(json.dumps(s)), "position_run_id": s.get("run_id")}
         for vb, s in saved.items()
     }
+
+
+class Recall:
+    """An apply's reads and saves of the bucket's stream state and registry, and whether its
+    support tables are ready: through ``memory`` (follow mode) where it keeps them at the
+    tables' versions, else from the tables (a batch run, ``memory`` None: every read goes to
+    the table, nothing is kept)."""
+
+    def __init__(self, spark: SparkSession, names: BucketTables, memory: ApplyMemory | None):
+        self.spark = spark
+        self.names = names
+        self.memory = memory
+
+    @property
+    def support_ready(self) -> bool:
+        """Whether the memory says the support tables and bronze's events table exist."""
+        return self.memory is not None and self.memory.support_ready
+
+    def mark_support_ready(self) -> None:
+        if self.memory is not None:
+            self.memory.support_ready = True
+
+    def read_states(self) -> States:
+        """The stream state (``state.read_states``), kept while the table is at its version."""
+        spark, memory, table = self.spark, self.memory, self.names.stream_state
+        states = None
+        if memory is not None:
+            version, states = memory.kept(spark, table, memory.states)
+        if states is None:
+            states = state.read_states(spark, table)
+            if memory is not None:
+                memory.states = Kept(version, copy.deepcopy(states))
+        return states
+
+    def save_states(
+        self, states: States, new_states: dict[int, dict[str, Any]], mark: str | None
+    ) -> None:
+        """``state.save_states``, and what it wrote kept as of the version its commit made."""
+        spark, memory, table = self.spark, self.memory, self.names.stream_state
+        before = table_version(spark, table) if memory is not None else 0
+        saved = state.save_states(spark, table, states, new_states, mark)
+        if memory is not None:
+            memory.states = memory.after_write(spark, table, before, states_as_read(saved))
+
+    def update_registry(
+        self,
+        config: AppConfig,
+        controls: list[dict[str, Any]],
+        change_cids: set[int],
+    ) -> Registry:
+        """:func:`update_registry`, from the registry ``memory`` keeps while the table is at its
+        version (its collection tables not checked again), and kept for the next run."""
+        spark, memory = self.spark, self.memory
+        table = self.names.registry
+        before, kept = 0, None
+        if memory is not None:
+            before, kept = memory.kept(spark, table, memory.registry)
+            if kept is None:
+                memory.ensured.clear()  # read again: so are the tables checked
+        registry, saved = update_registry(
+            spark,
+            self.names.bucket,
+            controls,
+            collection_properties(config),
+            change_cids,
+            document_variant=config.silver.document_variant,
+            stored=kept,
+            live=config.silver.live_layer,
+            ensured=memory.ensured if memory is not None else None,
+        )
+        if memory is not None:
+            memory.registry = (
+                memory.after_write(spark, table, before, registry)
+                if saved
+                else Kept(before, copy.deepcopy(registry))
+            )
+        return registry
+
+    def tables_moved(self) -> None:
+        """Collection tables were renamed or dropped: the registry and the tables are read and
+        checked again."""
+        if self.memory is not None:
+            self.memory.registry = None
+            self.memory.ensured.clear()

@@ -25,6 +25,7 @@ from pipelines.errors import CollectionNameError
 from pipelines.lake import delta_io
 from pipelines.lake.delta_io import metric, replace_rows, with_retry
 from pipelines.silver import transforms
+from pipelines.silver.walk import RowKind
 from pipelines.tables import BucketTables
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ def update_registry(
     if 0 not in current:
         current[0] = _registry_row(0, 0, "_default", "_default", bucket)
     events = sorted(
-        (r for r in controls if r["kind"] == "system_event"),
+        (r for r in controls if r["kind"] == RowKind.SYSTEM_EVENT),
         key=lambda r: (r["vbucket"], r["by_seqno"]),
     )
     for e in events:

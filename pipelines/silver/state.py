@@ -23,6 +23,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
+from pipelines.silver.walk import RowKind
 from pipelines.tables import BucketTables
 
 
@@ -150,7 +151,7 @@ def unconsumed_frames(
 
 def late_vbuckets(found: list[dict[str, Any]]) -> set[int]:
     """The vbuckets whose walk (collected ``found`` rows) met late frames: walk them again."""
-    return {r["vbucket"] for r in found if r["kind"] == "state" and r["late"]}
+    return {r["vbucket"] for r in found if r["kind"] == RowKind.STATE and r["late"]}
 
 
 def of_runs(run_ids: list[str]) -> Column:

@@ -23,6 +23,7 @@ from pipelines.lake import delta_io
 from pipelines.lake.delta_io import metric, with_retry
 from pipelines.silver import transforms
 from pipelines.silver.registry import Registry, archived_tables
+from pipelines.silver.walk import RowKind
 from pipelines.tables import BucketTables
 
 
@@ -39,7 +40,10 @@ def apply_drops(
     """Drops and flushes: a collection's rows in the vbucket below the event's seqno go."""
     cuts: dict[int, list[tuple[int, int]]] = {}
     for e in controls:
-        if e["kind"] == "system_event" and e["event"] in ("drop_collection", "flush_collection"):
+        if e["kind"] == RowKind.SYSTEM_EVENT and e["event"] in (
+            "drop_collection",
+            "flush_collection",
+        ):
             cuts.setdefault(e["collection_id"], []).append((e["vbucket"], e["by_seqno"]))
     removed = 0
     for cid, pairs in cuts.items():
@@ -255,10 +259,10 @@ def apply_history(
     points: dict[int, int] = {}
     ends: dict[int, list[tuple[int, int, str, int]]] = {}
     for r in controls:
-        if r["kind"] == "rollback":
+        if r["kind"] == RowKind.ROLLBACK:
             vb, seqno = r["vbucket"], r["rollback_seqno"]
             points[vb] = min(points.get(vb, seqno), seqno)
-        elif r["kind"] == "system_event" and r["event"] in _END_KINDS:
+        elif r["kind"] == RowKind.SYSTEM_EVENT and r["event"] in _END_KINDS:
             ends.setdefault(r["collection_id"], []).append(
                 (r["vbucket"], r["by_seqno"], _END_KINDS[r["event"]], r["cas"] or 0)
             )

@@ -17,7 +17,7 @@ from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.observe.freshness import ACCURACY, PROBABILITIES
-from pipelines.silver.walk import CHANGE_OF, ENDED_CHANGE
+from pipelines.silver.walk import CHANGE_OF, RowKind
 from pipelines.silver.walk_columns import walk_group
 
 WALK_OPS = [
@@ -88,9 +88,6 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
         .withColumn("vb_key", vb_key())
     )
 
-
-VERSION_KINDS = ("change", ENDED_CHANGE)
-"""The kinds of walked rows that are versions of documents."""
 
 # --- the walk ------------------------------------------------------------------------------
 
@@ -184,12 +181,8 @@ def modified_at(cas: str) -> Column:
     return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
 
 
-CHANGE_TIMES = "change_times"
-"""The kind of the one row :func:`change_times` adds to the walk's collected rows."""
-
-
 def change_times(changes: DataFrame) -> DataFrame:
-    """One row of kind :data:`CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
+    """One row of kind :attr:`RowKind.CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
     summed up for freshness (:class:`pipelines.observe.freshness.ChangeTimes`): ``cas_count`` (changes
     with a CAS time), ``cas_sum`` and ``cas_quantiles`` at
     :data:`pipelines.observe.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
@@ -204,7 +197,7 @@ def change_times(changes: DataFrame) -> DataFrame:
             F.sum("cas_s").alias("cas_sum"),
             F.percentile_approx("cas_s", list(PROBABILITIES), ACCURACY).alias("cas_quantiles"),
         )
-        .withColumn("kind", F.lit(CHANGE_TIMES))
+        .withColumn("kind", F.lit(RowKind.CHANGE_TIMES.value))
     )
 
 
@@ -439,30 +432,8 @@ def history_chain(stored: DataFrame, new: DataFrame, ends: DataFrame) -> DataFra
     is an ``insert``; deletions and expirations keep their kind."""
     columns = schemas.HISTORY.fieldNames()
     chain = list(schemas.HISTORY_CHAIN)
-    fresh = new.select(
-        *[
-            F.col(c) if c in new.columns else F.lit(None).cast(schemas.HISTORY[c].dataType).alias(c)
-            for c in columns
-        ],
-        F.lit(False).alias("_stored"),
-    )
-    one = Window.partitionBy("key", "_seqno").orderBy(F.col("_stored").desc())
-    versions = (
-        stored.select(*columns, F.lit(True).alias("_stored"))
-        .unionByName(fresh)
-        .withColumn("_n", F.row_number().over(one))
-        .where(F.col("_n") == 1)
-        .withColumn("_was", F.struct(*chain))
-    )
-    run_ends = ends.groupBy("e_vb").agg(
-        F.collect_list(
-            F.struct(
-                F.col("e_seqno").alias("seqno"),
-                F.col("e_kind").alias("kind"),
-                modified_at("e_cas").alias("at"),
-            )
-        ).alias("_run_ends")
-    )
+    versions = _one_row_per_version(stored, new, columns, chain)
+    run_ends = _ends_by_vbucket(ends)
     own_end = F.when(
         F.col("_ended_by").isin(*_CLOSED),
         F.struct(
@@ -513,6 +484,43 @@ def history_chain(stored: DataFrame, new: DataFrame, ends: DataFrame) -> DataFra
         )
         .where(~F.col("_stored") | ~F.struct(*chain).eqNullSafe(F.col("_was")))
         .select(*columns, "_stored")
+    )
+
+
+def _one_row_per_version(
+    stored: DataFrame, new: DataFrame, columns: list[str], chain: list[str]
+) -> DataFrame:
+    """``stored`` and ``new`` history rows (in ``columns``) as one row per version (``key``,
+    ``_seqno``; a version stored already keeps its row), ``_stored`` saying which, with
+    ``_was``: the version's ``chain`` columns as they are."""
+    fresh = new.select(
+        *[
+            F.col(c) if c in new.columns else F.lit(None).cast(schemas.HISTORY[c].dataType).alias(c)
+            for c in columns
+        ],
+        F.lit(False).alias("_stored"),
+    )
+    one = Window.partitionBy("key", "_seqno").orderBy(F.col("_stored").desc())
+    return (
+        stored.select(*columns, F.lit(True).alias("_stored"))
+        .unionByName(fresh)
+        .withColumn("_n", F.row_number().over(one))
+        .where(F.col("_n") == 1)
+        .withColumn("_was", F.struct(*chain))
+    )
+
+
+def _ends_by_vbucket(ends: DataFrame) -> DataFrame:
+    """The run's ``ends`` (:data:`ENDS`) as one row per vbucket: ``e_vb``, and ``_run_ends``,
+    its ends as (``seqno``, ``kind``, ``at``: the time of the CAS before it)."""
+    return ends.groupBy("e_vb").agg(
+        F.collect_list(
+            F.struct(
+                F.col("e_seqno").alias("seqno"),
+                F.col("e_kind").alias("kind"),
+                modified_at("e_cas").alias("at"),
+            )
+        ).alias("_run_ends")
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -121,22 +122,7 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
 
     def complete(closing: dict[str, Any] | None) -> None:
         nonlocal buffer, snap_end, last_position
-        top = state.consistent_seqno
-        clock = state.last_cas
-        for f in buffer:
-            seqno = f["by_seqno"]
-            top = max(top, seqno)
-            if f["op"] in DATA_OPS:
-                clock = max(clock, f["cas"] or 0)
-                cid = f["collection_id"] or 0
-                if cid in state.dropped and state.dropped[cid] <= seqno:
-                    result.ignored += 1
-                    continue
-                result.changes.append(f)
-                state.last_applied_seqno = max(state.last_applied_seqno, seqno)
-            elif f["op"] == "system_event":
-                _system_event(f, state, result, _clock_before(buffer, seqno, state.last_cas))
-        state.last_cas = clock
+        top = _commit(buffer, state, result)
         if snap_end is not None and not oso:
             top = max(top, snap_end)
         if buffer or snap_end is not None:
@@ -196,6 +182,29 @@ def walk(frames: Iterable[dict[str, Any]], state: VbState, *, eager: bool = Fals
         _apply_tail(buffer, state, result)
     state.position = last_position
     return result
+
+
+def _commit(buffer: list[dict[str, Any]], state: VbState, result: WalkResult) -> int:
+    """The frames of a complete snapshot (``buffer``) committed in order: its data changes
+    (but those of collections dropped) and its system events; their highest seqno (or the
+    consistent seqno)."""
+    top = state.consistent_seqno
+    clock = state.last_cas
+    for f in buffer:
+        seqno = f["by_seqno"]
+        top = max(top, seqno)
+        if f["op"] in DATA_OPS:
+            clock = max(clock, f["cas"] or 0)
+            cid = f["collection_id"] or 0
+            if cid in state.dropped and state.dropped[cid] <= seqno:
+                result.ignored += 1
+                continue
+            result.changes.append(f)
+            state.last_applied_seqno = max(state.last_applied_seqno, seqno)
+        elif f["op"] == "system_event":
+            _system_event(f, state, result, _clock_before(buffer, seqno, state.last_cas))
+    state.last_cas = clock
+    return top
 
 
 def _apply_tail(buffer: list[dict[str, Any]], state: VbState, result: WalkResult) -> None:
@@ -301,10 +310,29 @@ def record_event(
 
 # --- one vbucket's group, row by row -------------------------------------------------------
 
-ENDED_CHANGE = "ended_change"
-"""The kind of a walked row that is a committed change a later drop or flush of its collection
-removed in the same run (:attr:`WalkResult.ended`): a version for the history tables, not a
-change to apply."""
+
+class RowKind(StrEnum):
+    """The ``kind`` column of a walked row (:data:`pipelines.schemas.WALKED`), a string in the
+    tables; the members compare equal to their strings."""
+
+    CHANGE = "change"
+    """A committed change to apply."""
+    ENDED_CHANGE = "ended_change"
+    """A committed change a later drop or flush of its collection removed in the same run
+    (:attr:`WalkResult.ended`): a version for the history tables, not a change to apply."""
+    SYSTEM_EVENT = "system_event"
+    """A committed system event (``event``: its kind as silver records it)."""
+    ROLLBACK = "rollback"
+    """A rollback of the vbucket to ``rollback_seqno``."""
+    STATE = "state"
+    """The vbucket's state to save, one row per vbucket walked."""
+    CHANGE_TIMES = "change_times"
+    """The one row :func:`pipelines.silver.transforms.change_times` adds to the walk's
+    collected rows."""
+
+
+VERSION_KINDS = (RowKind.CHANGE.value, RowKind.ENDED_CHANGE.value)
+"""The kinds of walked rows that are versions of documents."""
 
 
 def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
@@ -335,12 +363,12 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     out: list[dict[str, Any]] = []
     changes = list(result.changes)
     events = list(result.system_events)
-    for kind, rows_of_kind in (("change", changes), (ENDED_CHANGE, result.ended)):
+    for kind, rows_of_kind in ((RowKind.CHANGE, changes), (RowKind.ENDED_CHANGE, result.ended)):
         for c in rows_of_kind:
             out.append(
                 {
                     **{k: c.get(k) for k in out_schema.names},
-                    "kind": kind,
+                    "kind": kind.value,
                     "vbucket": vb,
                     "state": None,
                 }
@@ -349,14 +377,14 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
         out.append(
             {
                 **{k: e.get(k) for k in out_schema.names},
-                "kind": "system_event",
+                "kind": RowKind.SYSTEM_EVENT.value,
                 "event": e["kind"],
                 "vbucket": vb,
                 "state": None,
             }
         )
     for seqno in result.rollbacks:
-        out.append({"kind": "rollback", "vbucket": vb, "rollback_seqno": seqno})
+        out.append({"kind": RowKind.ROLLBACK.value, "vbucket": vb, "rollback_seqno": seqno})
     # the run holding the first frame not consumed (or the last one read): the next run reads
     # bronze from that run on
     after = [r for r in fresh if state.position is None or position_of(r) > state.position]
@@ -368,7 +396,7 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     seen = max([seen, *(r["run_version"] for r in rows)])
     out.append(
         {
-            "kind": "state",
+            "kind": RowKind.STATE.value,
             "vbucket": vb,
             "frames": len(fresh),
             "ignored": result.ignored,

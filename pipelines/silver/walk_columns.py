@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import OsoFlag
 from pipelines.silver.walk import (
-    ENDED_CHANGE,
     ENDING_EVENTS,
     Position,
+    RowKind,
     VbState,
     branch_point,
     record_event,
@@ -59,7 +59,13 @@ _DATA = len(DATA_OPS)  # ops below it are data changes
 SYSTEM_EVENT, _, MARKER, OSO, STREAM_END, RESPONSE, OTHER = range(_DATA, _DATA + 7)
 _CODE = {op: code for code, op in enumerate(_OPS)}
 _KEPT = -1  # not a frame: the state's own open snapshot, which the walk did not touch
-_KINDS = ("change", ENDED_CHANGE, "system_event", "rollback", "state")
+_KINDS = (
+    RowKind.CHANGE,
+    RowKind.ENDED_CHANGE,
+    RowKind.SYSTEM_EVENT,
+    RowKind.ROLLBACK,
+    RowKind.STATE,
+)
 """The kinds of walked rows, in the order they come."""
 
 
@@ -223,43 +229,149 @@ class _Walked:
 
 def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
     """:func:`pipelines.silver.walk.walk` over ``fr``: the same steps, on indices, taken only
-    at the frames where something happens (:attr:`_Frames.points`). The buffer of the open
-    snapshot is a span of frames, ``start`` to the current one (those of them it buffers)."""
-    out = _Walked()
-    ops, seqnos, cas_of, cid_of = fr.ops, fr.by_seqno, fr.cas, fr.collection
-    buffered_before, data_before = fr.buffered_before, fr.data_before
-    ends, end_valid = fr.end_seqno, fr.end_valid
-    start = 0  # the buffer: the buffered frames from here to the current one
-    snap_end: int | None = None
-    oso = False
-    # the last position moved to: the frame it is at, or (a marker's) just before, as
-    # (frame, before); and the marker of the open snapshot (None: none is open; ``_KEPT``:
-    # as the state had it). Nothing reads them before the end, where the state gets them.
-    moved: tuple[int, bool] | None = None
-    opened: int | None = _KEPT
+    at the frames where something happens (:attr:`_Frames.points`)."""
+    walk = _Walk(fr, state)
+    for j in fr.points:
+        walk.at_point(j)
+    return walk.finish(eager)
 
-    def rollback(seqno: int) -> None:
+
+class _Walk:
+    """One vbucket's walk over its frames (:func:`_walk`), between the frames it stops at.
+
+    The buffer of the open snapshot is a span of frames, :attr:`start` to the current one
+    (those of them it buffers). :attr:`moved` is the last position moved to: the frame it is
+    at, or (a marker's) just before, as (frame, before); :attr:`opened` the marker of the open
+    snapshot (None: none is open; ``_KEPT``: as the state had it). Nothing reads them before
+    the end, where the state gets them (:meth:`finish`)."""
+
+    def __init__(self, fr: _Frames, state: VbState) -> None:
+        self.fr = fr
+        self.state = state
+        self.out = _Walked()
+        self.start = 0  # the buffer: the buffered frames from here to the current one
+        self.snap_end: int | None = None
+        self.oso = False
+        self.moved: tuple[int, bool] | None = None
+        self.opened: int | None = _KEPT
+
+    def at_point(self, j: int) -> None:
+        """What frame ``j``, one of :attr:`_Frames.points`, does: the row walk's loop body."""
+        fr = self.fr
+        op = fr.ops[j]
+        if op < MARKER:  # a buffered frame at the end seqno of the last marker
+            if not self.oso and self.snap_end is not None:
+                self.complete(j + 1, j)
+        elif op == MARKER:
+            if not self.oso:
+                self.complete(j, None)
+                self.moved = (j, True)
+            self.start, self.opened = j + 1, j
+            self.snap_end = fr.end_seqno[j] if fr.end_valid[j] else None
+        elif op == OSO:
+            if fr.value("oso_flags", j) & OsoFlag.START:
+                self.complete(j, None)
+                self.moved = (j, True)
+                self.oso, self.start, self.snap_end = True, j + 1, None
+            else:
+                self.complete(j, j)
+                self.oso = False
+        elif op == STREAM_END:
+            if not self.oso:
+                self.complete(j, j)
+        elif op == RESPONSE:
+            self.stream_response(j)
+
+    def stream_response(self, j: int) -> None:
+        """A stream request's response: a rollback, or a new stream whose failover log may
+        branch below what was applied (a rollback to there)."""
+        state = self.state
+        rollback_seqno = self.fr.value("rollback_seqno", j)
+        if rollback_seqno is not None:
+            self.rollback(rollback_seqno)
+            self.start, self.snap_end, self.oso = j + 1, None, False
+            self.opened = None
+            self.moved = (j, False)
+        else:
+            entries = self.fr.value("failover_log", j)
+            if entries:  # a new stream: the open one is gone
+                self.start, self.snap_end, self.oso = j + 1, None, False
+                self.opened = None
+                log = [(e["vb_uuid"], e["seqno"]) for e in entries]
+                branch = branch_point(state.failover_log, log, state.last_applied_seqno)
+                if branch is not None:
+                    self.rollback(branch)
+                state.failover_log = log
+                state.vb_uuid = log[0][0]
+                self.moved = (j, False)
+
+    def rollback(self, seqno: int) -> None:
+        out, seqnos = self.out, self.fr.by_seqno
         out.changes = [c for c in out.changes if seqnos[c] <= seqno]
         out.ended = [c for c in out.ended if seqnos[c] <= seqno]
         out.events = [e for e in out.events if seqnos[e[0]] <= seqno]
         out.rollbacks.append(seqno)
-        retract(state, seqno)
+        retract(self.state, seqno)
 
-    def system_event(j: int, clock: int) -> None:
+    def system_event(self, j: int, clock: int) -> None:
+        fr, state, out, seqnos = self.fr, self.state, self.out, self.fr.by_seqno
         cid = fr.value("collection_id", j)
         seqno = seqnos[j]
         kind = record_event(state, fr.value("event", j), cid, seqno, fr.value("manifest_uid", j))
         if kind in ENDING_EVENTS:
-            gone = [c for c in out.changes if cid_of[c] == cid and seqnos[c] < seqno]
+            gone = [c for c in out.changes if fr.collection[c] == cid and seqnos[c] < seqno]
             if gone:
                 out.ended.extend(gone)
                 ended = set(gone)
                 out.changes = [c for c in out.changes if c not in ended]
         out.events.append((j, kind, clock))
 
-    def commit_each(buffer: list[int]) -> int:
+    def complete(self, stop: int, closing: int | None) -> None:
+        """The row walk's ``complete``, the buffer being the frames :attr:`start` to ``stop``."""
+        fr, state, start = self.fr, self.state, self.start
+        buffered = fr.buffered_before[stop] - fr.buffered_before[start]
+        if not buffered and self.snap_end is None and closing is None:  # nothing to complete
+            self.start, self.opened = stop, None
+            return
+        top = state.consistent_seqno
+        dropped = state.dropped
+        if not buffered:
+            pass
+        elif fr.data_before[stop] - fr.data_before[start] == stop - start and (
+            not dropped or dropped.keys().isdisjoint(fr.collection[start:stop])
+        ):  # data changes only, of collections not dropped: all commit, in one step
+            top = self.commit_data(start, stop)
+        else:
+            top = self.commit_each(fr.buffered(start, stop))
+        if self.snap_end is not None and not self.oso:
+            top = max(top, self.snap_end)
+        if buffered or self.snap_end is not None:
+            state.consistent_seqno = top
+        self.start = stop
+        self.snap_end = None
+        self.opened = None
+        if closing is not None:
+            self.moved = (closing, False)
+
+    def commit_data(self, start: int, stop: int) -> int:
+        """The frames ``start`` to ``stop``, data changes of collections not dropped, committed
+        in one step; their highest seqno (or the consistent seqno)."""
+        fr, state = self.fr, self.state
+        highest: int = max(fr.by_seqno[start:stop])
+        clock = max(fr.cas[start:stop])
+        top = max(state.consistent_seqno, highest)
+        if clock > state.last_cas:
+            state.last_cas = clock
+        self.out.changes.extend(range(start, stop))
+        if highest > state.last_applied_seqno:
+            state.last_applied_seqno = highest
+        return top
+
+    def commit_each(self, buffer: list[int]) -> int:
         """The buffered frames one by one, as the row walk's ``complete`` takes them; their
         highest seqno (or the consistent seqno)."""
+        fr, state, out = self.fr, self.state, self.out
+        ops, seqnos, cas_of, cid_of = fr.ops, fr.by_seqno, fr.cas, fr.collection
         top = state.consistent_seqno
         clock = state.last_cas
         for j in buffer:
@@ -275,98 +387,29 @@ def _walk(fr: _Frames, state: VbState, eager: bool) -> _Walked:
                 state.last_applied_seqno = max(state.last_applied_seqno, seqno)
             elif ops[j] == SYSTEM_EVENT:
                 earlier = [cas_of[i] for i in buffer if ops[i] < _DATA and seqnos[i] < seqno]
-                system_event(j, max([state.last_cas, *earlier]))
+                self.system_event(j, max([state.last_cas, *earlier]))
         state.last_cas = clock
         return top
 
-    def complete(stop: int, closing: int | None) -> None:
-        """The row walk's ``complete``, the buffer being the frames ``start`` to ``stop``."""
-        nonlocal start, snap_end, moved, opened
-        buffered = buffered_before[stop] - buffered_before[start]
-        if not buffered and snap_end is None and closing is None:  # nothing to complete
-            start, opened = stop, None
-            return
-        top = state.consistent_seqno
-        dropped = state.dropped
-        if not buffered:
-            pass
-        elif data_before[stop] - data_before[start] == stop - start and (
-            not dropped or dropped.keys().isdisjoint(cid_of[start:stop])
-        ):  # data changes only, of collections not dropped: all commit, in one step
-            highest = max(seqnos[start:stop])
-            clock = max(cas_of[start:stop])
-            top = max(top, highest)
-            if clock > state.last_cas:
-                state.last_cas = clock
-            out.changes.extend(range(start, stop))
-            if highest > state.last_applied_seqno:
-                state.last_applied_seqno = highest
-        else:
-            top = commit_each(fr.buffered(start, stop))
-        if snap_end is not None and not oso:
-            top = max(top, snap_end)
-        if buffered or snap_end is not None:
-            state.consistent_seqno = top
-        start = stop
-        snap_end = None
-        opened = None
-        if closing is not None:
-            moved = (closing, False)
-
-    for j in fr.points:
-        op = ops[j]
-        if op < MARKER:  # a buffered frame at the end seqno of the last marker
-            if not oso and snap_end is not None:
-                complete(j + 1, j)
-        elif op == MARKER:
-            if not oso:
-                complete(j, None)
-                moved = (j, True)
-            start, snap_end, opened = j + 1, ends[j] if end_valid[j] else None, j
-        elif op == OSO:
-            if fr.value("oso_flags", j) & OsoFlag.START:
-                complete(j, None)
-                moved = (j, True)
-                oso, start, snap_end = True, j + 1, None
-            else:
-                complete(j, j)
-                oso = False
-        elif op == STREAM_END:
-            if not oso:
-                complete(j, j)
-        elif op == RESPONSE:
-            rollback_seqno = fr.value("rollback_seqno", j)
-            if rollback_seqno is not None:
-                rollback(rollback_seqno)
-                start, snap_end, oso = j + 1, None, False
-                opened = None
-                moved = (j, False)
-            else:
-                entries = fr.value("failover_log", j)
-                if entries:
-                    start, snap_end, oso = j + 1, None, False  # a new stream: the open one is gone
-                    opened = None
-                    log = [(e["vb_uuid"], e["seqno"]) for e in entries]
-                    branch = branch_point(state.failover_log, log, state.last_applied_seqno)
-                    if branch is not None:
-                        rollback(branch)
-                    state.failover_log = log
-                    state.vb_uuid = log[0][0]
-                    moved = (j, False)
-    if eager and not oso:
-        _apply_tail(fr, fr.buffered(start, len(fr)), state, out)
-    if moved is not None:
-        j, before = moved
-        state.position = fr.before(j) if before else fr.position(j)
-    if opened != _KEPT:
-        state.open_snapshot = (
-            None
-            if opened is None
-            else (fr.value("start_seqno", opened), fr.value("end_seqno", opened))
-        )
-    if fr.purge_seqno is not None:
-        state.purge_seqno = max(state.purge_seqno, fr.purge_seqno)
-    return out
+    def finish(self, eager: bool) -> _Walked:
+        """The end of the frames: with ``eager``, the tail's data changes applied; the state
+        gets its position, its open snapshot and its purge seqno."""
+        fr, state = self.fr, self.state
+        if eager and not self.oso:
+            _apply_tail(fr, fr.buffered(self.start, len(fr)), state, self.out)
+        if self.moved is not None:
+            j, before = self.moved
+            state.position = fr.before(j) if before else fr.position(j)
+        if self.opened != _KEPT:
+            opened = self.opened
+            state.open_snapshot = (
+                None
+                if opened is None
+                else (fr.value("start_seqno", opened), fr.value("end_seqno", opened))
+            )
+        if fr.purge_seqno is not None:
+            state.purge_seqno = max(state.purge_seqno, fr.purge_seqno)
+        return self.out
 
 
 def _apply_tail(fr: _Frames, buffer: list[int], state: VbState, out: _Walked) -> None:
@@ -491,7 +534,7 @@ def _walked_rows(
     for name, type_ in _fields(out_schema):
         column: pa.Array | pa.ChunkedArray
         if name == "kind":
-            kinds = (itertools.repeat(k, c) for k, c in zip(_KINDS, counts, strict=True))
+            kinds = (itertools.repeat(k.value, c) for k, c in zip(_KINDS, counts, strict=True))
             column = pa.array(itertools.chain.from_iterable(kinds), type_, size=n)
         elif name == "vbucket":
             column = pa.array(np.full(n, vb, dtype=type_.to_pandas_dtype()), type_)
