@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -42,7 +42,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
-from benchmarks.freshness import BUCKET, Probe, Ticks, median
+from benchmarks.freshness import BUCKET, Probe, Side, Ticks, median
 from dcp_cdc.config import AppConfig
 from dcp_cdc.events import DATA_OPS
 from pipelines import schemas
@@ -176,13 +176,13 @@ class _Progress(StreamingQueryListener):
         return None
 
 
-class Peer:
+class Peer(Side):
     """The peer's side of the freshness benchmark (:class:`benchmarks.freshness.Side`)."""
 
     name = "peer"
 
     def __init__(self, spark: SparkSession, config: AppConfig, work: Path) -> None:
-        self.spark, self.config = spark, config
+        super().__init__(spark, config)
         self.checkpoint = work / "peer_checkpoint"
         self.properties = collection_properties(config)
         self.made: dict[int, str] = {}
@@ -190,18 +190,8 @@ class Peer:
         self.query: StreamingQuery | None = None
         self.began_at = float("inf")
 
-    def follower(
-        self, captures: dict[str, Any], stop: Any, out: TextIO, on_batch: Any
-    ) -> IngestOnly:
-        return IngestOnly(
-            self.spark,
-            self.config,
-            self.config.buckets,
-            out,
-            stop,
-            captures=captures,
-            on_batch=on_batch,
-        )
+    def loop(self) -> type[IngestOnly]:
+        return IngestOnly
 
     def started(self) -> None:
         """The query starts over bronze (made now if the first ingest found nothing) and
