@@ -52,6 +52,7 @@ from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress
 from pipelines.lake import delta_io
 from pipelines.silver.registry import collection_properties
+from pipelines.silver.transforms import version_rows
 
 DATABASE = "peer"
 
@@ -72,29 +73,16 @@ def peer_table(collection_id: int) -> str:
 
 def newest_changes(events: DataFrame) -> DataFrame:
     """Bronze events → the newest data event per (collection id, key) by seqno, as
-    :data:`ROWS`."""
+    :data:`ROWS`: of the columns silver makes of a change
+    (:func:`pipelines.silver.transforms.version_rows`: the user's xattrs only), those
+    :data:`ROWS` keeps."""
     newest = Window.partitionBy("collection_id", "key").orderBy(F.col("by_seqno").desc())
-    deleted = F.col("op") != "mutation"
     ranked = (
         events.where(F.col("op").isin(*DATA_OPS))
         .withColumn("_rank", F.row_number().over(newest))
         .where(F.col("_rank") == 1)
     )
-    return ranked.select(
-        F.col("key").cast("string").alias("key"),
-        F.when(~deleted & F.col("is_json"), F.col("value").cast("string")).alias("doc"),
-        F.when(~deleted & ~F.col("is_json"), F.col("value")).alias("doc_binary"),
-        F.when(~deleted, F.col("xattrs")).alias("xattrs"),
-        F.col("collection_id").alias("_collection_id"),
-        F.col("vbucket").alias("_vbucket"),
-        F.col("by_seqno").alias("_seqno"),
-        F.col("rev_seqno").alias("_rev_seqno"),
-        F.col("cas").alias("_cas"),
-        F.coalesce(F.col("flags"), F.lit(0)).alias("_flags"),
-        F.coalesce(F.col("expiration"), F.lit(0)).alias("_expiry"),
-        deleted.alias("_deleted"),
-        F.current_timestamp().alias("_applied_at"),
-    )
+    return version_rows(ranked).select(*ROWS.fieldNames())
 
 
 class IngestOnly(Follower):
