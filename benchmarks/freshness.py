@@ -44,9 +44,10 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from benchmarks.common import RESULTS, machine
 
@@ -243,52 +244,21 @@ def _pid_of(match: str) -> int | None:
     return None
 
 
-class Side(Protocol):
+class Side(ABC):
     """What turns bronze into the tables measured: ours (:class:`Silver`, follow mode's
-    ingest and apply) or the peer (:class:`benchmarks.freshness_peer.Peer`)."""
+    ingest and apply) or the peer (:class:`benchmarks.freshness_peer.Peer`), in the Spark
+    session ``spark`` with the configuration ``config``."""
 
     name: str
-
-    def follower(
-        self,
-        captures: dict[str, Any],
-        stop: threading.Event,
-        out: TextIO,
-        on_batch: Callable[[Any, Any], None],
-    ) -> Any:
-        """The follow-mode loop (a :class:`pipelines.follow.loop.Follower`) of this side."""
-        ...
-
-    def started(self) -> None:
-        """Called at the first micro-batch, before the workload starts."""
-        ...
-
-    def probe(self, ticks: Ticks, period: float) -> Probe: ...
-
-    def finish(self) -> None:
-        """After the workload halted and follow mode stopped: the last changes applied."""
-        ...
-
-    def live_rows(self) -> dict[tuple[int, str], int]:
-        """(collection id, key) -> seqno of every live document the side's tables show."""
-        ...
-
-    def figures(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
-        """The side's batch figures; ``batches``: follow mode's micro-batches after the
-        first (frames, ingest and apply seconds)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class Silver:
-    """Our side: follow mode, each micro-batch an ingest and an apply."""
-
-    name = "ours"
 
     def __init__(self, spark: Any, config: Any) -> None:
         self.spark, self.config = spark, config
 
+    @abstractmethod
+    def loop(self) -> type[Any]:
+        """The class of this side's follow-mode loop: :class:`pipelines.follow.loop.Follower`
+        or one of its subclasses."""
+
     def follower(
         self,
         captures: dict[str, Any],
@@ -296,9 +266,9 @@ class Silver:
         out: TextIO,
         on_batch: Callable[[Any, Any], None],
     ) -> Any:
-        from pipelines.follow.loop import Follower
-
-        return Follower(
+        """The follow-mode loop of this side (a :meth:`loop`) over the configuration's
+        buckets."""
+        return self.loop()(
             self.spark,
             self.config,
             self.config.buckets,
@@ -309,7 +279,38 @@ class Silver:
         )
 
     def started(self) -> None:
+        """Called at the first micro-batch, before the workload starts."""
         return None
+
+    @abstractmethod
+    def probe(self, ticks: Ticks, period: float) -> Probe: ...
+
+    @abstractmethod
+    def finish(self) -> None:
+        """After the workload halted and follow mode stopped: the last changes applied."""
+
+    @abstractmethod
+    def live_rows(self) -> dict[tuple[int, str], int]:
+        """(collection id, key) -> seqno of every live document the side's tables show."""
+
+    @abstractmethod
+    def figures(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """The side's batch figures; ``batches``: follow mode's micro-batches after the
+        first (frames, ingest and apply seconds)."""
+
+    def close(self) -> None:
+        return None
+
+
+class Silver(Side):
+    """Our side: follow mode, each micro-batch an ingest and an apply."""
+
+    name = "ours"
+
+    def loop(self) -> type[Any]:
+        from pipelines.follow.loop import Follower
+
+        return Follower
 
     def probe(self, ticks: Ticks, period: float) -> Probe:
         return Probe(Path(self.config.warehouse) / "silver.db", ticks, period)
@@ -346,9 +347,6 @@ class Silver:
             "apply_s_median": median([b["apply_s"] for b in batches]),
             "frames_per_batch_median": median([b["frames"] for b in batches]),
         }
-
-    def close(self) -> None:
-        return None
 
 
 def run_one(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -42,7 +42,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from pyspark.sql.streaming.query import StreamingQuery
 
-from benchmarks.freshness import BUCKET, Probe, Ticks, median
+from benchmarks.freshness import BUCKET, Probe, Side, Ticks, median
 from dcp_cdc.config import AppConfig
 from dcp_cdc.events import DATA_OPS
 from pipelines import schemas
@@ -52,6 +52,7 @@ from pipelines.follow.loop import Follower
 from pipelines.follow.progress import Batch, BucketProgress
 from pipelines.lake import delta_io
 from pipelines.silver.registry import collection_properties
+from pipelines.silver.transforms import version_rows
 
 DATABASE = "peer"
 
@@ -72,29 +73,16 @@ def peer_table(collection_id: int) -> str:
 
 def newest_changes(events: DataFrame) -> DataFrame:
     """Bronze events → the newest data event per (collection id, key) by seqno, as
-    :data:`ROWS`."""
+    :data:`ROWS`: of the columns silver makes of a change
+    (:func:`pipelines.silver.transforms.version_rows`: the user's xattrs only), those
+    :data:`ROWS` keeps."""
     newest = Window.partitionBy("collection_id", "key").orderBy(F.col("by_seqno").desc())
-    deleted = F.col("op") != "mutation"
     ranked = (
         events.where(F.col("op").isin(*DATA_OPS))
         .withColumn("_rank", F.row_number().over(newest))
         .where(F.col("_rank") == 1)
     )
-    return ranked.select(
-        F.col("key").cast("string").alias("key"),
-        F.when(~deleted & F.col("is_json"), F.col("value").cast("string")).alias("doc"),
-        F.when(~deleted & ~F.col("is_json"), F.col("value")).alias("doc_binary"),
-        F.when(~deleted, F.col("xattrs")).alias("xattrs"),
-        F.col("collection_id").alias("_collection_id"),
-        F.col("vbucket").alias("_vbucket"),
-        F.col("by_seqno").alias("_seqno"),
-        F.col("rev_seqno").alias("_rev_seqno"),
-        F.col("cas").alias("_cas"),
-        F.coalesce(F.col("flags"), F.lit(0)).alias("_flags"),
-        F.coalesce(F.col("expiration"), F.lit(0)).alias("_expiry"),
-        deleted.alias("_deleted"),
-        F.current_timestamp().alias("_applied_at"),
-    )
+    return version_rows(ranked).select(*ROWS.fieldNames())
 
 
 class IngestOnly(Follower):
@@ -176,13 +164,13 @@ class _Progress(StreamingQueryListener):
         return None
 
 
-class Peer:
+class Peer(Side):
     """The peer's side of the freshness benchmark (:class:`benchmarks.freshness.Side`)."""
 
     name = "peer"
 
     def __init__(self, spark: SparkSession, config: AppConfig, work: Path) -> None:
-        self.spark, self.config = spark, config
+        super().__init__(spark, config)
         self.checkpoint = work / "peer_checkpoint"
         self.properties = collection_properties(config)
         self.made: dict[int, str] = {}
@@ -190,18 +178,8 @@ class Peer:
         self.query: StreamingQuery | None = None
         self.began_at = float("inf")
 
-    def follower(
-        self, captures: dict[str, Any], stop: Any, out: TextIO, on_batch: Any
-    ) -> IngestOnly:
-        return IngestOnly(
-            self.spark,
-            self.config,
-            self.config.buckets,
-            out,
-            stop,
-            captures=captures,
-            on_batch=on_batch,
-        )
+    def loop(self) -> type[IngestOnly]:
+        return IngestOnly
 
     def started(self) -> None:
         """The query starts over bronze (made now if the first ingest found nothing) and

@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from fetch_jars import pyspark_jars_dir  # noqa: E402
+from fetch_jars import pyspark_jars_dir, run_or_exit  # noqa: E402
 
 
 def tool(name: str) -> str:
@@ -87,16 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="build-jar-") as tmp:
         classes = Path(tmp, "classes")
-        compiled = subprocess.run(
+        run_or_exit(
             [tool("javac"), "--release", "17", "-nowarn", "-d", str(classes), "-cp", classpath]
             + [str(s) for s in sources],
-            capture_output=True,
-            text=True,
-            check=False,
+            "build_jar: javac",
         )
-        if compiled.returncode != 0:
-            sys.stderr.write(compiled.stdout + compiled.stderr)
-            sys.exit(f"build_jar: javac failed (exit {compiled.returncode})")
         staged = jar.with_name(f".{jar.name}.tmp")  # renamed: whole or not at all
         subprocess.run([tool("jar"), "cf", str(staged), "-C", str(classes), "."], check=True)
         os.replace(staged, jar)

@@ -54,9 +54,18 @@ def pyspark_jars_dir() -> Path:
     return jars
 
 
+def run_or_exit(command: list[str], what: str, about: str = "") -> None:
+    """Runs ``command``; when it fails, writes its output to stderr and exits saying
+    "``what`` failed (exit <its code>)``about``"."""
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        sys.exit(f"{what} failed (exit {done.returncode}){about}")
+
+
 def resolve(pom: Path, staging: Path) -> list[Artifact]:
     """The runtime closure of ``pom``, copied into ``staging`` in repository layout."""
-    done = subprocess.run(
+    run_or_exit(
         [
             "mvn",
             "-B",
@@ -70,13 +79,9 @@ def resolve(pom: Path, staging: Path) -> list[Artifact]:
             "-DincludeScope=runtime",
             "-Dmdep.useRepositoryLayout=true",
         ],
-        capture_output=True,
-        text=True,
-        check=False,
+        "fetch_jars: mvn",
+        f" resolving {pom}",
     )
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout + done.stderr)
-        sys.exit(f"fetch_jars: mvn failed (exit {done.returncode}) resolving {pom}")
     artifacts = []
     for jar in sorted(staging.rglob("*.jar")):
         # <group path>/<artifactId>/<version>/<artifactId>-<version>[-classifier].jar

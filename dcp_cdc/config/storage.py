@@ -70,16 +70,16 @@ def unsafe_log_store(
             "several drivers (follow mode, apply, maintain) write the same tables: remove the "
             "setting"
         )
-    key, value = chosen.get(LOCAL_LOG_STORE_KEY, ("", LOCAL_LOG_STORE_CLASS))
-    if value != LOCAL_LOG_STORE_CLASS:
-        return (
-            f"spark.conf.{key}: {value!r} would replace the local tables' log store "
-            f"({LOCAL_LOG_STORE_CLASS}); several drivers (follow mode, apply, maintain) commit "
-            "to the same tables, and Delta's own local store can lose a commit then: remove "
-            "the setting"
-        )
-    if not warehouse_on_s3:
-        return None
+    local = _replaced(
+        chosen,
+        LOCAL_LOG_STORE_KEY,
+        LOCAL_LOG_STORE_CLASS,
+        f"the local tables' log store ({LOCAL_LOG_STORE_CLASS}); several drivers (follow mode, "
+        "apply, maintain) commit to the same tables, and Delta's own local store can lose a "
+        "commit then: remove the setting",
+    )
+    if local is not None or not warehouse_on_s3:
+        return local
     if storage.log_store not in SAFE_LOG_STORES:
         return (
             f"storage.log_store: {storage.log_store!r} (Delta's S3SingleDriverLogStore) is safe "
@@ -87,12 +87,19 @@ def unsafe_log_store(
             'maintenance commit from several drivers: use log_store = "s3-conditional-put"'
         )
     ours = LOG_STORE_CLASSES[storage.log_store]
-    for setting in S3_LOG_STORE_KEYS:
-        key, value = chosen.get(setting, ("", ours))
-        if value != ours:
-            return (
-                f"spark.conf.{key}: {value!r} would replace the log store of "
-                f"storage.log_store ({ours}); several drivers commit to a warehouse on S3, "
-                "so remove the setting and choose the log store with [storage] log_store"
-            )
-    return None
+    what = (
+        f"the log store of storage.log_store ({ours}); several drivers commit to a warehouse "
+        "on S3, so remove the setting and choose the log store with [storage] log_store"
+    )
+    replaced = (_replaced(chosen, setting, ours, what) for setting in S3_LOG_STORE_KEYS)
+    return next((why for why in replaced if why is not None), None)
+
+
+def _replaced(chosen: dict[str, tuple[str, str]], setting: str, ours: str, what: str) -> str | None:
+    """Why the configuration's ``setting`` (``chosen``: by its ``spark.`` name, the key as
+    written and its value) would replace ``what``, when it names a class other than ``ours``;
+    None when it is not set or names ``ours``."""
+    key, value = chosen.get(setting, ("", ours))
+    if value == ours:
+        return None
+    return f"spark.conf.{key}: {value!r} would replace {what}"

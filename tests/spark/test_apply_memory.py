@@ -20,7 +20,7 @@ from pipelines.silver.job import apply_bucket
 from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables
-from tests.support.reference_consumer import capture_files
+from tests.support.silver_runs import landed
 from tests.support.truth import assert_equal_to_truth
 
 
@@ -42,22 +42,8 @@ def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
     The memory-backed runs read the stream state only when it is not theirs (the first, and
     the one after the other writer's that has something to apply), what they keep equals the
     tables, and silver equals the truth."""
-    result = simulate(
-        tmp_path / "sim",
-        bucket=bucket,
-        scenario="collection-lifecycle",
-        seed=3,
-        vbuckets=2,
-        docs=30,
-        ops=120,
-        max_file_bytes=4_000,
-    )
-    files = capture_files(result.out / "landing")
-    assert len(files) >= 4
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    config = AppConfig(
-        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
+    result, files, landing, config = landed(
+        tmp_path, bucket, spark_warehouse, scenario="collection-lifecycle", seed=3, ops=120
     )
     (b,) = config.buckets
     names = BucketTables(bucket)

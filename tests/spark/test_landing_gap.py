@@ -19,7 +19,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
-from dcp_cdc.simulator import simulate
 from pipelines.app import cli
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
@@ -28,6 +27,7 @@ from pipelines.quality.job import check_bucket, landing_frame
 from pipelines.silver.job import apply_bucket
 from pipelines.status.read import bucket_status
 from pipelines.tables import BucketTables
+from tests.support.silver_runs import drop_all, landing_with_gap, one_bucket
 
 HELD_BACK = "landing_continuity.no_file_held_back"
 
@@ -47,42 +47,16 @@ class Gap:
 def gap(spark: SparkSession, spark_warehouse: Path, tmp_path: Path) -> Iterator[Gap]:
     """A simulated session's files in a landing, but its third (sequence 2)."""
     name = f"g{uuid.uuid4().hex[:8]}"
-    sim = simulate(
-        tmp_path / "sim",
-        scenario="basic",
-        seed=7,
-        bucket=name,
-        vbuckets=4,
-        docs=40,
-        ops=160,
-        max_file_bytes=4096,
-    )
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    for f in sorted(f for f in sim.files if "-s01-" in f.name):  # the simulator's first session
-        (landing / f.name).write_bytes(f.read_bytes())
-    files = sorted(landing.iterdir())
-    assert len(files) >= 8
-    files[2].unlink()
+    landing, later = landing_with_gap(tmp_path, name, seed=7, at_least=8)
     config_file = tmp_path / "gap.toml"
     config_file.write_text(
         f'landing = "{landing}"\nwarehouse = "{spark_warehouse}"\n'
         "[spark]\nshuffle_partitions = 2\n"
         f'[[buckets]]\nname = "{name}"\n'
     )
-    config = AppConfig(
-        landing=str(landing),
-        warehouse=str(spark_warehouse),
-        buckets=[BucketConfig(name=name)],
-        spark={"shuffle_partitions": 2},
-    )
-    yield Gap(config, config_file, files[3:])
-    for db in ("bronze", "silver", "quality"):
-        if spark.catalog.databaseExists(db):
-            for t in spark.catalog.listTables(db):
-                if t.name.startswith(name):
-                    kind = "VIEW" if t.tableType == "VIEW" else "TABLE"
-                    spark.sql(f"DROP {kind} IF EXISTS {db}.{t.name}")
+    config = one_bucket(landing, spark_warehouse, name, spark={"shuffle_partitions": 2})
+    yield Gap(config, config_file, later)
+    drop_all(spark, name, ("bronze", "silver", "quality"))
 
 
 def _age(files: list[Path], seconds: float) -> None:

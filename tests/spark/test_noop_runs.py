@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig
-from dcp_cdc.simulator import SimulationResult, simulate
+from dcp_cdc.config import AppConfig
+from dcp_cdc.simulator import SimulationResult
 from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
 from pipelines.follow.loop import Follower
@@ -25,7 +25,7 @@ from pipelines.follow.progress import BucketProgress
 from pipelines.lake.delta_io import table_version
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables
-from tests.support.reference_consumer import capture_files
+from tests.support.silver_runs import landed
 from tests.support.spark_jobs import counted
 from tests.support.truth import assert_equal_to_truth
 
@@ -33,26 +33,9 @@ from tests.support.truth import assert_equal_to_truth
 def _landed(
     tmp_path: Path, bucket: str, warehouse: Path
 ) -> tuple[SimulationResult, list[Path], Path, AppConfig]:
-    """A simulation, its capture files in session order (at least four), an empty landing
-    and the configuration of ``bucket`` over it."""
-    result = simulate(
-        tmp_path / "sim",
-        bucket=bucket,
-        scenario="basic",
-        seed=4,
-        vbuckets=2,
-        docs=30,
-        ops=60,
-        max_file_bytes=4_000,
-    )
-    files = capture_files(result.out / "landing")
-    assert len(files) >= 4
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    config = AppConfig(
-        landing=str(landing), warehouse=str(warehouse), buckets=[BucketConfig(name=bucket)]
-    )
-    return result, files, landing, config
+    """A ``basic`` simulation, its capture files in session order (at least four), an empty
+    landing and the configuration of ``bucket`` over it."""
+    return landed(tmp_path, bucket, warehouse, scenario="basic", seed=4, ops=60)
 
 
 def _without_times(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -23,7 +23,13 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.transforms import modified_at
 from pipelines.tables import BucketTables, all_rows
-from tests.support.silver_runs import arrive_in_batches, drop_all, side_by_side
+from tests.support.silver_runs import (
+    arrive_in_batches,
+    drop_all,
+    ingest_and_apply,
+    one_bucket,
+    side_by_side,
+)
 from tests.support.truth import assert_equal_to_truth, silver_live, truth_live, utc
 
 SEEDS = int(os.environ.get("DCP_CDC_SEEDS", "24"))  # 3 per scenario; make test-long: 200
@@ -208,14 +214,8 @@ def test_the_views_of_a_bucket_simulated_now_show_its_documents_with_a_ttl(
         main([*args, "--scenario", "mixed", "--vbuckets", "8", "--docs", "200", "--ops", "800"])
         == 0
     )
-    config = AppConfig(
-        landing=str(tmp_path / "landing"),
-        warehouse=str(spark_warehouse),
-        buckets=[BucketConfig(name=bucket)],
-    )
     try:
-        ingest_bucket(spark, config, config.buckets[0])
-        apply_bucket(spark, config, config.buckets[0])
+        ingest_and_apply(spark, one_bucket(tmp_path / "landing", spark_warehouse, bucket))
         registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'")
         before = time.time()
         shown = {

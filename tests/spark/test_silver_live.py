@@ -9,16 +9,15 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
-from dcp_cdc.simulator import simulate
+from dcp_cdc.config import AppConfig, SilverConfig
+from dcp_cdc.simulator import SimulationResult
 from pipelines import schemas, tables
-from pipelines.bronze.job import ingest_bucket
 from pipelines.lake import delta_io
 from pipelines.silver import live
-from pipelines.silver.job import apply_bucket
 from pipelines.silver.registry import read_registry
 from pipelines.silver.transforms import overlay_query
 from pipelines.tables import BucketTables
+from tests.support.silver_runs import empty_landing, ingest_and_apply, land, one_bucket
 from tests.support.truth import assert_equal_to_truth
 
 # --- the overlay's rule, on explicit rows ----------------------------------------------------
@@ -113,12 +112,18 @@ def test_the_overlay_shows_each_key_once_by_the_merges_rule(spark: SparkSession)
 
 
 def _config(landing: Path, warehouse: Path, bucket: str, **silver: Any) -> AppConfig:
-    return AppConfig(
-        landing=str(landing),
-        warehouse=str(warehouse),
-        buckets=[BucketConfig(name=bucket)],
-        silver=SilverConfig(live_layer=True, **silver),
+    return one_bucket(landing, warehouse, bucket, silver=SilverConfig(live_layer=True, **silver))
+
+
+def _simulated(
+    tmp_path: Path, bucket: str, **sim: Any
+) -> tuple[SimulationResult, list[Path], Path]:
+    """A simulation of ``bucket`` (``basic`` on 4 vbuckets unless ``sim`` says otherwise),
+    its files by name, and an empty landing."""
+    result, landing = empty_landing(
+        tmp_path, bucket, **({"scenario": "basic", "vbuckets": 4} | sim)
     )
+    return result, sorted(result.files), landing
 
 
 @pytest.mark.parametrize(
@@ -135,29 +140,16 @@ def test_runs_through_the_live_layer_equal_the_truth_before_and_after_compaction
     """The files in four runs, a compaction every second append: the views equal the truth
     (rollbacks and drops compact first and take the MERGE path), and after a last compaction
     the ``_all`` tables alone equal it, with nothing left pending."""
-    result = simulate(
-        tmp_path / "sim",
-        bucket=bucket,
-        scenario=scenario,
-        seed=21,
-        vbuckets=4,
-        docs=60,
-        ops=300,
-        max_file_bytes=15_000,
+    result, files, landing = _simulated(
+        tmp_path, bucket, scenario=scenario, seed=21, docs=60, ops=300, max_file_bytes=15_000
     )
-    files = sorted(result.files)
     assert len(files) >= 4
-    landing = tmp_path / "landing"
-    landing.mkdir()
     config = _config(landing, spark_warehouse, bucket, compact_files=2)
     quarter = -(-len(files) // 4)
     appended = 0
     for start in range(0, len(files), quarter):
-        for f in files[start : start + quarter]:
-            (landing / f.name).write_bytes(f.read_bytes())
-        ingest_bucket(spark, config, config.buckets[0])
-        summary = apply_bucket(spark, config, config.buckets[0])
-        appended += "append" in summary.steps
+        land(landing, files[start : start + quarter])
+        appended += "append" in ingest_and_apply(spark, config).steps
     assert appended, "some run took the live layer"
     assert_equal_to_truth(spark, bucket, result)
     live.compact(spark, bucket, read_registry(spark, bucket))
@@ -170,26 +162,13 @@ def test_an_apply_through_the_live_layer_commits_to_no_collection_table(
 ) -> None:
     """Changes to three collections: one commit to the pending table and one to the stream
     state, none to a collection table, until the compaction MERGEs them in."""
-    result = simulate(
-        tmp_path / "sim",
-        bucket=bucket,
-        scenario="basic",
-        seed=5,
-        vbuckets=4,
-        docs=90,
-        ops=400,
-        collections=3,
-        max_file_bytes=20_000,
+    result, files, landing = _simulated(
+        tmp_path, bucket, seed=5, docs=90, ops=400, collections=3, max_file_bytes=20_000
     )
-    files = sorted(result.files)
-    landing = tmp_path / "landing"
-    landing.mkdir()
     config = _config(landing, spark_warehouse, bucket)
     half = len(files) // 2
-    for f in files[:half]:
-        (landing / f.name).write_bytes(f.read_bytes())
-    ingest_bucket(spark, config, config.buckets[0])
-    apply_bucket(spark, config, config.buckets[0])  # the tables exist
+    land(landing, files[:half])
+    ingest_and_apply(spark, config)  # the tables exist
     names = BucketTables(bucket)
     collections = [
         tables.all_rows(r["table_name"])
@@ -198,10 +177,8 @@ def test_an_apply_through_the_live_layer_commits_to_no_collection_table(
     ]
     watched = [*collections, names.pending, names.stream_state]
     before = {t: delta_io.table_version(spark, t) for t in watched}
-    for f in files[half:]:
-        (landing / f.name).write_bytes(f.read_bytes())
-    ingest_bucket(spark, config, config.buckets[0])
-    summary = apply_bucket(spark, config, config.buckets[0])
+    land(landing, files[half:])
+    summary = ingest_and_apply(spark, config)
     assert len(summary.tables) >= 2, summary.tables  # several collections changed
     after = {t: delta_io.table_version(spark, t) for t in watched}
     assert {t: after[t] - before[t] for t in watched} == {
@@ -220,33 +197,17 @@ def test_turning_the_live_layer_off_compacts_what_it_left(
 ) -> None:
     """An apply with the layer off MERGEs the pending rows an earlier apply left before its
     own, and the views show the tables alone again."""
-    result = simulate(
-        tmp_path / "sim",
-        bucket=bucket,
-        scenario="basic",
-        seed=6,
-        vbuckets=4,
-        docs=40,
-        ops=150,
-        max_file_bytes=15_000,
+    result, files, landing = _simulated(
+        tmp_path, bucket, seed=6, docs=40, ops=150, max_file_bytes=15_000
     )
-    files = sorted(result.files)
-    landing = tmp_path / "landing"
-    landing.mkdir()
     half = len(files) // 2
-    for f in files[:half]:
-        (landing / f.name).write_bytes(f.read_bytes())
+    land(landing, files[:half])
     on = _config(landing, spark_warehouse, bucket)
-    ingest_bucket(spark, on, on.buckets[0])
-    apply_bucket(spark, on, on.buckets[0])
+    ingest_and_apply(spark, on)
     assert live.has_pending(spark, bucket)
-    for f in files[half:]:
-        (landing / f.name).write_bytes(f.read_bytes())
-    off = AppConfig(
-        landing=str(landing), warehouse=str(spark_warehouse), buckets=[BucketConfig(name=bucket)]
-    )
-    ingest_bucket(spark, off, off.buckets[0])
-    summary = apply_bucket(spark, off, off.buckets[0])
+    land(landing, files[half:])
+    off = one_bucket(landing, spark_warehouse, bucket)
+    summary = ingest_and_apply(spark, off)
     assert "compact" in summary.steps and "merge" in summary.steps
     assert not live.has_pending(spark, bucket)
     assert_equal_to_truth(spark, bucket, result, compacted=True)

@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig
-from dcp_cdc.simulator import simulate
+from dcp_cdc.config import AppConfig
 from pipelines.bronze.job import ingest_bucket
 from pipelines.quality.job import check_bucket
 from pipelines.silver.job import apply_bucket
@@ -29,6 +28,7 @@ from pipelines.status.spark_tables import SparkTables
 from pipelines.status.tables_read import DeltaFiles, warehouse_location
 from pipelines.tables import BucketTables
 from tests.support import status_spark_reference as reference
+from tests.support.silver_runs import drop_all, landing_with_gap, one_bucket
 
 FEATURES = {"delta.enableDeletionVectors": "true", "delta.checkpointInterval": "2"}
 
@@ -38,42 +38,15 @@ def bucket(spark: SparkSession, tmp_path: Path) -> Iterator[str]:
     """A fresh bucket name; its tables are dropped afterwards."""
     name = f"s{uuid.uuid4().hex[:8]}"
     yield name
-    for db in ("bronze", "silver", "quality"):
-        if spark.catalog.databaseExists(db):
-            for t in spark.catalog.listTables(db):
-                if t.name.startswith(name):
-                    kind = "VIEW" if t.tableType == "VIEW" else "TABLE"
-                    spark.sql(f"DROP {kind} IF EXISTS {db}.{t.name}")
+    drop_all(spark, name, ("bronze", "silver", "quality"))
 
 
 def _config(tmp_path: Path, warehouse: Path, name: str, **properties: str) -> AppConfig:
     """A landing of a simulated session's files but its third (sequence 2), whose later
     files are held back."""
-    sim = simulate(
-        tmp_path / "sim",
-        scenario="basic",
-        seed=11,
-        bucket=name,
-        vbuckets=4,
-        docs=40,
-        ops=160,
-        max_file_bytes=4096,
-    )
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    for f in sorted(f for f in sim.files if "-s01-" in f.name):
-        (landing / f.name).write_bytes(f.read_bytes())
-    files = sorted(landing.iterdir())
-    assert len(files) >= 6
-    files[2].unlink()
+    landing, _ = landing_with_gap(tmp_path, name, seed=11, at_least=6)
     tables = {"properties": {"delta.enableDeletionVectors": "false", **properties}}
-    return AppConfig(
-        landing=str(landing),
-        warehouse=str(warehouse),
-        buckets=[BucketConfig(name=name)],
-        spark={"shuffle_partitions": 2},
-        tables=tables,
-    )
+    return one_bucket(landing, warehouse, name, spark={"shuffle_partitions": 2}, tables=tables)
 
 
 def _as_spark_has_it(spark: SparkSession, config: AppConfig) -> BucketStatus:

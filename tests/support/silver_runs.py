@@ -1,6 +1,8 @@
 """Running the pipeline over simulations for silver's tests: simulate, ingest and apply in one
-call; scenarios side by side in one bucket; files arriving shuffled in batches; and dropping
-a bucket's tables afterwards."""
+call; a simulation and an empty landing for its files to arrive in (in session order, or
+with one file missing); the configuration of one plain bucket; files landed, then ingested
+and applied; scenarios side by side in one bucket; files arriving shuffled in batches; and
+dropping a bucket's tables afterwards."""
 
 from __future__ import annotations
 
@@ -15,19 +17,91 @@ from pyspark.sql import SparkSession
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
-from pipelines.silver.job import apply_bucket
+from pipelines.silver.job import ApplySummary, apply_bucket
+from tests.support.reference_consumer import capture_files
 
 
-def drop_all(spark: SparkSession, bucket: str) -> None:
-    """Drops every bronze and silver table and view of ``bucket``."""
+def drop_all(
+    spark: SparkSession, bucket: str, databases: Iterable[str] = ("bronze", "silver")
+) -> None:
+    """Drops every table and view of ``bucket`` in ``databases`` (bronze and silver)."""
     prefix = bucket.replace("-", "_")
-    for db in ("bronze", "silver"):
+    for db in databases:
         if not spark.catalog.databaseExists(db):  # a worker's first test may make only one
             continue
         for t in spark.catalog.listTables(db):
             if t.name.startswith(prefix):
                 kind = "VIEW" if t.tableType == "VIEW" else "TABLE"
                 spark.sql(f"DROP {kind} IF EXISTS {db}.{t.name}")
+
+
+def one_bucket(landing: Path, warehouse: Path, bucket: str, **settings: Any) -> AppConfig:
+    """The configuration of the plain bucket ``bucket`` over ``landing`` and ``warehouse``;
+    ``settings`` are more of it."""
+    return AppConfig(
+        landing=str(landing),
+        warehouse=str(warehouse),
+        buckets=[BucketConfig(name=bucket)],
+        **settings,
+    )
+
+
+def land(landing: Path, files: Iterable[Path]) -> None:
+    """Copies ``files`` into ``landing``, each under its own name."""
+    for f in files:
+        (landing / f.name).write_bytes(f.read_bytes())
+
+
+def ingest_and_apply(spark: SparkSession, config: AppConfig) -> ApplySummary:
+    """An ingest and an apply of the first bucket of ``config``; the apply's summary."""
+    ingest_bucket(spark, config, config.buckets[0])
+    return apply_bucket(spark, config, config.buckets[0])
+
+
+def empty_landing(tmp_path: Path, bucket: str, **sim: Any) -> tuple[SimulationResult, Path]:
+    """A simulation of ``bucket`` under ``tmp_path/sim`` and an empty landing for its files,
+    ``tmp_path/landing``."""
+    result = simulate(tmp_path / "sim", bucket=bucket, **sim)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    return result, landing
+
+
+def landed(
+    tmp_path: Path, bucket: str, warehouse: Path, **sim: Any
+) -> tuple[SimulationResult, list[Path], Path, AppConfig]:
+    """A small simulation of ``bucket`` (2 vbuckets, 30 documents, files of at most 4 kB,
+    unless ``sim`` says otherwise), its capture files in session order (at least four), an
+    empty landing and the configuration of ``bucket`` over it."""
+    small = {"vbuckets": 2, "docs": 30, "max_file_bytes": 4_000}
+    result, landing = empty_landing(tmp_path, bucket, **(small | sim))
+    files = capture_files(result.out / "landing")
+    assert len(files) >= 4
+    return result, files, landing, one_bucket(landing, warehouse, bucket)
+
+
+def landing_with_gap(
+    tmp_path: Path, bucket: str, *, seed: int, at_least: int
+) -> tuple[Path, list[Path]]:
+    """A landing, ``tmp_path/landing``, of the files of a simulated session of ``bucket`` (a
+    ``basic`` scenario of 4 vbuckets in files of 4 kB), at least ``at_least`` of them, but
+    its third (sequence 2); the landing, and the files after the missing one in sequence
+    order."""
+    sim, landing = empty_landing(
+        tmp_path,
+        bucket,
+        scenario="basic",
+        seed=seed,
+        vbuckets=4,
+        docs=40,
+        ops=160,
+        max_file_bytes=4096,
+    )
+    land(landing, sorted(f for f in sim.files if "-s01-" in f.name))  # the first session
+    files = sorted(landing.iterdir())
+    assert len(files) >= at_least
+    files[2].unlink()
+    return landing, files[3:]
 
 
 def pipeline(

@@ -12,20 +12,19 @@ import pickle
 import pytest
 
 from dcp_cdc.agent.vbucket_state import (
+    DONE,
+    FILTERED,
+    IDLE,
+    PLACING,
+    SETTLING,
+    STALLED,
+    STREAMING,
     TRANSITIONS,
     VbEvent,
     VbStatus,
     VbucketStates,
 )
 from dcp_cdc.errors import AgentUsageError, DcpError, VbucketStateError
-
-IDLE = VbStatus.IDLE
-STALLED = VbStatus.STALLED
-PLACING = VbStatus.PLACING
-STREAMING = VbStatus.STREAMING
-SETTLING = VbStatus.SETTLING
-DONE = VbStatus.DONE
-FILTERED = VbStatus.FILTERED
 
 PLACE = VbEvent.PLACE
 LET_GO = VbEvent.LET_GO
