@@ -25,6 +25,17 @@ from tests.support.capture_harness import in_process_settings as settings
 from tests.support.capture_harness import truth_seqnos as truth
 
 
+async def streams_open(server: ProducerServer, vbuckets: range, timeout_s: float = 30) -> None:
+    """Wait until each of ``vbuckets`` has an open stream on some connection: a failover then
+    ends a stream that was sent the changes it loses, so the consumer must roll back, however
+    slowly the machine started the follow session's streams."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not all(any(vb in c.streams for c in server.cluster.connections) for vb in vbuckets):
+        assert loop.time() < deadline, f"no open stream on some of {vbuckets} in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
 def test_capture_until_now_follow_with_faults_and_resume(tmp_path: Path) -> None:
     async def scenario() -> None:
         config = SimConfig(scenario="mixed", docs=300, ops=0, vbuckets=16)
@@ -40,7 +51,7 @@ def test_capture_until_now_follow_with_faults_and_resume(tmp_path: Path) -> None
             stop = asyncio.Event()
             follow = asyncio.create_task(capture(s, mode="follow", stop=stop))
             work = asyncio.create_task(server.run_workload(1500, batch=100, pause_s=0.02))
-            await asyncio.sleep(0.2)
+            await streams_open(server, range(16))  # the faults below hit open streams
             server.too_slow(1)
             await asyncio.sleep(0.1)
             server.failover(2)
