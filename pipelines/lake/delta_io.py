@@ -175,7 +175,8 @@ def create_race_safe(
     """``createIfNotExists`` that tolerates a concurrent run creating the same table, and
     resumes a creation that was killed.
 
-    Delta reports a concurrent creation as a protocol change (retried); the catalog as
+    Delta reports a concurrent creation as a protocol change (retried), or as "already exists"
+    when the other run's catalog entry lands between its check and its own; the catalog as
     "already exists", or the location as "not empty" while the other run is between its
     first commit and its catalog entry: wait, and ask again (the table exists by then and
     creating it is a no-op). A location still "not empty" after the waits, of a table the
@@ -183,7 +184,7 @@ def create_race_safe(
     nothing but a log whose only commit is version 0 without data files (or no commit yet),
     it is cleared and the table created (:func:`clear_interrupted_creation`).
     """
-    races = ("TABLE_OR_VIEW_ALREADY_EXISTS", _NON_EMPTY)
+    races = ("TABLE_OR_VIEW_ALREADY_EXISTS", "DELTA_TABLE_ALREADY_EXISTS", _NON_EMPTY)
     cleared = False
     attempt = 0
     while True:
