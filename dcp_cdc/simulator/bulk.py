@@ -16,6 +16,7 @@ what every shape shares (the numbers, vbuckets, seqnos and CAS); the realistic s
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc import layouts
@@ -52,6 +53,20 @@ def crc32_of_numbered(prefix: bytes, numbers: np.ndarray[Any, Any], digits: int)
         digit = (numbers // 10**i) % 10 + 48
         crc = table[(crc ^ digit.astype(np.uint32)) & 0xFF] ^ (crc >> 8)
     return crc ^ np.uint32(0xFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What a stream asks of bulk documents: the vbucket's documents ``lo``..``hi - 1``
+    in the collections ``visible``, as a connection with ``options`` receives them, with
+    the stream's ``opaque``."""
+
+    vbid: int
+    lo: int
+    hi: int
+    opaque: int
+    options: SessionOptions
+    visible: Collection[int]
 
 
 class NumberedDocs:
@@ -139,19 +154,9 @@ class NumberedDocs:
     def key(self, number: int) -> bytes:
         return KEY_PREFIX + b"%0*d" % (DIGITS, number)
 
-    def frames(
-        self,
-        vbid: int,
-        lo: int,
-        hi: int,
-        *,
-        opaque: int,
-        options: SessionOptions,
-        visible: Collection[int],
-    ) -> tuple[bytes, int, int]:
-        """The mutations of the vbucket's documents ``lo``..``hi - 1`` in the collections
-        ``visible``, as a connection with ``options`` receives them: (frames, count, seqno
-        of the last one or -1)."""
+    def frames(self, chunk: Chunk) -> tuple[bytes, int, int]:
+        """The mutations of a chunk of a vbucket's documents: (frames, count, seqno of the
+        last one or -1)."""
         raise NotImplementedError
 
 
@@ -205,22 +210,14 @@ class BulkDocs(NumberedDocs):
         cached = self._records[collections] = (dtype, template, key_digits, body_digits)
         return cached
 
-    def frames(
-        self,
-        vbid: int,
-        lo: int,
-        hi: int,
-        *,
-        opaque: int,
-        options: SessionOptions,
-        visible: Collection[int],
-    ) -> tuple[bytes, int, int]:
+    def frames(self, chunk: Chunk) -> tuple[bytes, int, int]:
         import numpy as np
 
+        vbid, lo, hi, opaque = chunk.vbid, chunk.lo, chunk.hi, chunk.opaque
         n = hi - lo
-        if n <= 0 or COLLECTION_ID not in visible:
+        if n <= 0 or COLLECTION_ID not in chunk.visible:
             return b"", 0, -1
-        dtype, template, key_digits, body_digits = self._record(options.collections)
+        dtype, template, key_digits, body_digits = self._record(chunk.options.collections)
         rec = np.empty(n, dtype)
         rec[:] = template[0]
         rec["header"]["vbucket_or_status"] = vbid

@@ -34,6 +34,7 @@ from dcp_cdc.protocol import (
     StreamRequestFlag,
     stream_end_reason_name,
 )
+from dcp_cdc.simulator.bulk import Chunk
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.commands import ProducerCommands
 from dcp_cdc.simulator.frames import DocFrames
@@ -398,13 +399,9 @@ class ProducerConnection(ProducerCommands):
             hi = min(stream.bulk_stop, lo + CHUNK_ITEMS, end - bulk.base_seqno[stream.vbid])
             last = -1
             if hi > lo:
+                visible = self._bulk_visible(stream)
                 data, n, last = bulk.frames(
-                    stream.vbid,
-                    lo,
-                    hi,
-                    opaque=opaque,
-                    options=maker.options,
-                    visible=self._bulk_visible(stream),
+                    Chunk(stream.vbid, lo, hi, opaque, maker.options, visible)
                 )
                 out += data
                 count += n

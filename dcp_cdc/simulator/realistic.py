@@ -37,16 +37,16 @@ import hashlib
 import json
 import random
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc.protocol import Datatype, Magic, Opcode
-from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, NumberedDocs
+from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, Chunk, NumberedDocs
 from dcp_cdc.simulator.frames import MUTATION
 from dcp_cdc.simulator.model import Bucket
-from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES, SessionOptions
+from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES
 from dcp_cdc.snappy import compress, preamble
 from dcp_cdc.varint import encode_uleb128
 from dcp_cdc.xattrs import split_xattrs
@@ -369,24 +369,16 @@ class RealisticDocs(NumberedDocs):
         self._forms[(xattrs, snappy)] = out
         return out
 
-    def frames(
-        self,
-        vbid: int,
-        lo: int,
-        hi: int,
-        *,
-        opaque: int,
-        options: SessionOptions,
-        visible: Collection[int],
-    ) -> tuple[bytes, int, int]:
+    def frames(self, chunk: Chunk) -> tuple[bytes, int, int]:
         import numpy as np
 
+        vbid, lo, hi, options = chunk.vbid, chunk.lo, chunk.hi, chunk.options
         if hi <= lo:
             return b"", 0, -1
         start = int(self.offsets[vbid]) + lo
         numbers = self.numbers[start : start + hi - lo]
         a = attributes(numbers)
-        wanted = [i for i, c in enumerate(self.collection_ids) if c in visible]
+        wanted = [i for i, c in enumerate(self.collection_ids) if c in chunk.visible]
         keep = np.flatnonzero(np.isin(a.collection, wanted))
         if not len(keep):
             return b"", 0, -1
@@ -395,15 +387,9 @@ class RealisticDocs(NumberedDocs):
         prefixes = [encode_uleb128(c) if options.collections else b"" for c in self.collection_ids]
         klens = [len(p) + len(KEY_PREFIX) + DIGITS for p in prefixes]
         out = bytearray()
-        pack, cas_base = MUTATION.pack, self.cas_base
-        for k, v, c, p, t, seqno in zip(
-            numbers[keep].tolist(),
-            a.variant[keep].tolist(),
-            a.collection[keep].tolist(),
-            a.price[keep].tolist(),
-            a.ts[keep].tolist(),
-            seqnos.tolist(),
-            strict=True,
+        pack, cas_base, opaque = MUTATION.pack, self.cas_base, chunk.opaque
+        for (k, c, v, p, t), seqno in zip(
+            _rows(numbers[keep], a, keep), seqnos.tolist(), strict=True
         ):
             fmt, datatype, size, flags = forms[v]
             klen = klens[c]
@@ -437,16 +423,19 @@ def documents(count: int, chunk: int = 65_536) -> Iterator[RealisticDoc]:
         yield from _documents(np.arange(lo, min(count, lo + chunk), dtype=np.uint64), kinds)
 
 
+def _rows(
+    numbers: np.ndarray[Any, Any], a: Attributes, keep: np.ndarray[Any, Any] | None = None
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """(number, collection, variant, price, timestamp) of each document (of those at
+    ``keep``, when given)."""
+    columns = (a.collection, a.variant, a.price, a.ts)
+    if keep is not None:
+        columns = tuple(c[keep] for c in columns)
+    return zip(numbers.tolist(), *(c.tolist() for c in columns), strict=True)
+
+
 def _documents(numbers: np.ndarray[Any, Any], kinds: Sequence[Variant]) -> Iterator[RealisticDoc]:
-    a = attributes(numbers)
-    for k, c, v, p, t in zip(
-        numbers.tolist(),
-        a.collection.tolist(),
-        a.variant.tolist(),
-        a.price.tolist(),
-        a.ts.tolist(),
-        strict=True,
-    ):
+    for k, c, v, p, t in _rows(numbers, attributes(numbers)):
         kind, values = kinds[v], {b"i": k, b"p": p, b"t": t}
         xattrs = split_xattrs(kind.xattrs_format % values)[0] if kind.xattrs else None
         yield RealisticDoc(
@@ -517,15 +506,7 @@ def truth(count: int, chunk: int = 65_536) -> list[CollectionTruth]:
     md5 = hashlib.md5
     for lo in range(0, count, chunk):
         numbers = np.arange(lo, min(count, lo + chunk), dtype=np.uint64)
-        a = attributes(numbers)
-        for k, c, v, p, t in zip(
-            numbers.tolist(),
-            a.collection.tolist(),
-            a.variant.tolist(),
-            a.price.tolist(),
-            a.ts.tolist(),
-            strict=True,
-        ):
+        for k, c, v, p, t in _rows(numbers, attributes(numbers)):
             row = rows[v]
             if row is not None:
                 out[c].add(int(md5(row % {b"i": k, b"p": p, b"t": t}).hexdigest()[:15], 16))

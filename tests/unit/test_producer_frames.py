@@ -13,7 +13,7 @@ import pytest
 
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, crc32_of_numbered
+from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, Chunk, crc32_of_numbered
 from dcp_cdc.simulator.frames import DocFrames, ValueCache
 from dcp_cdc.simulator.model import Doc, Item, vbucket_of
 from dcp_cdc.simulator.state import SimConfig, Simulation
@@ -121,7 +121,7 @@ def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
         n = bulk.in_vbucket(vbid)
         assert bulk.seqno(vbid, 0) == highs[vbid] + 1 and vb.high_seqno == highs[vbid] + n
         options = SessionOptions("b", collections=collections)
-        data, count, last = bulk.frames(vbid, 3, n - 2, opaque=0xBEEF, options=options, visible={0})
+        data, count, last = bulk.frames(Chunk(vbid, 3, n - 2, 0xBEEF, options, {0}))
         want = []
         for i in range(3, n - 2):
             number = int(bulk.numbers[bulk.offsets[vbid] + i])

@@ -14,6 +14,7 @@ from dcp_cdc.decoder import iter_decode
 from dcp_cdc.events import Mutation
 from dcp_cdc.protocol import Datatype
 from dcp_cdc.simulator import realistic
+from dcp_cdc.simulator.bulk import Chunk
 from dcp_cdc.simulator.model import vbucket_of
 from dcp_cdc.simulator.realistic import (
     BINARY_FLAGS,
@@ -65,7 +66,7 @@ def test_frames_decode_to_the_documents(
     seen = 0
     for vbid in range(8):
         n = bulk.in_vbucket(vbid)
-        data, count, last = bulk.frames(vbid, 2, n, opaque=7, options=options, visible=ids)
+        data, count, last = bulk.frames(Chunk(vbid, 2, n, 7, options, ids))
         events = _decoded(data, collections=True)
         assert count == len(events) == n - 2 and last == bulk.seqno(vbid, n - 1)
         for i, e in enumerate(events, start=2):
@@ -133,8 +134,8 @@ def test_the_same_numbers_make_the_same_bytes(
     ids = set(bulk.collection_ids)
     for vbid in (0, 5):
         n = bulk.in_vbucket(vbid)
-        one = bulk.frames(vbid, 0, n, opaque=1, options=options, visible=ids)
-        assert one == again.frames(vbid, 0, n, opaque=1, options=options, visible=ids)
+        one = bulk.frames(Chunk(vbid, 0, n, 1, options, ids))
+        assert one == again.frames(Chunk(vbid, 0, n, 1, options, ids))
     assert realistic.document(1234) == bulk.document(1234)  # whatever the count
 
 
@@ -155,14 +156,14 @@ def test_the_collections_come_first_and_filters_hold(
     options = SessionOptions("r")
     for cid in bulk.collection_ids:
         n = bulk.in_vbucket(3)
-        data, count, last = bulk.frames(3, 0, n, opaque=1, options=options, visible={cid})
+        data, count, last = bulk.frames(Chunk(3, 0, n, 1, options, {cid}))
         events = _decoded(data, collections=True)
         assert count == len(events) > 0 and {e.collection_id for e in events} == {cid}
         assert last == events[-1].by_seqno == bulk.collection_last_seqno(3, cid)
     assert bulk.collection_last_seqno(3, 0) == 0
     unaware = SessionOptions("r", collections=False)
     ids = set(bulk.collection_ids)
-    assert bulk.frames(3, 0, 10, opaque=1, options=unaware, visible=ids - ids) == (b"", 0, -1)
+    assert bulk.frames(Chunk(3, 0, 10, 1, unaware, ids - ids)) == (b"", 0, -1)
 
 
 def test_the_truth_sums_the_documents() -> None:
