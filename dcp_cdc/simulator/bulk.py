@@ -169,9 +169,14 @@ class BulkDocs(NumberedDocs):
             raise ConfigError(f"body bytes: expected {MIN_BODY}..{MAX_BODY}, got {body_bytes}")
         super().__init__(bucket, count)
         self.body_bytes = body_bytes
-        pad = body_bytes - MIN_BODY
-        self.body = _BODY_HEAD + b"0" * DIGITS + _BODY_MID + b"x" * pad + _BODY_TAIL
+        head, tail = self.body_around(body_bytes)
+        self.body = head + b"0" * DIGITS + tail
         self._records: dict[bool, tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]] = {}
+
+    @staticmethod
+    def body_around(body_bytes: int) -> tuple[bytes, bytes]:
+        """A body of ``body_bytes``: what comes before and after the document's digits."""
+        return _BODY_HEAD, _BODY_MID + b"x" * (body_bytes - MIN_BODY) + _BODY_TAIL
 
     def _record(self, collections: bool) -> tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]:
         """The frame as a numpy record, its template, and where the key's and the body's

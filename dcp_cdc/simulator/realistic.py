@@ -43,7 +43,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc.protocol import Datatype, Magic, Opcode
-from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, Chunk, NumberedDocs
+from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, Chunk, NumberedDocs
 from dcp_cdc.simulator.frames import MUTATION
 from dcp_cdc.simulator.model import Bucket
 from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES
@@ -526,3 +526,15 @@ def truth(count: int, chunk: int = 65_536) -> list[CollectionTruth]:
                 )
             )
     return out
+
+
+def small_truth(count: int, body_bytes: int) -> list[CollectionTruth]:
+    """What silver holds of ``count`` small bulk documents of ``body_bytes``
+    (:class:`~dcp_cdc.simulator.bulk.BulkDocs`, collection 0): one :class:`CollectionTruth`."""
+    head, tail = BulkDocs.body_around(body_bytes)
+    row = _format([KEY_PREFIX, "ID", b"\x00j" + head, "ID", tail + b"\x00\x000\x000\x001"])
+    out = CollectionTruth()
+    md5 = hashlib.md5
+    for k in range(count):
+        out.add(int(md5(row % {b"i": k}).hexdigest()[:15], 16))
+    return [out]

@@ -14,7 +14,7 @@ from dcp_cdc.decoder import iter_decode
 from dcp_cdc.events import Mutation
 from dcp_cdc.protocol import Datatype
 from dcp_cdc.simulator import realistic
-from dcp_cdc.simulator.bulk import Chunk
+from dcp_cdc.simulator.bulk import DIGITS, BulkDocs, Chunk
 from dcp_cdc.simulator.model import vbucket_of
 from dcp_cdc.simulator.realistic import (
     BINARY_FLAGS,
@@ -150,8 +150,8 @@ def test_the_collections_come_first_and_filters_hold(
     ]
     assert names == [(s, c) for s, colls in SCOPES for c in colls]
     for vb in bucket.vbuckets:
-        events = [e for e in vb.sys_events if e.collection_id in bulk.collection_ids]
-        assert len(events) == 4 and max(e.seqno for e in events) < bulk.seqno(vb.vbid, 0)
+        created = [e for e in vb.sys_events if e.collection_id in bulk.collection_ids]
+        assert len(created) == 4 and max(e.seqno for e in created) < bulk.seqno(vb.vbid, 0)
         assert bulk.seqno(vb.vbid, 0) > highs[vb.vbid] and vb.high_seqno == bulk.last_seqno(vb.vbid)
     options = SessionOptions("r")
     for cid in bulk.collection_ids:
@@ -191,3 +191,22 @@ def test_the_truth_sums_the_documents() -> None:
     assert base != row_digest("k", b"{}", **(args | {"user_xattrs": {"a": "1"}}))  # type: ignore[arg-type]
     assert base != row_digest("k", b"{}", **(args | {"rev_seqno": 2}))  # type: ignore[arg-type]
     assert base < 1 << 60
+
+
+def test_the_small_shapes_truth_is_its_bodies() -> None:
+    (got,) = realistic.small_truth(300, 70)
+    sim = Simulation(SimConfig(seed=3, vbuckets=4, docs=1, ops=0))
+    bulk = BulkDocs(sim.bucket, 300, 70)
+    want = sum(
+        row_digest(
+            bulk.key(k).decode(),
+            bulk.body.replace(b"0" * DIGITS, b"%010d" % k, 1),
+            is_json=True,
+            user_xattrs=None,
+            flags=0,
+            expiry=0,
+            rev_seqno=1,
+        )
+        for k in range(300)
+    )
+    assert (got.documents, got.digest) == (300, want)
