@@ -24,15 +24,11 @@ def test_the_initial_load_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     }
     args = ["--docs", "2000", "--vbuckets", "64", "--live-rate", "50"]
     args += ["--work", str(tmp_path / "work"), "--result", str(out)]
+    command = [sys.executable, "-m", "benchmarks.initial_load", *args]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.initial_load", *args],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=REPO,
-        env=env,
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800, env=env
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-5000:]
     result = json.loads(out.read_text())
     assert result["silver_equals_truth"] and result["quality_passed"]
     assert (result["documents"], result["shape"]) == (2000, "realistic")
