@@ -8,18 +8,22 @@ docs/protocol/dcp.md §7.1, computed with numpy) holds its documents at consecut
 vbucket had when they were made; only their numbers are kept (4 bytes a document). The test
 producer serves them in backfills as mutations, whole chunks built with numpy records made of
 the layout tables (``HEADER`` and ``MUTATION``); nothing else changes them, and the truth
-files do not list them.
+files do not list them (their summary's ``bulk`` describes them). :class:`NumberedDocs` is
+what every shape shares (the numbers, vbuckets, seqnos and CAS); the realistic shape is
+:mod:`dcp_cdc.simulator.realistic`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dcp_cdc import layouts
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode
 from dcp_cdc.simulator.model import Bucket
-from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES
+from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES, SessionOptions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,18 +55,37 @@ def crc32_of_numbered(prefix: bytes, numbers: np.ndarray[Any, Any], digits: int)
     return crc ^ np.uint32(0xFFFFFFFF)
 
 
-class BulkDocs:
-    """``count`` bulk documents added to ``bucket`` (see the module's doc)."""
+@dataclass(frozen=True)
+class Chunk:
+    """What a stream asks of bulk documents: the vbucket's documents ``lo``..``hi - 1``
+    in the collections ``visible``, as a connection with ``options`` receives them, with
+    the stream's ``opaque``."""
 
-    def __init__(self, bucket: Bucket, count: int, body_bytes: int) -> None:
+    vbid: int
+    lo: int
+    hi: int
+    opaque: int
+    options: SessionOptions
+    visible: Collection[int]
+
+
+class NumberedDocs:
+    """``count`` numbered documents added to ``bucket``: document ``k`` has key
+    ``bulk::<k, 10 digits>`` and lives in the vbucket of its key's CRC32, at a seqno right
+    above what the vbucket had when they were made (numbers in vbucket order, 4 bytes a
+    document), rev seqno 1 and CAS ``cas_base + k``. A shape (:class:`BulkDocs`,
+    :class:`dcp_cdc.simulator.realistic.RealisticDocs`) says which collection each one is in
+    (``collections_of``) and writes their frames (``frames``)."""
+
+    shape = "small"
+    collection_ids: tuple[int, ...] = (COLLECTION_ID,)
+
+    def __init__(self, bucket: Bucket, count: int) -> None:
         import numpy as np
 
         if count < 1 or count >= 10**DIGITS:
             raise ConfigError(f"bulk docs: expected 1..{10**DIGITS - 1}, got {count}")
-        if not MIN_BODY <= body_bytes <= MAX_BODY:
-            raise ConfigError(f"body bytes: expected {MIN_BODY}..{MAX_BODY}, got {body_bytes}")
         self.count = count
-        self.body_bytes = body_bytes
         nvb = len(bucket.vbuckets)
         numbers = np.arange(count, dtype=np.uint32)
         vbs = ((crc32_of_numbered(KEY_PREFIX, numbers, DIGITS) >> 16) & 0x7FFF) % nvb
@@ -76,9 +99,47 @@ class BulkDocs:
         for vb in bucket.vbuckets:
             self.base_seqno.append(vb.high_seqno)
             vb.high_seqno += int(counts[vb.vbid])
-        pad = body_bytes - MIN_BODY
-        self.body = _BODY_HEAD + b"0" * DIGITS + _BODY_MID + b"x" * pad + _BODY_TAIL
-        self._records: dict[bool, tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]] = {}
+        self._last_in = self._collection_last_seqnos(vbs[order], nvb)
+
+    def collections_of(self, numbers: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The index in ``collection_ids`` of each document's collection."""
+        import numpy as np
+
+        return np.zeros(len(numbers), dtype=np.int64)
+
+    def _collection_last_seqnos(self, vbs: np.ndarray[Any, Any], nvb: int) -> list[list[int]]:
+        """Per collection, per vbucket: the seqno of its last document there (0: none)."""
+        import numpy as np
+
+        colls = self.collections_of(self.numbers)
+        out = []
+        for index in range(len(self.collection_ids)):
+            where = np.flatnonzero(colls == index)
+            ends = np.searchsorted(vbs[where], np.arange(nvb), side="right")
+            starts = np.searchsorted(vbs[where], np.arange(nvb), side="left")
+            last = where[np.maximum(ends - 1, 0)] if len(where) else np.zeros(nvb, np.int64)
+            out.append(
+                [
+                    self.seqno(v, int(last[v] - self.offsets[v])) if ends[v] > starts[v] else 0
+                    for v in range(nvb)
+                ]
+            )
+        return out
+
+    def describe(self) -> dict[str, object]:
+        """What the truth's summary says of them: shape, number, key prefix, collections."""
+        return {
+            "shape": self.shape,
+            "documents": self.count,
+            "key_prefix": KEY_PREFIX.decode(),
+            "collection_ids": list(self.collection_ids),
+        }
+
+    def collection_last_seqno(self, vbid: int, collection_id: int) -> int:
+        """The seqno of the vbucket's last document of the collection (0: none there)."""
+        if collection_id not in self.collection_ids:
+            return 0
+        return self._last_in[self.collection_ids.index(collection_id)][vbid]
 
     def in_vbucket(self, vbid: int) -> int:
         return int(self.offsets[vbid + 1] - self.offsets[vbid])
@@ -89,6 +150,33 @@ class BulkDocs:
 
     def last_seqno(self, vbid: int) -> int:
         return self.base_seqno[vbid] + self.in_vbucket(vbid)
+
+    def key(self, number: int) -> bytes:
+        return KEY_PREFIX + b"%0*d" % (DIGITS, number)
+
+    def frames(self, chunk: Chunk) -> tuple[bytes, int, int]:
+        """The mutations of a chunk of a vbucket's documents: (frames, count, seqno of the
+        last one or -1)."""
+        raise NotImplementedError
+
+
+class BulkDocs(NumberedDocs):
+    """Small bulk documents: collection 0, a JSON body of ``body_bytes`` naming the document
+    (see the module's doc)."""
+
+    def __init__(self, bucket: Bucket, count: int, body_bytes: int) -> None:
+        if not MIN_BODY <= body_bytes <= MAX_BODY:
+            raise ConfigError(f"body bytes: expected {MIN_BODY}..{MAX_BODY}, got {body_bytes}")
+        super().__init__(bucket, count)
+        self.body_bytes = body_bytes
+        head, tail = self.body_around(body_bytes)
+        self.body = head + b"0" * DIGITS + tail
+        self._records: dict[bool, tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]] = {}
+
+    @staticmethod
+    def body_around(body_bytes: int) -> tuple[bytes, bytes]:
+        """A body of ``body_bytes``: what comes before and after the document's digits."""
+        return _BODY_HEAD, _BODY_MID + b"x" * (body_bytes - MIN_BODY) + _BODY_TAIL
 
     def _record(self, collections: bool) -> tuple[np.dtype[Any], np.ndarray[Any, Any], int, int]:
         """The frame as a numpy record, its template, and where the key's and the body's
@@ -127,14 +215,14 @@ class BulkDocs:
         cached = self._records[collections] = (dtype, template, key_digits, body_digits)
         return cached
 
-    def frames(
-        self, vbid: int, lo: int, hi: int, *, opaque: int, collections: bool
-    ) -> tuple[bytes, int]:
-        """The mutations of the vbucket's bulk documents ``lo``..``hi - 1``: (frames, count)."""
+    def frames(self, chunk: Chunk) -> tuple[bytes, int, int]:
         import numpy as np
 
-        dtype, template, key_digits, body_digits = self._record(collections)
+        vbid, lo, hi, opaque = chunk.vbid, chunk.lo, chunk.hi, chunk.opaque
         n = hi - lo
+        if n <= 0 or COLLECTION_ID not in chunk.visible:
+            return b"", 0, -1
+        dtype, template, key_digits, body_digits = self._record(chunk.options.collections)
         rec = np.empty(n, dtype)
         rec[:] = template[0]
         rec["header"]["vbucket_or_status"] = vbid
@@ -152,7 +240,4 @@ class BulkDocs:
             )
             raw[:, key_digits + i] = digit
             raw[:, body_digits + i] = digit
-        return rec.tobytes(), n
-
-    def key(self, number: int) -> bytes:
-        return KEY_PREFIX + b"%0*d" % (DIGITS, number)
+        return rec.tobytes(), n, self.seqno(vbid, hi - 1)

@@ -15,13 +15,18 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from dcp_cdc.errors import ConfigError
 from dcp_cdc.protocol import StreamEndReason
 from dcp_cdc.scram import MECHANISMS, StoredCredential
-from dcp_cdc.simulator.bulk import BulkDocs
+from dcp_cdc.simulator.bulk import BulkDocs, NumberedDocs
 from dcp_cdc.simulator.frames import ValueCache
 from dcp_cdc.simulator.model import Item, VBucket
 from dcp_cdc.simulator.producer_stream import ProducerStream
+from dcp_cdc.simulator.realistic import RealisticDocs
 from dcp_cdc.simulator.state import Simulation
+
+BULK_SHAPES = ("small", "realistic")
+"""The shapes of bulk documents (:meth:`ProducerCluster.add_bulk`)."""
 
 
 class ClusterClient(Protocol):
@@ -70,7 +75,7 @@ class ProducerCluster:
         self.uuid = f"{self.rng.getrandbits(128):032x}"
         self._config_cache: dict[tuple[int, int], bytes] = {}
         self.values = ValueCache()
-        self.bulk: BulkDocs | None = None
+        self.bulk: NumberedDocs | None = None
         """Bulk documents served besides the simulated ones (:meth:`add_bulk`)."""
         """Document values (xattrs joined, Snappy applied) shared by every connection."""
         self.sessions: list[dict[str, object]] = []
@@ -87,11 +92,18 @@ class ProducerCluster:
 
     # --- users -----------------------------------------------------------------------------
 
-    def add_bulk(self, count: int, body_bytes: int) -> BulkDocs:
-        """Add ``count`` bulk documents of ``body_bytes`` to the bucket (benchmarks)."""
+    def add_bulk(self, count: int, body_bytes: int, shape: str = "small") -> NumberedDocs:
+        """Add ``count`` bulk documents to the bucket (benchmarks): ``small`` ones of
+        ``body_bytes`` (:class:`~dcp_cdc.simulator.bulk.BulkDocs`) or ``realistic`` ones
+        (:class:`~dcp_cdc.simulator.realistic.RealisticDocs`, ``body_bytes`` unused)."""
         if self.bulk is not None:
             raise ValueError("bulk documents are added once")
-        self.bulk = BulkDocs(self.bucket, count, body_bytes)
+        if shape not in BULK_SHAPES:
+            raise ConfigError(f"bulk shape: expected one of {BULK_SHAPES}, got {shape!r}")
+        if shape == "realistic":
+            self.bulk = RealisticDocs(self.bucket, count)
+        else:
+            self.bulk = BulkDocs(self.bucket, count, body_bytes)
         return self.bulk
 
     def credential(self, mechanism: str) -> Callable[[str], StoredCredential | None]:

@@ -30,7 +30,6 @@ from dcp_cdc.protocol import (
     VbucketState,
 )
 from dcp_cdc.scram import MECHANISMS, ScramServer, new_nonce
-from dcp_cdc.simulator.bulk import COLLECTION_ID as BULK_COLLECTION_ID
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.frames import DocFrames
 from dcp_cdc.simulator.model import VBucket
@@ -372,8 +371,8 @@ class ProducerCommands:
                 continue
             seqno = vb.high_seqno if cid is None else _collection_high_seqno(vb, cid)
             bulk = self.cluster.bulk
-            if cid == BULK_COLLECTION_ID and bulk is not None and bulk.in_vbucket(vb.vbid):
-                seqno = max(seqno, bulk.last_seqno(vb.vbid))
+            if cid is not None and bulk is not None:
+                seqno = max(seqno, bulk.collection_last_seqno(vb.vbid, cid))
             out.append(_VB_SEQNO.pack(vb.vbid, seqno))
         if self.cluster.seqnos_delay_s:
             self.delayed.append(

@@ -34,7 +34,7 @@ from dcp_cdc.protocol import (
     StreamRequestFlag,
     stream_end_reason_name,
 )
-from dcp_cdc.simulator.bulk import COLLECTION_ID as BULK_COLLECTION_ID
+from dcp_cdc.simulator.bulk import Chunk
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.commands import ProducerCommands
 from dcp_cdc.simulator.frames import DocFrames
@@ -217,16 +217,26 @@ class ProducerConnection(ProducerCommands):
         """The bulk documents above ``start`` join the backfill when the stream sees
         their collection."""
         bulk, vbid = self.cluster.bulk, stream.vbid
-        if bulk is None or start >= bulk.last_seqno(vbid):
-            return
-        wanted = stream.collection_filter
-        coll = self.cluster.bucket.collections[BULK_COLLECTION_ID]
-        if coll.dropped_uid is not None or (
-            wanted is not None and BULK_COLLECTION_ID not in wanted
-        ):
+        if bulk is None or start >= bulk.last_seqno(vbid) or not self._bulk_visible(stream):
             return
         stream.bulk_next = max(0, start - bulk.base_seqno[vbid])
         stream.bulk_stop = bulk.in_vbucket(vbid)
+
+    def _bulk_visible(self, stream: ProducerStream) -> frozenset[int]:
+        """The bulk documents' collections the stream receives: live ones, in its filter,
+        and only the default collection without the Collections feature (docs/protocol/dcp.md §3)."""
+        bulk = self.cluster.bulk
+        if bulk is None:
+            return frozenset()
+        colls, wanted = self.cluster.bucket.collections, stream.collection_filter
+        aware = self.maker.options.collections
+        return frozenset(
+            c
+            for c in bulk.collection_ids
+            if colls[c].dropped_uid is None
+            and (aware or c == 0)
+            and (wanted is None or c in wanted)
+        )
 
     def _filter(self, value: bytes) -> tuple[bool, tuple[int, ...] | None]:
         """The stream request's collection filter (docs/protocol/dcp.md §4.4): (known, collection ids)."""
@@ -389,13 +399,14 @@ class ProducerConnection(ProducerCommands):
             hi = min(stream.bulk_stop, lo + CHUNK_ITEMS, end - bulk.base_seqno[stream.vbid])
             last = -1
             if hi > lo:
-                data, n = bulk.frames(
-                    stream.vbid, lo, hi, opaque=opaque, collections=maker.options.collections
+                visible = self._bulk_visible(stream)
+                data, n, last = bulk.frames(
+                    Chunk(stream.vbid, lo, hi, opaque, maker.options, visible)
                 )
                 out += data
                 count += n
-                last = bulk.seqno(stream.vbid, hi - 1)
-            stream.bulk_next = hi if hi > lo and last < end else stream.bulk_stop
+            more = hi > lo and bulk.seqno(stream.vbid, hi - 1) < end
+            stream.bulk_next = hi if more else stream.bulk_stop
         else:
             items = stream.backfill[:CHUNK_ITEMS]
             if next_bulk is not None:

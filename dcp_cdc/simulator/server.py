@@ -21,7 +21,8 @@ late), ``stall VB [N]`` (VB's streams send nothing while it takes changes, N of 
 answers its high seqno) and ``unstall VB``, ``changes N``, ``truth``, and ``steady RATE`` /
 ``halt`` (a steady workload of RATE changes a second, its ticks appended to ``--ticks-out``,
 until halted). ``--bulk-docs N
---body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks.
+--body-bytes B`` adds N small documents made in bulk (:mod:`dcp_cdc.simulator.bulk`) for benchmarks,
+``--bulk-shape realistic`` realistic ones instead (:mod:`dcp_cdc.simulator.realistic`).
 ``--tls-cert C --tls-key K`` adds a TLS port to every node; ``--tls-client-ca CA`` then asks
 for client certificates (mutual TLS) and maps each to a user by ``--client-cert-auth``
 (:mod:`dcp_cdc.simulator.tls`).
@@ -49,7 +50,7 @@ from typing import cast
 
 from dcp_cdc.config.capture import read_password
 from dcp_cdc.errors import ConfigError, ProtocolError
-from dcp_cdc.simulator.cluster import ProducerCluster
+from dcp_cdc.simulator.cluster import BULK_SHAPES, ProducerCluster
 from dcp_cdc.simulator.model import Collection, Scope
 from dcp_cdc.simulator.producer import ProducerConnection
 from dcp_cdc.simulator.state import SimConfig, Simulation
@@ -223,6 +224,7 @@ class ProducerServer:
         refuse_optional_controls: bool = False,
         bulk_docs: int = 0,
         body_bytes: int = 64,
+        bulk_shape: str = "small",
         clock: Callable[[], int] | None = time.time_ns,
     ) -> None:
         if clock is not None:
@@ -239,7 +241,7 @@ class ProducerServer:
             seed=config.seed,
         )
         if bulk_docs:
-            self.cluster.add_bulk(bulk_docs, body_bytes)
+            self.cluster.add_bulk(bulk_docs, body_bytes, bulk_shape)
         if client_certs is not None:
             if tls_context is None:
                 raise ValueError("client certificates need a TLS context")
@@ -481,11 +483,18 @@ class ProducerServer:
     # --- truth -------------------------------------------------------------------------------
 
     def write_truth(self, out: Path) -> Path:
-        """``out/truth/{documents.jsonl,summary.json}``: the bucket as it is now."""
-        if self.cluster.bulk is not None:
-            raise ConfigError("the truth is not written for a bucket with bulk documents")
+        """``out/truth/{documents.jsonl,summary.json}``: the bucket as it is now. Bulk
+        documents are not listed: the summary's ``bulk`` says what they are
+        (:meth:`~dcp_cdc.simulator.bulk.NumberedDocs.describe`)."""
         consistent = {vb.vbid: vb.high_seqno for vb in self.sim.bucket.vbuckets}
-        return write_truth(self.sim, out, consistent=consistent, sessions=self.cluster.sessions)
+        bulk = self.cluster.bulk
+        return write_truth(
+            self.sim,
+            out,
+            consistent=consistent,
+            sessions=self.cluster.sessions,
+            bulk=None if bulk is None else bulk.describe(),
+        )
 
 
 # --- the command line ---------------------------------------------------------------------
@@ -545,13 +554,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--bulk-docs",
         type=int,
         default=0,
-        help="add N bulk documents (collection 0, small fixed bodies) for benchmarks; "
-        "no truth is written then",
+        help="add N bulk documents for benchmarks (--bulk-shape); the truth does not list "
+        "them, its summary says what they are",
     )
     p.add_argument("--body-bytes", type=int, default=64, help="size of a bulk document's body")
+    p.add_argument(
+        "--bulk-shape",
+        choices=BULK_SHAPES,
+        default="small",
+        help="small: fixed tiny bodies in collection 0 (--body-bytes); realistic: nested "
+        "JSON of 0.5-4 KB, Snappy, some XATTRs and binary, four collections in two scopes",
+    )
     args = p.parse_args(argv)
-    if args.bulk_docs and args.truth_out:
-        p.error("--truth-out: no truth is written for a bucket with --bulk-docs")
     args.logins = dict(u.split(":", 1) for u in args.users)
     if (args.user is None) != (args.password_env is None and args.password_file is None):
         p.error("--user: give it with --password-env or --password-file, and they with it")
@@ -684,6 +698,7 @@ async def _serve(args: argparse.Namespace) -> int:
         refuse_optional_controls=args.refuse_optional_controls,
         bulk_docs=args.bulk_docs,
         body_bytes=args.body_bytes,
+        bulk_shape=args.bulk_shape,
     )
     steady = _Steady(server, args.ticks_out)
     gc.freeze()  # the loaded bucket is long-lived: collections need not scan it (speed)

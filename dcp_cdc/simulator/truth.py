@@ -77,11 +77,14 @@ def write_truth(
     *,
     consistent: Mapping[int, int] | None = None,
     sessions: list[dict[str, object]] | None = None,
+    bulk: Mapping[str, object] | None = None,
 ) -> Path:
     """Write ``out/truth/documents.jsonl`` and ``summary.json`` from the bucket model.
 
     ``consistent`` (vbucket -> last consistent seqno) and ``sessions`` default to what the
-    simulation's own capture sessions saw; the test producer passes its own.
+    simulation's own capture sessions saw; the test producer passes its own, and ``bulk``,
+    what its bulk documents are (the summary's ``bulk``; neither the documents nor the
+    collections' ``live_documents`` count them).
     """
     bucket = sim.bucket
     folder = out / "truth"
@@ -167,6 +170,7 @@ def write_truth(
         "expected_errors": sim.expected_errors,
         "open_snapshots": sim.open_snapshots,
         "sessions": sessions,
+        "bulk": dict(bulk) if bulk is not None else None,
     }
     path = folder / "summary.json"
     path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")

@@ -8,8 +8,10 @@ import struct
 
 import pytest
 
+from dcp_cdc.decoder import iter_decode
 from dcp_cdc.encoder import frame, make_header
-from dcp_cdc.protocol import ClientOpcode, HelloFeature, Magic, Opcode, Status
+from dcp_cdc.events import Mutation, SeqnoAdvanced, StreamEnd
+from dcp_cdc.protocol import ClientOpcode, Datatype, HelloFeature, Magic, Opcode, Status
 from dcp_cdc.scram import ScramClient
 from dcp_cdc.simulator.cluster import ProducerCluster
 from dcp_cdc.simulator.producer import ProducerConnection
@@ -248,6 +250,38 @@ def test_bulk_documents_join_the_backfill_in_seqno_order(cluster: ProducerCluste
     last = [f for f in out if f[1] == Opcode.DCP_MUTATION][-1]
     assert struct.unpack_from(">Q", last[4])[0] == bulk.seqno(1, 10)
     assert out[-1][1] == Opcode.DCP_STREAM_END and out[-1][4] == struct.pack(">I", 0)
+
+
+def test_realistic_bulk_documents_follow_the_streams_filter(cluster: ProducerCluster) -> None:
+    """A stream filtered on one of the realistic documents' collections receives its
+    documents alone, in seqno order, then a seqno-advanced to the backfill's end; the high
+    seqno of that collection counts them."""
+    bulk = cluster.add_bulk(3000, 0, "realistic")
+    cid = bulk.collection_ids[2]
+    vb = cluster.bucket.vbuckets[0]
+    conn, _ = handshake(cluster)
+    value = json.dumps({"collections": [format(cid, "x")]}).encode()
+    extras = struct.pack(">IIQQQQQ", 0, 0, 0, vb.high_seqno, 0, 0, 0)
+    conn.receive_data(req(Opcode.DCP_STREAM_REQ, vb=0, opaque=7, extras=extras, value=value))
+    events = [e for e in iter_decode(conn.data_to_send(), collections=True)]
+    docs = [e for e in events if isinstance(e, Mutation)]
+    assert docs and {e.collection_id for e in docs} == {cid}
+    seqnos = [e.by_seqno for e in docs]
+    assert seqnos == sorted(seqnos) and seqnos[-1] == bulk.collection_last_seqno(0, cid)
+    assert isinstance(events[-2], SeqnoAdvanced) and events[-2].by_seqno == vb.high_seqno
+    assert isinstance(events[-1], StreamEnd)
+    for e in docs:
+        want = bulk.document(int(e.key.removeprefix(b"bulk::")))
+        assert (e.value, e.xattrs, bulk.collection_ids[want.collection]) == (
+            want.body,
+            want.xattrs,
+            cid,
+        )
+        assert not e.header.datatype & Datatype.SNAPPY  # Snappy not negotiated: sent plain
+    extras = struct.pack(">II", 1, cid)
+    conn.receive_data(req(ClientOpcode.GET_ALL_VB_SEQNOS, opaque=9, extras=extras))
+    (reply,) = frames(conn.data_to_send())
+    assert dict(struct.iter_unpack(">HQ", reply[6]))[0] == seqnos[-1]
 
 
 def test_a_stalled_vbucket_sends_nothing_while_its_high_seqno_grows(

@@ -13,7 +13,7 @@ import pytest
 
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, crc32_of_numbered
+from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, Chunk, crc32_of_numbered
 from dcp_cdc.simulator.frames import DocFrames, ValueCache
 from dcp_cdc.simulator.model import Doc, Item, vbucket_of
 from dcp_cdc.simulator.state import SimConfig, Simulation
@@ -120,7 +120,8 @@ def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
     for vbid, vb in enumerate(sim.bucket.vbuckets):
         n = bulk.in_vbucket(vbid)
         assert bulk.seqno(vbid, 0) == highs[vbid] + 1 and vb.high_seqno == highs[vbid] + n
-        data, count = bulk.frames(vbid, 3, n - 2, opaque=0xBEEF, collections=collections)
+        options = SessionOptions("b", collections=collections)
+        data, count, last = bulk.frames(Chunk(vbid, 3, n - 2, 0xBEEF, options, {0}))
         want = []
         for i in range(3, n - 2):
             number = int(bulk.numbers[bulk.offsets[vbid] + i])
@@ -132,7 +133,7 @@ def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
                       True, None)  # fmt: skip
             event = maker.doc_event(vbid, doc, disk=True, opaque=0xBEEF)
             want.append(encode(dataclasses.replace(event, nru=0)))
-        assert count == n - 5 and data == b"".join(want)
+        assert count == n - 5 and data == b"".join(want) and last == bulk.seqno(vbid, n - 3)
 
 
 def test_bulk_sizes_are_checked() -> None:
