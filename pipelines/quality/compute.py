@@ -357,7 +357,7 @@ class _Run:
 
     def _compute(self) -> Computed:
         spark, names = self.spark, self.names
-        runs = self._runs()
+        runs = self._runs() if self.previous is not None or self.saving else {}
         new, region, seeds = self._read(runs)
         frames = self.keep(stream_frames(region, seeds))
         snaps = self.keep(snapshots(frames))
