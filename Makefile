@@ -118,6 +118,7 @@ test-long: setup setup-s3
 	DCP_CDC_SEEDS=200 DCP_CDC_ARRIVAL_SEEDS=24 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
 	DCP_CDC_ARRIVAL_ALL=1 $(PY) -m pytest tests/spark/test_silver_arrival.py $(PYTEST_ARGS)
 	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
+	DCP_CDC_CHECK_GROUPS=10 DCP_CDC_CHECK_SEEDS_PER_GROUP=20 DCP_CDC_CHECK_BATCHES=4 $(PY) -m pytest tests/spark/test_quality_incremental.py $(PYTEST_ARGS)
 	$(PY) -m pytest -m long tests/spark/test_silver_history.py tests/spark/test_silver_apply.py tests/spark/test_kill_resume.py tests/spark/test_silver.py::test_incremental_runs_in_any_arrival_order_equal_one_run tests/dags/test_dcp_cdc_dags.py tests/e2e/test_run.py tests/e2e/test_submitted_jars.py tests/spark/test_apply_memory.py tests/spark/test_cluster_branch.py tests/spark/test_landing_gap.py tests/e2e/test_local_writers.py tests/spark/test_silver_live.py tests/e2e/test_initial_load.py $(PYTEST_ARGS)
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)

@@ -23,6 +23,7 @@ BENCHMARKS = [
     "peer",
     "variant",
     "e2e",
+    "check-cost",
     "freshness",
 ]
 

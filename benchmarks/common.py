@@ -45,6 +45,21 @@ class Case:
         return self.items / self.median if self.median else float("inf")
 
 
+class Stages(dict[str, float]):
+    """Seconds per stage of one run, each printed as it ends: ``t = stages.end("ingest", t)``."""
+
+    def __init__(self, width: int = 12) -> None:
+        super().__init__()
+        self.width = width
+
+    def end(self, name: str, started: float) -> float:
+        """Record ``name`` as having run since ``started``; returns now (the next start)."""
+        now = time.perf_counter()
+        self[name] = now - started
+        print(f"  {name:<{self.width}}{self[name]:8.1f} s", flush=True)
+        return now
+
+
 def timed(fn: Callable[[], Any], runs: int) -> tuple[list[float], Any]:
     """Wall seconds of ``runs`` calls of ``fn``, and the last call's result."""
     seconds = []

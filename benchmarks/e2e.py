@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Case, report
+from benchmarks.common import Case, Stages, report
 
 DATA = Path(__file__).resolve().parent / ".data" / "e2e"
 
@@ -28,13 +28,8 @@ def run_once(events: int, vbuckets: int, work: Path, *, history: bool = False) -
     from pipelines.silver.job import apply_bucket
 
     shutil.rmtree(work, ignore_errors=True)
-    stages: dict[str, float] = {}
-
-    def stage(name: str, started: float) -> float:
-        now = time.perf_counter()
-        stages[name] = now - started
-        print(f"  {name:<12}{stages[name]:8.1f} s", flush=True)
-        return now
+    stages = Stages(12)
+    stage = stages.end
 
     t = time.perf_counter()
     sim = simulate(

@@ -9,7 +9,9 @@ working directory). For every configured bucket a pipeline DAG ``dcp_cdc__<bucke
 section: the agent streams the cluster up to now, then the jobs run on what it wrote)
 
 and one maintenance DAG ``dcp_cdc_maintenance`` with a ``maintain__<bucket>`` task per bucket
-(OPTIMIZE, VACUUM, tombstone purge, quality-results retention), one after the other.
+(OPTIMIZE, VACUUM, tombstone purge, quality-results retention) and a ``check_full__<bucket>``
+after it (``dcp-cdc check --full``: the pipeline's checks read only what arrived since the
+last one), one bucket after the other.
 
 Each task is ``spark-submit`` of the same entry point the command line uses
 (``pipelines/bronze/job.py``, ``pipelines/silver/job.py``, ``pipelines/quality/job.py``,
@@ -81,10 +83,10 @@ def pipeline_dag(config: AppConfig, path: Path, bucket: str) -> DAG:
 
 
 def maintenance_dag(config: AppConfig, path: Path) -> DAG:
-    """One maintenance task per bucket, one after the other."""
+    """Per bucket a maintenance task, then a full quality check; one bucket after the other."""
     with DAG(
         dag_id=MAINTENANCE_DAG_ID,
-        description="OPTIMIZE, VACUUM, tombstone purge, quality-results retention",
+        description="OPTIMIZE, VACUUM, tombstone purge, quality-results retention, full check",
         schedule=config.airflow.maintenance_schedule or None,
         start_date=start_date(config),
         catchup=False,
@@ -102,9 +104,18 @@ def maintenance_dag(config: AppConfig, path: Path) -> DAG:
                 config=config,
                 config_path=path,
             )
+            full = submit(
+                f"check_full__{identifier(bucket.name)}",
+                "quality/job.py",
+                ["--bucket", bucket.name, "--full"],
+                config=config,
+                config_path=path,
+                retries=0,
+            )
             if previous is not None:
                 previous >> task
-            previous = task
+            task >> full
+            previous = full
     return dag
 
 

@@ -105,3 +105,9 @@ class TableNotFoundError(QueryError):
     """A statement names a table, view or database the catalog does not hold: the message says
     whether its bucket has not reached that layer yet (and which command makes it) or the name
     is wrong (with the closest names the catalog holds)."""
+
+
+class FullCheckNeeded(DcpError):
+    """Raised inside a quality check, never out of it: the state the last check carried
+    cannot answer this one (the message says why), so it reads all of bronze
+    (:mod:`pipelines.quality.compute`)."""

@@ -222,6 +222,10 @@ QUALITY_RESULTS = T.StructType(
 """``quality.<bucket>_results``: one row per expectation and run; ``examples`` is a JSON
 array of failing rows (their ``where`` label and what is wrong there)."""
 
+CHECK_STATE = T.StructType(_fields(("kind", T.StringType()), ("row", T.StringType())))
+"""``quality.<bucket>_check_state``: what a check carries to the next one
+(:mod:`pipelines.quality.carry`), one JSON row per record, ``kind`` naming its frame."""
+
 HELD_BACK_METRICS = T.StructType(
     _fields(
         ("where", T.StringType()),

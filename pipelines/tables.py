@@ -144,6 +144,11 @@ class BucketTables:
         """One row per expectation and run (``pipelines.schemas.QUALITY_RESULTS``)."""
         return f"quality.{self._id}_results"
 
+    @property
+    def check_state(self) -> str:
+        """What the last check carries to the next (``pipelines.schemas.CHECK_STATE``)."""
+        return f"quality.{self._id}_check_state"
+
 
 def report_location(config: AppConfig, bucket: str) -> str:
     """Where a bucket's quality summary and Data Docs go: ``<warehouse>/quality/<identifier>``."""

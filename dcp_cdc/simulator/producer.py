@@ -380,6 +380,7 @@ class ProducerConnection(ProducerCommands):
         count = 0
         if not stream.marker_sent:
             stream.marker_sent = True
+            stream.backfill_last = -1
             out += encode(
                 maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
             )
@@ -419,9 +420,13 @@ class ProducerConnection(ProducerCommands):
                 collection_filter=stream.collection_filter,
             )  # fmt: skip
             count += n
+        if last >= 0:
+            stream.backfill_last = last
         runs: list[Run] = []
         if not stream.backfilling:  # the backfill's last chunk
-            if last != end and maker.options.collections:
+            # not ``last``: a last chunk that sends nothing (the items past ``end`` a live
+            # workload added) follows one that may have reached ``end``
+            if stream.backfill_last != end and maker.options.collections:
                 h = maker.header(Opcode.DCP_SEQNO_ADVANCED, stream.vbid, opaque=opaque)
                 out += encode(SeqnoAdvanced(h, end))
                 count += 1

@@ -48,6 +48,8 @@ class ProducerStream:
     pending: list[Item] = field(default_factory=list)
     frames: deque[Run] = field(default_factory=deque)
     marker_sent: bool = False
+    backfill_last: int = -1
+    """The seqno of the last item this backfill sent (-1: none yet), over all its chunks."""
     ended: bool = False
     bulk_next: int = 0
     """The next bulk document of the vbucket to send (:mod:`dcp_cdc.simulator.bulk`)."""

@@ -502,6 +502,46 @@ def committed_version(spark: SparkSession, table: str, app_id: str) -> int | Non
     return int(found.get()) if found.isDefined() else None
 
 
+def committed_version_at(
+    spark: SparkSession, table: str, app_id: str, version: int | None
+) -> int | None:
+    """:func:`committed_version` as of the table's Delta ``version`` (None: its latest)."""
+    if version is None:
+        return committed_version(spark, table, app_id)
+    jvm: Any = spark._jvm
+    nothing = jvm.scala.Option.empty()
+    snapshot = _delta_log(spark, table).getSnapshotAt(version, nothing, nothing, False)
+    found = snapshot.transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
+
+
+def foreign_commits(
+    spark: SparkSession, table: str, app_id: str, after: int, upto: int
+) -> list[int]:
+    """The versions in (``after``, ``upto``] of the Delta table ``table`` that change its data
+    without a transaction of ``app_id``: writes by anything else (a rewrite that changes no
+    data, e.g. OPTIMIZE, is not one). Read from the log, no Spark job."""
+    if upto <= after:
+        return []
+    jvm: Any = spark._jvm
+    changes = _delta_log(spark, table).getChanges(after + 1, upto, jvm.scala.Option.empty(), False)
+    foreign = []
+    while changes.hasNext():
+        commit = changes.next()
+        actions = commit._2().iterator()
+        ours = changes_data = False
+        while actions.hasNext():
+            action = actions.next()
+            kind = action.getClass().getSimpleName()
+            if kind == "SetTransaction" and action.appId() == app_id:
+                ours = True
+            elif kind in ("AddFile", "RemoveFile", "AddCDCFile") and action.dataChange():
+                changes_data = True
+        if changes_data and not ours:
+            foreign.append(int(commit._1()))
+    return foreign
+
+
 def table_version(spark: SparkSession, table: str) -> int:
     """The latest committed version of the Delta table ``table`` (``DB.NAME``), from its log
     (no Spark job)."""

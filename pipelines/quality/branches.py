@@ -24,7 +24,7 @@ from dcp_cdc.events import (
 from pipelines.quality.frames import history_position
 
 
-def latest_branches(frames: DataFrame) -> DataFrame:
+def latest_branches(frames: DataFrame, carried: DataFrame | None = None) -> DataFrame:
     """Per vbucket, the branches of its newest failover log (docs/protocol/dcp.md §7.4): ``uuid`` and
     ``branch_end``, the seqno where the next newer branch starts (null for the newest).
 
@@ -32,12 +32,11 @@ def latest_branches(frames: DataFrame) -> DataFrame:
     bronze implies and the rows found rolled back are judged against the history silver was
     sent. What the cluster holds now (the failover logs a session ends with) is
     :func:`cluster_branches`, and ``on_cluster_branch`` alone judges silver against it, so a
-    missed rollback fails that one check, saying so, and not every count of the vbucket."""
-    logs = (
-        frames.where(F.col("opens_stream") & F.col("failover_log").isNotNull())
-        .groupBy("vbucket")
-        .agg(F.max_by(F.col("failover_log"), history_position()).alias("log"))
-    )
+    missed rollback fails that one check, saying so, and not every count of the vbucket.
+    ``carried``: the :func:`branch_logs` of frames not in ``frames``."""
+    logs = branch_logs(frames)
+    if carried is not None:
+        logs = _newest_logs(logs.unionByName(carried))
     entries = F.transform(
         "log",
         lambda e, i: F.struct(
@@ -48,6 +47,20 @@ def latest_branches(frames: DataFrame) -> DataFrame:
     return logs.select("vbucket", F.explode(entries).alias("b")).select(
         "vbucket", F.col("b.uuid").alias("uuid"), F.col("b.branch_end").alias("branch_end")
     )
+
+
+def branch_logs(frames: DataFrame) -> DataFrame:
+    """Per vbucket, the newest failover log that opened a stream in ``frames`` (``log``) and
+    where (``p``): partial rows combine, the newer position wins."""
+    return _newest_logs(
+        frames.where(F.col("opens_stream") & F.col("failover_log").isNotNull()).select(
+            "vbucket", F.col("failover_log").alias("log"), history_position().alias("p")
+        )
+    )
+
+
+def _newest_logs(logs: DataFrame) -> DataFrame:
+    return logs.groupBy("vbucket").agg(F.max_by("log", "p").alias("log"), F.max("p").alias("p"))
 
 
 def rollbacks(frames: DataFrame) -> DataFrame:
@@ -131,26 +144,47 @@ def history_items(frames: DataFrame) -> DataFrame:
     return frames.where(F.col("op").isin(*DATA_OPS, SystemEvent.op))
 
 
-def collection_cuts(items: DataFrame) -> DataFrame:
+def collection_cuts(items: DataFrame, carried: DataFrame | None = None) -> DataFrame:
     """Per (collection, vbucket): ``dropped`` (a drop arrived: every change of the collection
     in the vbucket is gone, later ones are ignored) and ``flush_seqno`` (a repeated create at
-    a new seqno: changes below it are gone, docs/protocol/dcp.md §6.7)."""
-    events = items.where(F.col("op") == SystemEvent.op).withColumn(
-        "cid", F.coalesce(F.col("collection_id"), F.lit(0))
-    )
-    creates = F.when(F.col("event") == "create_collection", F.col("seqno"))
-    cuts = events.groupBy("cid", "vbucket").agg(
-        F.max(F.col("event") == "drop_collection").alias("dropped"),
-        F.min(creates).alias("first_create"),
-        F.max(creates).alias("last_create"),
-    )
-    return cuts.select(
+    a new seqno: changes below it are gone, docs/protocol/dcp.md §6.7). ``carried``: the
+    :func:`cut_parts` of system events not in ``items``."""
+    parts = cut_parts(items)
+    if carried is not None:
+        parts = _combine_cuts(parts.unionByName(carried))
+    return parts.select(
         "cid",
         "vbucket",
         F.coalesce(F.col("dropped"), F.lit(False)).alias("dropped"),
         F.when(F.col("last_create") > F.col("first_create"), F.col("last_create")).alias(
             "flush_seqno"
         ),
+    )
+
+
+def cut_parts(items: DataFrame) -> DataFrame:
+    """Per (collection, vbucket) of the system events in ``items``: whether one is a drop, and
+    the lowest and highest seqno of a create (partial rows combine)."""
+    events = items.where(F.col("op") == SystemEvent.op).withColumn(
+        "cid", F.coalesce(F.col("collection_id"), F.lit(0))
+    )
+    creates = F.when(F.col("event") == "create_collection", F.col("seqno"))
+    return _combine_cuts(
+        events.select(
+            "cid",
+            "vbucket",
+            (F.col("event") == "drop_collection").alias("dropped"),
+            creates.alias("first_create"),
+            creates.alias("last_create"),
+        )
+    )
+
+
+def _combine_cuts(parts: DataFrame) -> DataFrame:
+    return parts.groupBy("cid", "vbucket").agg(
+        F.max("dropped").alias("dropped"),
+        F.min("first_create").alias("first_create"),
+        F.max("last_create").alias("last_create"),
     )
 
 
@@ -163,6 +197,12 @@ def bronze_live_documents(alive: DataFrame, cuts: DataFrame) -> DataFrame:
     """The live documents bronze implies, computed without silver: per (collection, key) the
     newest surviving committed change, minus drops and flushes, that is a mutation whose
     expiry is not past (``collection_id``, ``key`` as text, ``seqno``)."""
+    return live_of(newest_changes(alive, cuts))
+
+
+def newest_changes(alive: DataFrame, cuts: DataFrame) -> DataFrame:
+    """Per (collection, key) of ``alive``'s data events, minus drops and flushes: the newest
+    (``cid``, ``key`` as text, ``change``: ``op``, ``expiration``, ``seqno``)."""
     changes = (
         alive.where(F.col("op").isin(*DATA_OPS))
         .withColumn("cid", F.coalesce(F.col("collection_id"), F.lit(0)))
@@ -177,16 +217,20 @@ def bronze_live_documents(alive: DataFrame, cuts: DataFrame) -> DataFrame:
             "change"
         )
     )
+    return newest.select("cid", F.col("key").cast("string").alias("key"), "change")
+
+
+def live_of(newest: DataFrame) -> DataFrame:
+    """The :func:`newest_changes` that are live documents: a mutation whose expiry is not
+    past (``collection_id``, ``key``, ``seqno``)."""
     deleted = F.col("change.op") != Mutation.op
     expiry = F.coalesce(F.col("change.expiration"), F.lit(0))
     return newest.where(live(deleted, expiry)).select(
-        F.col("cid").alias("collection_id"),
-        F.col("key").cast("string").alias("key"),
-        F.col("change.seqno").alias("seqno"),
+        F.col("cid").alias("collection_id"), "key", F.col("change.seqno").alias("seqno")
     )
 
 
-def cluster_branches(base: DataFrame) -> DataFrame:
+def cluster_branches(base: DataFrame, carried: DataFrame | None = None) -> DataFrame:
     """Per vbucket, the cluster's history as the captures last recorded it: ``log``, the
     newest failover log (of a stream request's success, or of a DCP_GET_FAILOVER_LOG reply,
     newest first), ``log_session`` the session it came from, and ``high``, the newest high
@@ -195,31 +239,16 @@ def cluster_branches(base: DataFrame) -> DataFrame:
     "That session or later", not "after the log": a session records its high seqnos just
     before its failover logs (the capture agent's last step), and both say what the node held
     as the session ended. A high seqno of an older session may predate a failover the log
-    shows, so it bounds nothing."""
-    session = F.struct("session_started_at", "session_id")
-    op, ok = F.col("op"), F.col("status") == 0
-    logs = (
-        base.where(
-            op.isin(StreamRequestResponse.op, FailoverLogResponse.op)
-            & ok
-            & F.col("failover_log").isNotNull()
-        )
-        .groupBy("vbucket")
-        .agg(
-            F.max_by(
-                F.struct(F.col("failover_log").alias("log"), session.alias("at")),
-                history_position(),
-            ).alias("newest")
-        )
-        .select("vbucket", F.col("newest.log").alias("log"), F.col("newest.at").alias("log_at"))
+    shows, so it bounds nothing. ``carried``: the :func:`cluster_parts` of frames not in
+    ``base``."""
+    parts = cluster_parts(base)
+    if carried is not None:
+        parts = _combine_cluster(parts.unionByName(carried))
+    logs = parts.where(F.col("newest").isNotNull()).select(
+        "vbucket", F.col("newest.log").alias("log"), F.col("newest.at").alias("log_at")
     )
-    highs = (
-        base.where((op == VbSeqnosResponse.op) & ok & F.col("high_seqnos").isNotNull())
-        .select(
-            history_position().alias("p"), session.alias("at"), F.explode("high_seqnos").alias("h")
-        )
-        .groupBy(F.col("h.vbucket").alias("h_vbucket"))
-        .agg(F.max_by(F.struct(F.col("h.seqno").alias("seqno"), "at"), "p").alias("high"))
+    highs = parts.where(F.col("high").isNotNull()).select(
+        F.col("vbucket").alias("h_vbucket"), "high"
     )
     joined = logs.join(highs, logs["vbucket"] == highs["h_vbucket"], how="left")
     return joined.select(
@@ -227,6 +256,41 @@ def cluster_branches(base: DataFrame) -> DataFrame:
         "log",
         F.col("log_at.session_id").alias("log_session"),
         F.when(F.col("high.at") >= F.col("log_at"), F.col("high.seqno")).alias("high"),
+    )
+
+
+def cluster_parts(base: DataFrame) -> DataFrame:
+    """Per vbucket of ``base``: the newest failover log recorded (``newest``: ``log``, the
+    session ``at``, its position ``p``) and the newest high seqno (``high``: ``seqno``,
+    ``at``, ``p``). Partial rows combine: the newer position wins."""
+    session = F.struct("session_started_at", "session_id")
+    op, ok = F.col("op"), F.col("status") == 0
+    logs = base.where(
+        op.isin(StreamRequestResponse.op, FailoverLogResponse.op)
+        & ok
+        & F.col("failover_log").isNotNull()
+    ).select(
+        "vbucket",
+        F.struct(
+            F.col("failover_log").alias("log"), session.alias("at"), history_position().alias("p")
+        ).alias("newest"),
+    )
+    highs = (
+        base.where((op == VbSeqnosResponse.op) & ok & F.col("high_seqnos").isNotNull())
+        .select(
+            history_position().alias("p"), session.alias("at"), F.explode("high_seqnos").alias("h")
+        )
+        .select(
+            F.col("h.vbucket").alias("vbucket"),
+            F.struct(F.col("h.seqno").alias("seqno"), "at", "p").alias("high"),
+        )
+    )
+    return _combine_cluster(logs.unionByName(highs, allowMissingColumns=True))
+
+
+def _combine_cluster(parts: DataFrame) -> DataFrame:
+    return parts.groupBy("vbucket").agg(
+        F.max_by("newest", "newest.p").alias("newest"), F.max_by("high", "high.p").alias("high")
     )
 
 

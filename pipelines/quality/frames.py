@@ -130,6 +130,7 @@ def base_frames(events: DataFrame) -> DataFrame:
         "status",
         *POSITION,
         "file",
+        "ingest_run_id",
         F.coalesce("by_seqno", "commit_seqno", "abort_seqno").alias("seqno"),
         "collection_id",
         "key",
@@ -157,7 +158,24 @@ def base_frames(events: DataFrame) -> DataFrame:
     )
 
 
-def stream_frames(base: DataFrame) -> DataFrame:
+SEED_COLUMNS = (
+    ("s_opened", "LONG"),
+    ("s_requests", "LONG"),
+    ("s_snapshot_no", "LONG"),
+    ("s_rollback_no", "LONG"),
+    ("s_rollback_floor", "LONG"),
+    ("s_requested_start", "LONG"),
+    ("s_requested_end", "LONG"),
+    ("s_answered", "LONG"),
+    ("s_floor", "LONG"),
+)
+"""What :func:`stream_frames` starts a (session, vbucket) from when it does not start at its
+first frame: each window's value just before its first frame here (a checked prefix carried
+from an earlier check, :mod:`pipelines.quality.carry`)."""
+SEEDS_SCHEMA = "session_id STRING, vbucket INT, " + ", ".join(f"{c} {t}" for c, t in SEED_COLUMNS)
+
+
+def stream_frames(base: DataFrame, seeds: DataFrame | None = None) -> DataFrame:
     """The frames of DCP streams, each placed in its stream and snapshot.
 
     Per (session, vbucket), in session order: ``stream_no`` numbers the streams: a stream
@@ -172,9 +190,23 @@ def stream_frames(base: DataFrame) -> DataFrame:
     inside an OSO backfill (docs/protocol/dcp.md §7.1, §6.9). ``out_of_range`` marks an item outside its
     snapshot's [start, end] or outside any snapshot (docs/protocol/dcp.md §6.3: assert only
     ``start <= seqno <= end``; a first marker's start is the requested start).
+
+    ``seeds`` (:data:`SEEDS_SCHEMA`, one row per (session, vbucket)): the frames of a
+    (session, vbucket) with a seed continue a prefix not given here, each count and last
+    value from the seed's (a frame without one starts from nothing). ``s_floor`` is the
+    highest item seqno of the prefix's last ``rollback_no``. The ``_seed_*`` columns give a
+    frame's values for seeding a later call that starts after it.
     """
     op = F.col("op")
     frames = base.where(op.isin(*STREAM_OPS) & F.col("vbucket").isNotNull())
+    if seeds is None:
+        frames = frames.select("*", *[F.lit(None).cast(t).alias(c) for c, t in SEED_COLUMNS])
+    else:
+        frames = frames.join(F.broadcast(seeds), on=["session_id", "vbucket"], how="left")
+
+    def seeded(name: str, counted: Column) -> Column:
+        return F.coalesce(F.col(name), F.lit(0)) + counted
+
     ordered = Window.partitionBy("session_id", "vbucket").orderBy("file_sequence", "offset")
     upto = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     opens_stream = (op == StreamRequestResponse.op) & (F.col("status") == 0)
@@ -186,30 +218,28 @@ def stream_frames(base: DataFrame) -> DataFrame:
     )
     rollback = (op == StreamRequestResponse.op) & F.col("rollback_seqno").isNotNull()
     request = op == StreamRequest.op
+
+    def last(value: Column, when: Column, seed: str) -> Column:
+        return F.coalesce(F.last(F.when(when, value), ignorenulls=True).over(upto), F.col(seed))
+
     counted = frames.select(
         "*",
         opens_stream.alias("opens_stream"),
         rollback.alias("is_rollback"),
         (op.isin(*ITEM_OPS) & F.col("seqno").isNotNull()).alias("is_item"),
-        F.sum(opens_stream.cast("int")).over(upto).alias("_opened"),
-        F.sum(request.cast("int")).over(upto).alias("_requests"),
-        F.sum(opens_snapshot.cast("int")).over(upto).alias("snapshot_no"),
-        F.sum(rollback.cast("int")).over(upto).alias("rollback_no"),
-        F.last(F.when(rollback, F.col("rollback_seqno")), ignorenulls=True)
-        .over(upto)
-        .alias("rollback_floor"),
-        F.last(F.when(request, F.col("start_seqno")), ignorenulls=True)
-        .over(upto)
-        .alias("requested_start"),
-        F.last(F.when(request, F.col("end_seqno")), ignorenulls=True)
-        .over(upto)
-        .alias("requested_end"),
+        seeded("s_opened", F.sum(opens_stream.cast("long")).over(upto)).alias("_opened"),
+        seeded("s_requests", F.sum(request.cast("long")).over(upto)).alias("_requests"),
+        seeded("s_snapshot_no", F.sum(opens_snapshot.cast("long")).over(upto)).alias("snapshot_no"),
+        seeded("s_rollback_no", F.sum(rollback.cast("long")).over(upto)).alias("rollback_no"),
+        last(F.col("rollback_seqno"), rollback, "s_rollback_floor").alias("rollback_floor"),
+        last(F.col("start_seqno"), request, "s_requested_start").alias("requested_start"),
+        last(F.col("end_seqno"), request, "s_requested_end").alias("requested_end"),
     )
     # a request not yet answered by a successful response belongs to the stream it opens
-    answered = F.last(F.when(F.col("opens_stream"), F.col("_requests")), ignorenulls=True)
-    pending = F.col("_requests") > F.coalesce(answered.over(upto), F.lit(0))
-    placed = counted.withColumn("stream_no", F.col("_opened") + pending.cast("int")).drop(
-        "_opened", "_requests"
+    answered = last(F.col("_requests"), F.col("opens_stream"), "s_answered")
+    pending = F.col("_requests") > F.coalesce(F.col("_answered"), F.lit(0))
+    placed = counted.withColumn("_answered", answered).withColumn(
+        "stream_no", F.col("_opened") + pending.cast("long")
     )
     # Clustered on a superset of the first window's keys: Spark sorts again, no new shuffle.
     before = (
@@ -219,7 +249,9 @@ def stream_frames(base: DataFrame) -> DataFrame:
     )
     in_order = F.col("is_item") & ~F.coalesce(F.col("in_oso"), F.lit(False))
     floor = F.greatest(
-        F.max(F.when(F.col("is_item"), F.col("seqno"))).over(before), F.col("rollback_floor")
+        F.max(F.when(F.col("is_item"), F.col("seqno"))).over(before),
+        F.col("rollback_floor"),
+        F.when(F.col("rollback_no") == F.col("s_rollback_no"), F.col("s_floor")),
     )
     seqno = F.col("seqno")
     outside = (
@@ -232,4 +264,22 @@ def stream_frames(base: DataFrame) -> DataFrame:
         F.coalesce(in_order & (seqno <= floor), F.lit(False)).alias("regression"),
         floor.alias("seqno_floor"),
         (in_order & outside).alias("out_of_range"),
+    ).drop(*[c for c, _ in SEED_COLUMNS])
+
+
+def seeds_after(frames: DataFrame) -> DataFrame:
+    """The seeds (:data:`SEEDS_SCHEMA`) of a call that starts just after each of ``frames``
+    (:func:`stream_frames` rows): that frame's counts and last values."""
+    return frames.select(
+        "session_id",
+        "vbucket",
+        F.col("_opened").alias("s_opened"),
+        F.col("_requests").alias("s_requests"),
+        F.col("snapshot_no").alias("s_snapshot_no"),
+        F.col("rollback_no").alias("s_rollback_no"),
+        F.col("rollback_floor").alias("s_rollback_floor"),
+        F.col("requested_start").alias("s_requested_start"),
+        F.col("requested_end").alias("s_requested_end"),
+        F.col("_answered").alias("s_answered"),
+        F.greatest(F.col("seqno_floor"), F.when(F.col("is_item"), F.col("seqno"))).alias("s_floor"),
     )

@@ -29,14 +29,10 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig, is_uri
 from dcp_cdc.logs import log_context
@@ -47,29 +43,15 @@ from pipelines.errors import DataQualityError
 from pipelines.lake import delta_io
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
+from pipelines.quality import carry
 from pipelines.quality import report as reporting
-from pipelines.quality.branches import (
-    bronze_live_documents,
-    cluster_branches,
-    collection_cuts,
-    committed_items,
-    dead_changes,
-    history_items,
-    latest_branches,
-    rollbacks,
-    split_history,
-)
-from pipelines.quality.frames import base_frames, stream_frames
-from pipelines.quality.measures import coverage_metrics, file_metrics, reconciliation_metrics
+from pipelines.quality.compute import Metrics, compute
 from pipelines.quality.report import OpenSnapshot, QualityReport
-from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.quality.suites import SUITES, checks, held_back_rows
 
 # Great Expectations is imported by validate() (import_soon() starts it in a thread while
 # Spark computes the metric frames): its import takes seconds a check need not wait for.
 from pipelines.quality.validate import import_soon, validate
-from pipelines.schemas import REGISTRY, SILVER, STATE, projection
-from pipelines.silver import live as live_layer
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.quality")
@@ -78,102 +60,6 @@ SCREENSHOT_NAME = "summary.png"
 DOCS_NAME = "data_docs"
 UPLOAD_CHUNK_BYTES = 1 << 20
 """How much of a report file one call hands the JVM when it is uploaded."""
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """A metric frame twice: its rows (for the report and, as a pandas frame, for GE) and a
-    local Spark DataFrame of them (for the frames computed from it)."""
-
-    rows: list[dict[str, Any]]
-    df: DataFrame
-
-    def pandas(self) -> pd.DataFrame:
-        """The rows as pandas holds them for GE: every column of Python objects as collected
-        (ints stay ints, nulls stay None), so GE's pandas engine reads the values Spark's
-        would. Validating a frame of a few hundred rows so takes milliseconds; GE's Spark
-        engine ran several Spark jobs per expectation."""
-        names = self.df.columns
-        return pd.DataFrame(
-            {n: pd.Series([r[n] for r in self.rows], dtype=object) for n in names},
-            columns=names,
-        )
-
-
-def _collect(spark: SparkSession, df: DataFrame) -> Metrics:
-    rows = df.collect()
-    return Metrics([r.asDict() for r in rows], spark.createDataFrame(rows, schema=df.schema))
-
-
-@dataclass(frozen=True)
-class SilverFrames:
-    states: DataFrame  # vbucket, consistent_seqno, last_applied_seqno, vb_uuid, failover_log
-    rows: DataFrame  # every row of the collection tables (``_all``), with ``table``
-    live: DataFrame  # the rows of the user views, with ``table``
-    names: DataFrame  # collection_id, name (scope.collection)
-
-
-def read_at(spark: SparkSession, table: str, at: Mapping[str, int] | None) -> DataFrame:
-    """``table`` as it is now, or at the Delta version ``at`` gives it: a check running beside
-    follow mode's micro-batches reads every table as of one moment between two of them."""
-    if at is not None and table in at:
-        return spark.sql(f"SELECT * FROM {table} VERSION AS OF {at[table]}")
-    return spark.table(table)
-
-
-def silver_frames(
-    spark: SparkSession, bucket: str, at: Mapping[str, int] | None = None
-) -> SilverFrames:
-    """Silver's side. Tables come from the registry (not retired); a table it names that is
-    missing is left out, so reconciliation reports its collection as empty in silver."""
-
-    def empty(*fields: T.StructField) -> DataFrame:
-        return spark.createDataFrame([], T.StructType(list(fields)))
-
-    table_column = T.StructField("table", T.StringType())
-    silver_tables = BucketTables(bucket)
-    registry, state = silver_tables.registry, silver_tables.stream_state
-    state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno", "vb_uuid", "failover_log")
-    if spark.catalog.tableExists(state):
-        states = read_at(spark, state, at).select(*state_columns)
-    else:
-        states = empty(*projection(STATE, *state_columns))
-    rows_columns = ("_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key")
-    live_columns = ("_collection_id", "key", "_seqno", "_expiry")
-    rows = empty(*projection(SILVER, *rows_columns), table_column)
-    live = empty(*projection(SILVER, *live_columns), table_column)
-    names = empty(*projection(REGISTRY, "collection_id", "name"))
-    if not spark.catalog.tableExists(registry):
-        return SilverFrames(states, rows, live, names)
-    reg = read_at(spark, registry, at)
-    names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
-    for r in (
-        reg.where(F.col("status").isin(*tables.WITH_TABLES))
-        .select("table_name", "collection_id")
-        .distinct()
-        .collect()
-    ):
-        table = r["table_name"]
-        all_rows = tables.all_rows(table)
-        if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):
-            log.warning("silver table %s (or its _all table) is missing", table)
-            continue
-        current = live_layer.current_rows(spark, bucket, table, r["collection_id"], at)
-        rows = rows.unionByName(current.select(*rows_columns, F.lit(table).alias("table")))
-        live = live.unionByName(
-            live_rows(spark, table, current, at).select(*live_columns, F.lit(table).alias("table"))
-        )
-    return SilverFrames(states, rows, live, names)
-
-
-def live_rows(
-    spark: SparkSession, view: str, current: DataFrame, at: Mapping[str, int] | None
-) -> DataFrame:
-    """The rows of a collection's view: the view itself, or, read at the versions of ``at``,
-    its ``current`` rows (:func:`live_layer.current_rows`) that the view shows."""
-    if at is not None and tables.all_rows(view) in at:
-        return current.where(tables.LIVE_ROWS)
-    return spark.table(view)
 
 
 def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
@@ -209,75 +95,6 @@ def landing_frame(
         after_s=config.quality.held_back_after_s,
     )
     return Metrics(rows, spark.createDataFrame(rows, schema=schemas.HELD_BACK_METRICS))
-
-
-def metric_frames(
-    spark: SparkSession, bucket: str, at: Mapping[str, int] | None = None
-) -> dict[str, Metrics]:
-    """The metric frame of every suite but ``landing_continuity`` (:func:`landing_frame`),
-    by suite name (bronze read once).
-
-    Intermediate frames are local checkpoints: materialized once and cut from their lineage,
-    so the later plans stay small to analyse (planning, not data, dominates small buckets).
-    """
-    names = BucketTables(bucket)
-    kept: list[DataFrame] = []
-
-    def keep(df: DataFrame) -> DataFrame:
-        kept.append(df.localCheckpoint(eager=True))
-        return kept[-1]
-
-    try:
-        base = keep(base_frames(read_at(spark, names.events, at)))
-        frames = keep(stream_frames(base))
-        snaps = keep(snapshots(frames))
-        streams = _collect(spark, stream_metrics(frames, snaps, duplicate_seqnos(frames)))
-        branches = latest_branches(frames)
-        alive, dead = split_history(history_items(frames), branches, rollbacks(frames))
-        alive = keep(alive)
-        committed = keep(committed_items(alive, snaps))
-        cuts = collection_cuts(committed)
-        silver = silver_frames(spark, bucket, at)
-        silver_rows = keep(silver.rows)
-        coverage = _collect(
-            spark,
-            coverage_metrics(
-                streams.df,
-                silver.states,
-                silver_rows,
-                branches,
-                dead_changes(alive, dead),
-                cluster_branches(base),
-            ),
-        )
-        reconciliation = _collect(
-            spark,
-            reconciliation_metrics(
-                bronze_live_documents(committed, cuts),
-                silver.live,
-                silver_rows,
-                cuts,
-                silver.names,
-            ),
-        )
-        files = _collect(
-            spark,
-            file_metrics(
-                base,
-                read_at(spark, names.quarantine, at),
-                read_at(spark, names.ingest_log, at),
-            ),
-        )
-    finally:
-        for df in kept:
-            df.unpersist()
-    metrics = {
-        "snapshot_completeness": streams,
-        "stream_coverage": coverage,
-        "silver_reconciliation": reconciliation,
-        "bronze_integrity": files,
-    }
-    return metrics
 
 
 def open_snapshots(stream_rows: list[dict[str, Any]]) -> list[OpenSnapshot]:
@@ -329,9 +146,15 @@ def check_bucket(
     *,
     screenshot: bool = False,
     at: Mapping[str, int] | None = None,
+    full: bool = False,
 ) -> QualityReport:
     """Run the five suites on one bucket: results table, Data Docs and summary page. ``at``
-    (:func:`pinned_versions`): read the tables at those versions, not as they are now."""
+    (:func:`pinned_versions`): read the tables at those versions, not as they are now.
+
+    The metric frames start from what the last check carried (:mod:`pipelines.quality.compute`:
+    the frames since it, the same rows as a check over everything) once bronze holds
+    ``quality.incremental_from_bytes``; ``full``, a smaller bronze or a state that cannot
+    answer reads all of bronze. From that size on, the state for the next check is saved."""
     started = time.perf_counter()
     import_soon()
     all_checks = checks(config.quality)
@@ -344,8 +167,24 @@ def check_bucket(
         )
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    metrics = metric_frames(spark, name, at)
-    metrics["landing_continuity"] = landing_frame(spark, config, bucket, at, now)
+    pinned = dict(at) if at is not None else pinned_versions(spark, name)
+    size = delta_io.table_size(spark, events)[1]
+    small = size < config.quality.incremental_from_bytes
+    computed = compute(
+        spark,
+        name,
+        pinned,
+        None if full or small else carry.read(spark, name),
+        full=full,
+        save=None if small else lambda s: carry.write(spark, name, s, config.tables.properties),
+    )
+    if small and not full:
+        computed.full_because = (
+            f"bronze ({size:,} bytes) is below quality.incremental_from_bytes "
+            f"({config.quality.incremental_from_bytes:,})"
+        )
+    metrics: dict[str, Metrics] = dict(computed.metrics)
+    metrics["landing_continuity"] = landing_frame(spark, config, bucket, pinned, now)
     assert set(metrics) == {s.name for s in SUITES}
     target = tables.report_location(config, name)
     local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
@@ -375,6 +214,7 @@ def check_bucket(
     report.open_snapshots = [s for s in unfinished if not s.resumed]
     report.resumed_snapshots = [s for s in unfinished if s.resumed]
     report.counts = counts(metrics)
+    report.full_because = computed.full_because
     _append_results(spark, config, report, now)
     (local / SUMMARY_NAME).write_text(reporting.render_summary(report), encoding="utf-8")
     if screenshot:
@@ -444,6 +284,7 @@ def run(
     *,
     spark: SparkSession | None = None,
     screenshot: bool = False,
+    full: bool = False,
 ) -> list[QualityReport]:
     """Check every configured bucket (or one); builds the Spark session if none is given.
     Each bucket's check pushes its metrics when ``[pushgateway] url`` is set."""
@@ -453,7 +294,7 @@ def run(
     reports = []
     for b in buckets:
         with log_context(bucket=b.name), pushed(config.pushgateway, "check", b.name) as report:
-            checked = check_bucket(session, config, b, screenshot=screenshot)
+            checked = check_bucket(session, config, b, screenshot=screenshot, full=full)
             report(RunMetrics(steps={"check": checked.seconds}, quality_passed=checked.passed))
             reports.append(checked)
     return reports

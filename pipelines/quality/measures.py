@@ -211,8 +211,58 @@ def reconciliation_metrics(
     )
 
 
-def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) -> DataFrame:
-    """The ``bronze_integrity`` metric frame: one row per capture file.
+def file_parts(base: DataFrame, quarantine: DataFrame) -> DataFrame:
+    """What ``base`` frames and ``quarantine`` records say of each capture file, aggregated
+    per file: counts, the required columns found null and the unknown opcodes (sets), the
+    first malformed record and the first cut tail. Partial rows of the same file combine
+    (:func:`file_metrics`)."""
+    unknown = F.col("unknown_opcode")
+    frames = base.select(
+        "file",
+        F.lit(1).cast("long").alias("frames"),
+        F.size("null_columns").cast("long").alias("null_required"),
+        "null_columns",
+        F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode")))).alias(
+            "unknown"
+        ),
+        unknown.cast("long").alias("unknown_opcodes"),
+    )
+    cut = F.coalesce(F.col("truncated"), F.lit(False))
+    quarantined = quarantine.select(
+        "file",
+        F.when(cut, F.col("offset")).alias("truncated_offset"),
+        F.when(~cut, F.struct(F.col("offset").alias("at"), F.col("reason"))).alias("bad"),
+        cut.cast("long").alias("truncated"),
+        (~cut).cast("long").alias("malformed"),
+    )
+    parts = frames.unionByName(quarantined, allowMissingColumns=True)
+    return combine_files(
+        parts.select(
+            "*",
+            F.when(F.col("unknown").isNotNull(), F.array("unknown")).alias("unknowns"),
+            F.when(F.col("bad").isNotNull(), F.col("bad")).alias("first_bad"),
+        ).drop("unknown", "bad")
+    )
+
+
+def combine_files(parts: DataFrame) -> DataFrame:
+    return parts.groupBy("file").agg(
+        *[
+            F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c)
+            for c in ("frames", "null_required", "unknown_opcodes", "truncated", "malformed")
+        ],
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("null_columns")))).alias(
+            "null_columns"
+        ),
+        F.array_sort(F.array_distinct(F.flatten(F.collect_list("unknowns")))).alias("unknowns"),
+        F.min("first_bad").alias("first_bad"),
+        F.min("truncated_offset").alias("truncated_offset"),
+    )
+
+
+def file_metrics(parts: DataFrame, ingest_log: DataFrame) -> DataFrame:
+    """The ``bronze_integrity`` metric frame: one row per capture file, from its
+    :func:`file_parts` (one row per file, or partial rows of it) and the ingest log.
 
     ``malformed`` counts quarantine records other than cut tails; a cut tail
     (``truncated``) is normal only at the end of its session's last file, where a dropped
@@ -225,39 +275,22 @@ def file_metrics(base: DataFrame, quarantine: DataFrame, ingest_log: DataFrame) 
         "file_sequence",
         (F.col("file_sequence") == F.max("file_sequence").over(session)).alias("last_of_session"),
     )
-    unknown = F.col("unknown_opcode")
-    frames = base.select(
+    combined = combine_files(parts)
+    grouped = combined.join(logged, on="file", how="full").select(
         "file",
-        F.lit(1).alias("frame"),
-        F.size("null_columns").alias("nulls"),
-        "null_columns",
-        F.when(unknown, F.concat(F.col("op"), F.lit(" 0x"), F.lower(F.hex("opcode")))).alias(
-            "unknown"
-        ),
-    )
-    quarantined = quarantine.select(
-        "file",
-        F.coalesce(F.col("truncated"), F.lit(False)).alias("truncated"),
-        F.concat(F.lit("offset "), F.col("offset"), F.lit(": "), F.col("reason")).alias("bad"),
-        F.col("offset").alias("q_offset"),
-    )
-    parts = logged.unionByName(frames, allowMissingColumns=True).unionByName(
-        quarantined, allowMissingColumns=True
-    )
-    cut, bad = F.col("truncated"), F.col("truncated") == F.lit(False)
-    grouped = parts.groupBy("file").agg(
-        F.max("session_id").alias("session_id"),
-        F.max("file_sequence").alias("file_sequence"),
-        F.max("last_of_session").alias("last_of_session"),
-        F.count(F.col("frame")).alias("frames"),
-        F.coalesce(F.sum("nulls"), F.lit(0)).cast("long").alias("null_required"),
-        F.array_distinct(F.flatten(F.collect_set("null_columns"))).alias("null_columns"),
-        F.count(F.col("unknown")).alias("unknown_opcodes"),
-        F.array_sort(F.collect_set("unknown")).alias("unknown"),
-        F.count(F.when(bad, 1)).alias("malformed"),
-        F.min_by(F.col("bad"), F.when(bad, F.col("q_offset"))).alias("malformed_detail"),
-        F.count(F.when(cut, 1)).alias("truncated"),
-        F.min(F.when(cut, F.col("q_offset"))).alias("truncated_offset"),
+        "session_id",
+        "file_sequence",
+        "last_of_session",
+        *[F.coalesce(c, F.lit(0)).cast("long").alias(c) for c in ("frames", "null_required")],
+        F.coalesce("null_columns", F.array().cast("array<string>")).alias("null_columns"),
+        F.coalesce(F.col("unknown_opcodes"), F.lit(0)).cast("long").alias("unknown_opcodes"),
+        F.coalesce("unknowns", F.array().cast("array<string>")).alias("unknown"),
+        F.coalesce(F.col("malformed"), F.lit(0)).cast("long").alias("malformed"),
+        F.concat(
+            F.lit("offset "), F.col("first_bad.at"), F.lit(": "), F.col("first_bad.reason")
+        ).alias("malformed_detail"),
+        F.coalesce(F.col("truncated"), F.lit(0)).cast("long").alias("truncated"),
+        "truncated_offset",
     )
     mid_session = F.when(
         ~F.coalesce(F.col("last_of_session"), F.lit(False)), F.col("truncated")

@@ -86,6 +86,8 @@ class QualityReport:
     results_table: str = ""
     screenshot_path: str | None = None
     seconds: float = 0.0
+    full_because: str | None = None
+    """Why the check read all of bronze (None: it started from the last check's state)."""
 
     @property
     def failed_errors(self) -> list[str]:
@@ -123,6 +125,9 @@ class QualityReport:
                 f"  open snapshot: vb {s.vbucket} {s.range} received up to {s.last_seqno}, "
                 f"missing {s.missing} (session {s.session_id})"
             )
+        read = "since the last check" if self.full_because is None else "all of bronze"
+        why = "" if self.full_because is None else f" ({self.full_because})"
+        lines.append(f"  bronze read: {read}{why}")
         lines.append(f"  report: {self.report_path}")
         lines.append(f"  data docs: {self.data_docs_path}")
         lines.append(f"  results: {self.results_table}")

@@ -130,6 +130,7 @@ def duplicate_seqnos(frames: DataFrame) -> DataFrame:
         "session_id",
         "vbucket",
         "stream_no",
+        "in_vb_uuid",
         "seqno",
         F.when(F.col("versions") > 1, F.lit("with different changes"))
         .otherwise(F.lit("repeated"))
@@ -137,7 +138,12 @@ def duplicate_seqnos(frames: DataFrame) -> DataFrame:
     )
 
 
-def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -> DataFrame:
+def stream_metrics(
+    frames: DataFrame,
+    snaps: DataFrame,
+    duplicates: DataFrame,
+    carried: DataFrame | None = None,
+) -> DataFrame:
     """The ``snapshot_completeness`` metric frame: one row per stream (session, vbucket,
     stream number), ``latest`` on the newest stream of each vbucket.
 
@@ -145,14 +151,25 @@ def stream_metrics(frames: DataFrame, snaps: DataFrame, duplicates: DataFrame) -
     for the latest stream of a vbucket only (its open snapshot is what silver waits on); an
     older stream's unfinished last snapshot was resumed by a later stream (``open_*`` columns
     stay filled for the report).
+
+    ``carried`` (:func:`stream_partials` of frames not given here, from an earlier check)
+    adds to what ``frames`` and ``snaps`` say of each stream: every column of a stream is a
+    count, a minimum or a maximum, so partial aggregates combine into the whole.
     """
-    # one row per stream from three sources: a union and one aggregation, no joins
-    parts = (
-        _frame_parts(frames)
-        .unionByName(_snapshot_parts(snaps), allowMissingColumns=True)
-        .unionByName(_duplicate_parts(duplicates), allowMissingColumns=True)
-    )
-    return _stream_report(_with_latest(_per_stream(parts)))
+    parts = stream_partials(frames, snaps)
+    if carried is not None:
+        parts = parts.unionByName(carried)
+    with_duplicates = parts.unionByName(_duplicate_parts(duplicates), allowMissingColumns=True)
+    return _stream_report(_with_latest(_per_stream(with_duplicates)))
+
+
+def stream_partials(frames: DataFrame, snaps: DataFrame) -> DataFrame:
+    """What ``frames`` and their snapshots (:func:`snapshots`) say of each stream, aggregated
+    per stream in the columns of the parts (``f_*``, ``s_*``): partial rows to combine with
+    those of other frames of the same streams (:func:`stream_metrics`' ``carried``)."""
+    # one row per stream from two sources: a union and one aggregation, no joins
+    parts = _frame_parts(frames).unionByName(_snapshot_parts(snaps), allowMissingColumns=True)
+    return combine(parts)
 
 
 def _frame_parts(frames: DataFrame) -> DataFrame:
@@ -164,7 +181,7 @@ def _frame_parts(frames: DataFrame) -> DataFrame:
     return frames.select(
         *STREAM_KEY,
         opens.alias("f_opens"),
-        F.col("is_item").alias("f_item"),
+        F.col("is_item").cast("long").alias("f_items"),
         F.when(opens, F.col("requested_start")).alias("f_requested_start"),
         F.when(opens, F.col("requested_end")).alias("f_requested_end"),
         F.when(op == StreamEnd.op, F.struct(position.alias("at"), "reason_code", "reason")).alias(
@@ -198,7 +215,7 @@ def _snapshot_parts(snaps: DataFrame) -> DataFrame:
     )
     return snaps.select(
         *STREAM_KEY,
-        snapshot.alias("s_snapshot"),
+        snapshot.cast("long").alias("s_snapshots"),
         F.col("items").alias("s_items"),
         F.col("out_of_range").alias("s_out_of_range"),
         _first(
@@ -210,7 +227,7 @@ def _snapshot_parts(snaps: DataFrame) -> DataFrame:
                 F.coalesce(_range("start", "end"), F.lit("any snapshot")),
             ),
         ).alias("s_out_of_range_first"),
-        incomplete.alias("s_incomplete"),
+        incomplete.cast("long").alias("s_incomplete"),
         _first(incomplete, F.concat(_range("start", "end"), F.lit(" missing "), missing)).alias(
             "s_incomplete_first"
         ),
@@ -236,7 +253,7 @@ def _snapshot_parts(snaps: DataFrame) -> DataFrame:
                 F.col("first_regression.seqno_floor"),
             ),
         ).alias("s_regression_first"),
-        repeats.alias("s_repeats"),
+        repeats.cast("long").alias("s_repeats"),
         _first(
             repeats,
             F.concat(
@@ -262,34 +279,80 @@ def _duplicate_parts(duplicates: DataFrame) -> DataFrame:
             F.col("seqno").alias("no"),
             F.concat(F.lit("seqno "), F.col("seqno"), F.lit(" "), F.col("problem")).alias("text"),
         ).alias("d_duplicate"),
+        F.lit(1).cast("long").alias("d_duplicates"),
+    )
+
+
+_SUMS = (
+    "f_items",
+    "s_snapshots",
+    "s_items",
+    "s_out_of_range",
+    "s_incomplete",
+    "s_regressions",
+    "s_repeats",
+)
+_MINS = (
+    "f_end",
+    "s_out_of_range_first",
+    "s_incomplete_first",
+    "s_regression_first",
+    "s_repeat_first",
+)
+_MAXES = (
+    "f_opens",
+    "f_requested_start",
+    "f_requested_end",
+    "f_item_seqno",
+    "f_marker_end",
+    "s_last",
+    "s_complete_end",
+)
+
+
+def combine(parts: DataFrame, *more: Column) -> DataFrame:
+    """``parts`` (frame and snapshot parts, or partial rows of them) per stream, in the same
+    columns: counts summed, first problems and the end the earliest, the rest the highest;
+    ``more`` aggregates beside them."""
+    return parts.groupBy(*STREAM_KEY).agg(
+        *[F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in _SUMS],
+        *[F.min(c).alias(c) for c in _MINS],
+        *[F.max(c).alias(c) for c in _MAXES],
+        *more,
     )
 
 
 def _per_stream(parts: DataFrame) -> DataFrame:
-    """The parts aggregated, one row per stream that opened or sent items (not a refused
-    request)."""
-    grouped = parts.groupBy(*STREAM_KEY).agg(
-        F.max("f_opens").alias("opened"),
-        F.count(F.when(F.col("f_item"), 1)).alias("stream_items"),
-        F.max("f_requested_start").alias("requested_start"),
-        F.max("f_requested_end").alias("requested_end"),
-        F.min("f_end").alias("stream_end"),
-        F.max("f_item_seqno").alias("max_item_seqno"),
-        F.max("f_marker_end").alias("max_marker_end"),
-        F.count(F.when(F.col("s_snapshot"), 1)).alias("snapshots"),
-        F.coalesce(F.sum("s_items"), F.lit(0)).alias("items"),
-        F.coalesce(F.sum("s_out_of_range"), F.lit(0)).alias("out_of_range"),
-        F.min("s_out_of_range_first").alias("out_of_range_first"),
-        F.count(F.when(F.col("s_incomplete"), 1)).alias("incomplete"),
-        F.min("s_incomplete_first").alias("incomplete_first"),
-        F.max("s_last").alias("last"),
-        F.coalesce(F.sum("s_regressions"), F.lit(0)).alias("regressions"),
-        F.min("s_regression_first").alias("regression_first"),
-        F.count(F.when(F.col("s_repeats"), 1)).alias("duplicate_keys"),
-        F.min("s_repeat_first").alias("repeat_first"),
-        F.max("s_complete_end").alias("complete_end"),
-        F.count("d_duplicate").alias("duplicate_seqnos"),
+    """The parts (and the duplicates' ``d_*``) aggregated, one row per stream that opened or
+    sent items (not a refused request)."""
+    combined = combine(
+        parts,
+        F.coalesce(F.sum("d_duplicates"), F.lit(0)).cast("long").alias("duplicate_seqnos"),
         F.min("d_duplicate").alias("duplicate_first"),
+    )
+    grouped = combined.select(
+        *STREAM_KEY,
+        F.col("f_opens").alias("opened"),
+        F.col("f_items").alias("stream_items"),
+        F.col("f_requested_start").alias("requested_start"),
+        F.col("f_requested_end").alias("requested_end"),
+        F.col("f_end").alias("stream_end"),
+        F.col("f_item_seqno").alias("max_item_seqno"),
+        F.col("f_marker_end").alias("max_marker_end"),
+        F.col("s_snapshots").alias("snapshots"),
+        F.col("s_items").alias("items"),
+        F.col("s_out_of_range").alias("out_of_range"),
+        F.col("s_out_of_range_first").alias("out_of_range_first"),
+        F.col("s_incomplete").alias("incomplete"),
+        F.col("s_incomplete_first").alias("incomplete_first"),
+        F.col("s_last").alias("last"),
+        F.col("s_regressions").alias("regressions"),
+        F.col("s_regression_first").alias("regression_first"),
+        F.col("s_repeats").alias("duplicate_keys"),
+        F.col("s_repeat_first").alias("repeat_first"),
+        F.col("s_complete_end").alias("complete_end"),
+        "duplicate_seqnos",
+        "duplicate_first",
     )
     return grouped.where(F.col("opened") | (F.col("stream_items") > 0))
 

@@ -123,9 +123,16 @@ pool = "spark_pool"
     assert maintenance.timetable.expression == "0 3 * * *" and maintenance.max_active_runs == 1
     assert [t.task_id for t in maintenance.topological_sort()] == [
         "maintain__travel_sample_a8560dff",
+        "check_full__travel_sample_a8560dff",
         "maintain__orders",
+        "check_full__orders",
     ]
-    assert all(t.application.endswith("pipelines/maintenance/job.py") for t in maintenance.tasks)
+    for t in maintenance.tasks:
+        if t.task_id.startswith("maintain__"):
+            assert t.application.endswith("pipelines/maintenance/job.py")
+        else:  # a full check after each bucket's maintenance, which fails alone
+            assert t.application.endswith("pipelines/quality/job.py") and t.retries == 0
+            assert t.application_args[-1] == "--full"
 
 
 def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(

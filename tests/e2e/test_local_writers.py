@@ -11,8 +11,8 @@ which fails when the name exists (docs/object-storage.md, "Several writers: the 
   (:mod:`tests.support.commit_race`), seconds: the hard-link store keeps all 300 commits while
   the JVMs race for versions; Delta's stock store, held 200 ms between its checks and its
   rename (the fault point ``SlowRenameLocalFs``), loses some.
-- ``make test-long`` (``-m long``): the same race without a fault point, 2,000 commits per JVM,
-  where the stock store loses some on its own; and two Spark drivers
+- ``make test-long`` (``-m long``): the same race without a fault point, four JVMs of 1,000
+  commits each (up to three races), where the stock store loses some on its own; and two Spark drivers
   (:mod:`tests.support.concurrent_writers`) appending to the same two local tables in
   overlapping rounds (``DCP_CDC_LOCAL_ROUNDS``, 100 by default: 400 commits): with the
   hard-link store every commit is in the logs, with the stock store held in its window a
@@ -79,12 +79,20 @@ def test_the_stock_store_held_between_check_and_rename_loses_commits(
 
 
 @pytest.mark.long
-def test_the_stock_store_loses_commits_to_a_racing_jvm_unaided(
+def test_the_stock_store_loses_commits_to_racing_jvms_unaided(
     tmp_path: Path, test_jar: Path
 ) -> None:
-    result = race(STOCK_LOCAL_STORE, tmp_path / "_delta_log", test_jar, commits=2000)
-    print(result)
-    assert result.lost > 0
+    """Four JVMs on two cores (a writer preempted between its check and its rename is what
+    loses a commit), up to three races of 1,000 commits each until one loses some: on a
+    quiet machine two JVMs raced 2,000 commits each without a loss."""
+    results = []
+    for attempt in range(3):
+        log = tmp_path / f"race{attempt}" / "_delta_log"
+        results.append(race(STOCK_LOCAL_STORE, log, test_jar, writers=4, commits=1000))
+        print(results[-1])
+        if results[-1].lost:
+            break
+    assert any(r.lost > 0 for r in results), results
 
 
 @pytest.mark.long

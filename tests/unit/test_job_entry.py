@@ -100,7 +100,7 @@ def test_check_exits_1_naming_every_failed_error_expectation(
     report = SimpleNamespace(
         bucket="b", failed_errors=["suite.one", "suite.two"], render=lambda: "report of b"
     )
-    monkeypatch.setattr(job, "run", lambda config, bucket=None, screenshot=False: [report])
+    monkeypatch.setattr(job, "run", lambda config, bucket=None, **_: [report])
     for main in (lambda argv: job_main("check", argv), lambda argv: cli.main(["check", *argv])):
         assert main(["--config", str(path)]) == 1
         captured = capsys.readouterr()

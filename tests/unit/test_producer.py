@@ -252,6 +252,28 @@ def test_bulk_documents_join_the_backfill_in_seqno_order(cluster: ProducerCluste
     assert out[-1][1] == Opcode.DCP_STREAM_END and out[-1][4] == struct.pack(">I", 0)
 
 
+def test_a_backfill_that_sent_its_end_sends_no_seqno_advanced(cluster: ProducerCluster) -> None:
+    """A stream whose end is the last bulk document, with a change above it in the disk
+    snapshot: the backfill's last chunk sends nothing (that change is past the end), and the
+    end was sent by the chunk before, so no seqno-advanced follows it (seen once as "seqno 57
+    after 57" by the quality check of an initial load with a live workload)."""
+    cluster.add_bulk(20_000, 40)
+    cid, key = next(k for k in cluster.bucket.vbuckets[0].docs)
+    cluster.sim.write_doc(cid, key)  # in the backfill, past the stream's end
+    vb = cluster.bucket.vbuckets[0]
+    end = vb.high_seqno - 1
+    conn, _ = handshake(cluster)
+    conn.receive_data(stream_req(0, end=end, opaque=7))
+    data = b""
+    while chunk := conn.data_to_send():
+        data += chunk
+    events = list(iter_decode(data, collections=True))
+    sent = [e.by_seqno for e in events if isinstance(e, Mutation | SeqnoAdvanced)]
+    assert sent == sorted(set(sent)) and sent[-1] == end
+    assert not any(isinstance(e, SeqnoAdvanced) for e in events)
+    assert isinstance(events[-1], StreamEnd)
+
+
 def test_realistic_bulk_documents_follow_the_streams_filter(cluster: ProducerCluster) -> None:
     """A stream filtered on one of the realistic documents' collections receives its
     documents alone, in seqno order, then a seqno-advanced to the backfill's end; the high

@@ -290,6 +290,11 @@ def test_report_names_failed_errors_warnings_and_open_snapshots() -> None:
     assert text[3] == (
         "  open snapshot: vb 25 [80, 82] received up to 80, missing 81..82 (session s01)"
     )
+    assert text[4] == "  bronze read: since the last check"
+    report.full_because = "no state of an earlier check"
+    assert report.render().splitlines()[4] == (
+        "  bronze read: all of bronze (no state of an earlier check)"
+    )
 
 
 def test_result_rows_one_per_expectation_with_examples_as_json() -> None:
