@@ -3,7 +3,7 @@ over all of bronze, after every run, pass and fail alike.
 
 Each group simulates DCP_CDC_CHECK_SEEDS_PER_GROUP seeds (3) of one scenario side by side in
 one bucket (disjoint vbuckets and keys); their capture files arrive shuffled in
-DCP_CDC_CHECK_BATCHES batches (3), and after each batch's ingest and apply the check runs
+DCP_CDC_CHECK_BATCHES batches (2), and after each batch's ingest and apply the check runs
 from its carried state and, beside it, over everything: every metric row must be equal.
 Groups take the scenarios in turn (DCP_CDC_CHECK_GROUPS: 1 in ``make test``; ``make
 test-long`` runs 10 groups of 20 seeds in 4 batches, 200 seeds). A rollback or a drop sends a
@@ -32,7 +32,7 @@ from tests.support.silver_runs import drop_all
 
 GROUPS = int(os.environ.get("DCP_CDC_CHECK_GROUPS", "1"))
 PER_GROUP = int(os.environ.get("DCP_CDC_CHECK_SEEDS_PER_GROUP", "3"))
-BATCHES = int(os.environ.get("DCP_CDC_CHECK_BATCHES", "3"))
+BATCHES = int(os.environ.get("DCP_CDC_CHECK_BATCHES", "2"))
 # Scenarios whose files hold no rollback, drop or resend: their later checks start from
 # the state. The others exercise the way back to a full check.
 CONTINUING = ("basic", "ttl", "history", "interrupted", "oso-backfill")
