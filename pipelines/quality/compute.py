@@ -19,7 +19,8 @@ The carried state cannot answer everything. A check runs full, and says why, whe
 there is no state (or it is of another format); the last check found bronze and silver
 apart; the new frames hold a rollback, a new failover log, a change on a dead branch, a
 collection dropped or created again, or a frame placed before one already checked (a file
-ingested out of order); or bronze was written by anything but ingest since the last check.
+ingested out of order); or bronze was written by anything but ingest since the last check;
+or silver as the last check read it is gone (vacuumed).
 A stream that resends changes (it resumed below what it had sent) has the (session,
 vbucket) pairs whose checked seqnos reach that far read again whole, not all of bronze.
 ``dcp-cdc check --full`` asks for a full check.
@@ -83,6 +84,15 @@ from pipelines.tables import BucketTables
 log = logging.getLogger("dcp_cdc.quality")
 
 PAIR, SEEDS = tails.PAIR, tails.SEEDS
+_GONE = (
+    "FILE_NOT_EXIST",
+    "FileNotFoundException",
+    "DELTA_FILE_NOT_FOUND",
+    "VERSION_NOT_FOUND",
+    "DELTA_VERSIONS_NOT_CONTIGUOUS",
+    "Cannot time travel",
+)
+"""What Spark says when the last check's versions of silver can no longer be read."""
 DATA_KEY = ["vbucket", "in_vb_uuid", "seqno"]
 TABLES = ("events", "quarantine")
 """The bronze tables whose runs a check follows, by their ``txnVersion``."""
@@ -397,12 +407,19 @@ class _Run:
             ),
         )
         newest = self.keep(newest_changes(committed, cuts))
-        reconciliation = _collect(
-            spark,
-            reconciliation_metrics(
-                self._bronze_live(newest), silver.live, silver_rows, cuts, silver.names
-            ),
-        )
+        try:
+            reconciliation = _collect(
+                spark,
+                reconciliation_metrics(
+                    self._bronze_live(newest), silver.live, silver_rows, cuts, silver.names
+                ),
+            )
+        except Exception as exc:
+            if self.previous is None or not any(m in str(exc) for m in _GONE):
+                raise
+            raise FullCheckNeeded(
+                "silver as the last check read it is gone (vacuumed, or its log cleaned up)"
+            ) from exc
         quarantine = read_at(spark, names.quarantine, self.at)
         if self.previous is not None:
             quarantine = quarantine.where(of_runs(self._new_runs(runs, "quarantine")))

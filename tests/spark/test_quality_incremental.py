@@ -24,10 +24,12 @@ from pyspark.sql import SparkSession
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
 from pipelines.bronze.job import ingest_bucket
+from pipelines.lake import delta_io
 from pipelines.quality import carry
 from pipelines.quality.compute import compute
 from pipelines.quality.job import pinned_versions
 from pipelines.silver.job import apply_bucket
+from pipelines.tables import BucketTables, all_rows
 from tests.support.silver_runs import drop_all
 
 GROUPS = int(os.environ.get("DCP_CDC_CHECK_GROUPS", "1"))
@@ -36,6 +38,7 @@ BATCHES = int(os.environ.get("DCP_CDC_CHECK_BATCHES", "2"))
 # Scenarios whose files hold no rollback, drop or resend: their later checks start from
 # the state. The others exercise the way back to a full check.
 CONTINUING = ("basic", "ttl", "history", "interrupted", "oso-backfill")
+RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 def _rows(metrics: dict[str, Any]) -> dict[str, list[str]]:
@@ -105,5 +108,46 @@ def test_a_check_from_its_state_equals_a_check_over_everything(
         assert reasons[0] == "no state of an earlier check"
         if scenario in CONTINUING:
             assert None in reasons[1:], reasons
+    finally:
+        drop_all(spark, bucket, ("bronze", "silver", "quality"))
+
+
+def test_a_check_whose_last_silver_versions_are_vacuumed_reads_everything(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+) -> None:
+    """The last check read silver at versions whose files a compaction and a VACUUM have
+    removed since: the check from the state cannot read them, so it reads everything, says
+    why, and its rows are those of a full check."""
+    bucket = f"qv_{random.randrange(1 << 30):x}"
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, scenario="basic", seed=77, vbuckets=2, docs=40, ops=160
+    )
+    files = sorted(result.files)
+    config = AppConfig(
+        landing=str(tmp_path / "landing"),
+        warehouse=str(spark_warehouse),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    landing = Path(config.landing)
+    landing.mkdir()
+    try:
+        for batch in (files[: len(files) // 2], files[len(files) // 2 :]):
+            for f in batch:
+                shutil.copy(f, landing)
+            ingest_bucket(spark, config, config.buckets[0])
+            apply_bucket(spark, config, config.buckets[0])
+            if batch[0] == files[0]:
+                assert _check_both_ways(spark, bucket) == "no state of an earlier check"
+        names = BucketTables(bucket)
+        removed = 0
+        for r in spark.table(names.registry).where("status = 'live'").collect():
+            table = all_rows(r["table_name"])
+            done = spark.sql(f"OPTIMIZE {table}").collect()[0]["metrics"]
+            removed += done["numFilesRemoved"]
+            with delta_io.session_conf(spark, {RETENTION_CHECK: "false"}):
+                spark.sql(f"VACUUM {table} RETAIN 0 HOURS")
+        assert removed > 0  # files the last check's versions name are gone
+        reason = _check_both_ways(spark, bucket)
+        assert reason is not None and "gone" in reason, reason
     finally:
         drop_all(spark, bucket, ("bronze", "silver", "quality"))
