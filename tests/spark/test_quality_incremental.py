@@ -14,23 +14,19 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
-from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
-from pipelines.bronze.job import ingest_bucket
 from pipelines.lake import delta_io
 from pipelines.quality import carry
 from pipelines.quality.compute import compute
 from pipelines.quality.job import pinned_versions
-from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables, all_rows
-from tests.support.silver_runs import drop_all
+from tests.support.silver_runs import drop_all, ingest_and_apply, land, one_bucket
 
 GROUPS = int(os.environ.get("DCP_CDC_CHECK_GROUPS", "1"))
 PER_GROUP = int(os.environ.get("DCP_CDC_CHECK_SEEDS_PER_GROUP", "3"))
@@ -89,21 +85,15 @@ def test_a_check_from_its_state_equals_a_check_over_everything(
         files += result.files
     assert len({f.name for f in files}) == len(files)
     random.Random(group).shuffle(files)
-    config = AppConfig(
-        landing=str(tmp_path / "landing"),
-        warehouse=str(spark_warehouse),
-        buckets=[BucketConfig(name=bucket)],
-    )
-    landing = Path(config.landing)
+    landing = tmp_path / "landing"
     landing.mkdir()
+    config = one_bucket(landing, spark_warehouse, bucket)
     reasons = []
     try:
         size = -(-len(files) // BATCHES)
         for start in range(0, len(files), size):
-            for f in files[start : start + size]:
-                shutil.copy(f, landing)
-            ingest_bucket(spark, config, config.buckets[0])
-            apply_bucket(spark, config, config.buckets[0])
+            land(landing, files[start : start + size])
+            ingest_and_apply(spark, config)
             reasons.append(_check_both_ways(spark, bucket))
         assert reasons[0] == "no state of an earlier check"
         if scenario in CONTINUING:
@@ -123,19 +113,13 @@ def test_a_check_whose_last_silver_versions_are_vacuumed_reads_everything(
         tmp_path / "sim", bucket=bucket, scenario="basic", seed=77, vbuckets=2, docs=40, ops=160
     )
     files = sorted(result.files)
-    config = AppConfig(
-        landing=str(tmp_path / "landing"),
-        warehouse=str(spark_warehouse),
-        buckets=[BucketConfig(name=bucket)],
-    )
-    landing = Path(config.landing)
+    landing = tmp_path / "landing"
     landing.mkdir()
+    config = one_bucket(landing, spark_warehouse, bucket)
     try:
         for batch in (files[: len(files) // 2], files[len(files) // 2 :]):
-            for f in batch:
-                shutil.copy(f, landing)
-            ingest_bucket(spark, config, config.buckets[0])
-            apply_bucket(spark, config, config.buckets[0])
+            land(landing, batch)
+            ingest_and_apply(spark, config)
             if batch[0] == files[0]:
                 assert _check_both_ways(spark, bucket) == "no state of an earlier check"
         names = BucketTables(bucket)
