@@ -119,12 +119,38 @@ def write_truth(
             }
             for s in sim.sessions
         ]
-    collections = []
+    collections = _collection_records(sim, live_counts)
+    as_of = dt.datetime.fromtimestamp(bucket.now, tz=dt.UTC)
+    summary = {
+        "bucket": bucket.name,
+        "config": asdict(sim.config),
+        "as_of": as_of.isoformat(),
+        "as_of_unix": bucket.now,
+        "collections": collections,
+        "dropped_collections": [c["collection_id"] for c in collections if c["dropped"]],
+        "streamed_collections": sorted(streamed) if streamed is not None else None,
+        "live_documents": len(docs),
+        "vbuckets": _vbucket_records(sim, consistent),
+        "event_counts": dict(sorted(sim.counts.items())),
+        "expected_errors": sim.expected_errors,
+        "open_snapshots": sim.open_snapshots,
+        "sessions": sessions,
+        "bulk": dict(bulk) if bulk is not None else None,
+    }
+    path = folder / "summary.json"
+    path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _collection_records(sim: Simulation, live_counts: Mapping[int, int]) -> list[dict[str, Any]]:
+    """The summary's ``collections``: each streamed collection, its scope and its live count."""
+    bucket, streamed = sim.bucket, sim.streamed_collections
+    records = []
     for coll in bucket.collections.values():
         if streamed is not None and coll.collection_id not in streamed:
             continue
         scope = bucket.scopes[coll.scope_id]
-        collections.append(
+        records.append(
             {
                 "scope": scope.name,
                 "scope_id": scope.scope_id,
@@ -139,39 +165,26 @@ def write_truth(
                 "live_documents": live_counts.get(coll.collection_id, 0),
             }
         )
-    as_of = dt.datetime.fromtimestamp(bucket.now, tz=dt.UTC)
-    summary = {
-        "bucket": bucket.name,
-        "config": asdict(sim.config),
-        "as_of": as_of.isoformat(),
-        "as_of_unix": bucket.now,
-        "collections": collections,
-        "dropped_collections": [c["collection_id"] for c in collections if c["dropped"]],
-        "streamed_collections": sorted(streamed) if streamed is not None else None,
-        "live_documents": len(docs),
-        "vbuckets": [
-            {
-                "vbucket": vb.vbid + sim.config.vbucket_offset,
-                "vb_uuid": vb.uuid,
-                "failover_log": [list(e) for e in vb.failover_log],
-                "last_consistent_seqno": consistent[vb.vbid],
-                "high_seqno": vb.high_seqno,
-                "purge_seqno": vb.purge_seqno,
-                "manifest_uid": vb.manifest_uid,
-                "collection_ends": [
-                    {"collection_id": e.collection_id, "seqno": e.seqno, "kind": e.kind}
-                    for e in vb.sys_events
-                    if e.kind in ("drop_collection", "flush_collection")
-                ],
-            }
-            for vb in bucket.vbuckets
-        ],
-        "event_counts": dict(sorted(sim.counts.items())),
-        "expected_errors": sim.expected_errors,
-        "open_snapshots": sim.open_snapshots,
-        "sessions": sessions,
-        "bulk": dict(bulk) if bulk is not None else None,
-    }
-    path = folder / "summary.json"
-    path.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    return path
+    return records
+
+
+def _vbucket_records(sim: Simulation, consistent: Mapping[int, int]) -> list[dict[str, Any]]:
+    """The summary's ``vbuckets``: each one's identity, history and seqnos, and where its
+    collections were dropped or flushed."""
+    return [
+        {
+            "vbucket": vb.vbid + sim.config.vbucket_offset,
+            "vb_uuid": vb.uuid,
+            "failover_log": [list(e) for e in vb.failover_log],
+            "last_consistent_seqno": consistent[vb.vbid],
+            "high_seqno": vb.high_seqno,
+            "purge_seqno": vb.purge_seqno,
+            "manifest_uid": vb.manifest_uid,
+            "collection_ends": [
+                {"collection_id": e.collection_id, "seqno": e.seqno, "kind": e.kind}
+                for e in vb.sys_events
+                if e.kind in ("drop_collection", "flush_collection")
+            ],
+        }
+        for vb in sim.bucket.vbuckets
+    ]

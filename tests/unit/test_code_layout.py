@@ -372,3 +372,29 @@ def test_the_architecture_page_names_every_module() -> None:
         if not re.search(rf"(?<!\w){re.escape(path.stem)}(\.py)?\b", said):
             unnamed.append(f"{name} (in the entry of {package})")
     assert not unnamed, "docs/architecture.md does not name:\n" + "\n".join(unnamed)
+
+
+FILE_LINES = {"pipelines": 700, "dcp_cdc": 800}
+FUNCTION_LINES = 100
+TOP_LEVEL_MODULES = 5
+
+
+def test_files_and_functions_stay_readable() -> None:
+    """A newcomer reads a file or a function at one sitting: no file in ``pipelines/`` over
+    700 lines or in ``dcp_cdc/`` over 800, no function over 100 lines in either, and at most
+    five modules beside the packages at the top of ``pipelines/``."""
+    too_long = []
+    for package, limit in FILE_LINES.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            where = path.relative_to(ROOT)
+            if (lines := source.count("\n")) > limit:
+                too_long.append(f"{where}: {lines} lines (limit {limit})")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > FUNCTION_LINES:
+                        too_long.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    assert not too_long, "\n".join(too_long)
+    top = [p.name for p in (ROOT / "pipelines").glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= TOP_LEVEL_MODULES, top
