@@ -3,8 +3,9 @@
 ``make bench ARGS=freshness`` runs, for each rate (changes a second), in a process of its own:
 follow mode (:class:`pipelines.follow.loop.Follower`: micro-batches of ingest and apply in one
 Spark session, the capture agent in its child process) and a probe; the test DCP producer
-(``python -m dcp_cdc.simulator.server``, 2 data nodes on 127.0.0.1, 64 vbuckets) runs in a
-process of its own too, so that its work is not the measured process's. Its control port
+(``python -m dcp_cdc.simulator.server``, 2 data nodes on 127.0.0.1; ``--vbuckets``, default
+1,024 as Couchbase's, and ``--collections`` user collections beside ``_default``, default 4)
+runs in a process of its own too, so that its work is not the measured process's. Its control port
 starts a steady workload once the initial load is in silver (``steady RATE``): every 20 ms
 the changes due, and a line in its ticks file with the send time and the high seqno of every
 vbucket.
@@ -53,7 +54,9 @@ from benchmarks.common import RESULTS, machine
 
 DATA = Path(__file__).resolve().parent / ".data" / "freshness"
 BUCKET = "fresh"
-VBUCKETS = 64
+VBUCKETS = 1024
+"""Couchbase's default on Linux."""
+COLLECTIONS = 4
 
 
 class Ticks:
@@ -172,12 +175,13 @@ class Probe:
 class Producer:
     """The test producer in a process of its own, driven through its control port."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, vbuckets: int, collections: int) -> None:
         self.work = work
         ports = work / "ports.json"
         self.ticks = work / "ticks.jsonl"
         command = [sys.executable, "-m", "dcp_cdc.simulator.server", "--nodes", "2"]
-        command += ["--vbuckets", str(VBUCKETS), "--scenario", "mixed", "--seed", "1"]
+        command += ["--vbuckets", str(vbuckets), "--collections", str(collections)]
+        command += ["--scenario", "mixed", "--seed", "1"]
         command += ["--docs", "2000", "--ops", "0", "--bucket", BUCKET]
         command += ["--port-file", str(ports), "--truth-out", str(work / "producer")]
         command += ["--ticks-out", str(self.ticks)]
@@ -357,13 +361,15 @@ def run_one(
     *,
     live_layer: bool = False,
     peer: bool = False,
+    vbuckets: int = VBUCKETS,
+    collections: int = COLLECTIONS,
 ) -> dict[str, Any]:
     """One rate, ours or (``peer``) the peer's side, with a producer and Spark of its own."""
     from dcp_cdc.agent.settings import CaptureSettings
     from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
     from pipelines.lake.spark_session import session_for
 
-    work = DATA / f"rate{int(rate)}{'-peer' if peer else ''}"
+    work = DATA / f"rate{int(rate)}-{vbuckets}vb-{collections}c{'-peer' if peer else ''}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     logging.basicConfig(  # the runs' summaries, each step's seconds among them
@@ -377,7 +383,7 @@ def run_one(
         buckets=[BucketConfig(name=BUCKET)],
         silver=SilverConfig(live_layer=live_layer),
     )
-    producer = Producer(work)
+    producer = Producer(work, vbuckets, collections)
     side: Side | None = None
     try:
         settings = CaptureSettings.into(
@@ -398,7 +404,7 @@ def run_one(
         else:
             side = Silver(spark, config)
         figures = _measure(side, config, settings, producer, jvm, rate, seconds, warmup, probe_s)
-        return {"side": side.name} | figures
+        return {"side": side.name, "vbuckets": vbuckets, "collections": collections} | figures
     finally:
         if side is not None:
             side.close()
@@ -472,7 +478,9 @@ def _measure(
     equal, detail = _compare(side.live_rows(), _truth(truth_dir))
     measured = [(lat, n) for at, lat, n in probe.samples if at - t0 >= warmup]
     highs = ticks.highs
-    never = sum(highs[-1][vb] - highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(VBUCKETS))
+    never = sum(
+        highs[-1][vb] - highs[probe.next_tick.get(vb, 1) - 1][vb] for vb in range(len(highs[-1]))
+    )
     tail = [m for m in memory if m[0] >= warmup]
 
     def spread(i: int, digits: int | None = None) -> list[float]:  # first, last, max
@@ -536,6 +544,7 @@ def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str,
     command = [sys.executable, "-m", "benchmarks.freshness", "--one", str(rate)]
     command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
     command += ["--probe-s", str(args.probe_s)]
+    command += ["--vbuckets", str(args.vbuckets), "--collections", str(args.collections)]
     command += ["--live-layer"] if args.live_layer else []
     command += ["--peer"] if peer else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -550,7 +559,8 @@ def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str,
 def _row(r: dict[str, Any]) -> str:
     verdict = "equal" if r["equals_truth"] else "DIFFERS: " + r["truth_detail"]
     return (
-        f"{r['rate']:>8g} {r['side']:>5} {r['freshness_p50_s']:>7.1f} "
+        f"{r['rate']:>8g} {r['vbuckets']:>5} {r['collections']:>5} {r['side']:>5} "
+        f"{r['freshness_p50_s']:>7.1f} "
         f"{r['freshness_p95_s']:>7.1f} {r['freshness_max_s']:>7.1f} "
         f"{r['batch_s_median']:>8.1f} {r['batches']:>8} {r['ingest_s_median']:>9.1f} "
         f"{'/'.join(map(str, r['rss_python_mb'])):>28} "
@@ -562,7 +572,7 @@ def _row(r: dict[str, Any]) -> str:
 def print_table(results: list[dict[str, Any]]) -> None:
     """Each rate's row, the peer's under ours, then our p95 over the peer's."""
     print(
-        f"{'rate/s':>8} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
+        f"{'rate/s':>8} {'vb':>5} {'colls':>5} {'side':>5} {'p50 s':>7} {'p95 s':>7} {'max s':>7} {'batch s':>8} "
         f"{'batches':>8} {'ingest s':>9} {'py RSS MB (first/last/max)':>28} "
         f"{'JVM RSS MB':>18} {'load max':>9} truth"
     )
@@ -600,6 +610,15 @@ def main(argv: list[str] | None = None) -> int:
         help="after ours, each rate again with the peer (benchmarks/freshness_peer.py): "
         "Structured Streaming from bronze, foreachBatch MERGE per collection",
     )
+    parser.add_argument(
+        "--vbuckets", type=int, default=VBUCKETS, help="the bucket's vbuckets (1,024: Couchbase's)"
+    )
+    parser.add_argument(
+        "--collections",
+        type=int,
+        default=COLLECTIONS,
+        help="user collections the workload changes, beside _default (up to 64)",
+    )
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:
@@ -610,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
             args.probe_s,
             live_layer=args.live_layer,
             peer=args.peer,
+            vbuckets=args.vbuckets,
+            collections=args.collections,
         )
         print("RESULT " + json.dumps(result), flush=True)
         return 0

@@ -504,6 +504,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m dcp_cdc.simulator.server", description=__doc__)
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--vbuckets", type=int, default=64)
+    p.add_argument(
+        "--collections",
+        type=int,
+        default=SimConfig.collections,
+        help="user collections in scope inventory (beside _default), 1 to 64",
+    )
     p.add_argument("--scenario", default="mixed")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--docs", type=int, default=2000)
@@ -686,6 +692,7 @@ async def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         bucket=args.bucket,
         vbuckets=args.vbuckets,
+        collections=args.collections,
         docs=args.docs,
         ops=args.ops,
     )

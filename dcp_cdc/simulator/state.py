@@ -35,6 +35,16 @@ SCENARIOS = (
 """The scenario names a :class:`SimConfig` accepts; ``scenarios.SCENARIO_FUNCS`` scripts each."""
 
 COLLECTION_NAMES = ("airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport")
+MAX_COLLECTIONS = 64
+"""User collections a simulation makes at most: :data:`COLLECTION_NAMES`, then
+``events-07``, ``events-08``, ... (:func:`collection_name`)."""
+
+
+def collection_name(i: int) -> str:
+    """The name of the ``i``-th user collection (from 0) a simulation makes."""
+    return COLLECTION_NAMES[i] if i < len(COLLECTION_NAMES) else f"events-{i + 1:02d}"
+
+
 START = dt.datetime(2026, 1, 5, 9, 30, tzinfo=dt.UTC)
 START_NS = int(START.timestamp()) * NS
 """A :class:`SimConfig`'s default start: a fixed instant, so that the same configuration
@@ -81,10 +91,8 @@ class SimConfig:
             raise ConfigError(f"scenario: unknown {self.scenario!r}; expected one of {SCENARIOS}")
         if not 1 <= self.vbuckets <= 1024:
             raise ConfigError(f"vbuckets: expected 1..1024, got {self.vbuckets}")
-        if not 1 <= self.collections <= len(COLLECTION_NAMES):
-            raise ConfigError(
-                f"collections: expected 1..{len(COLLECTION_NAMES)}, got {self.collections}"
-            )
+        if not 1 <= self.collections <= MAX_COLLECTIONS:
+            raise ConfigError(f"collections: expected 1..{MAX_COLLECTIONS}, got {self.collections}")
         if self.docs < 1 or self.ops < 0 or self.max_snapshot < 1:
             raise ConfigError("docs must be >= 1, ops >= 0 and max_snapshot >= 1")
         if self.start_ns <= 0:
@@ -130,11 +138,11 @@ class Simulation:
         colls = [
             self.bucket.create_collection(
                 scope.scope_id,
-                name,
+                collection_name(i),
                 max_ttl=max_ttl if i == 1 else None,
                 history=history and i == 0,
             )
-            for i, name in enumerate(COLLECTION_NAMES[: self.config.collections])
+            for i in range(self.config.collections)
         ]
         targets = [0, *(c.collection_id for c in colls)]
         for i in range(self.config.docs):

@@ -446,3 +446,26 @@ def test_due_for_expiry_keeps_what_it_did_not_hand_out() -> None:
 
 def test_every_scenario_name_has_a_script() -> None:
     assert tuple(SCENARIO_FUNCS) == SCENARIOS
+
+
+def test_a_simulation_makes_as_many_collections_as_asked(tmp_path: Path) -> None:
+    """Past the six named ones, collections are numbered; each takes a share of the load,
+    and the truth names them all."""
+    result = simulate(
+        tmp_path, scenario="basic", seed=3, vbuckets=8, docs=340, ops=0, collections=16
+    )
+    summary, docs = _truth(result)
+    names = [c["name"] for c in summary["collections"] if c["scope"] == "inventory"]
+    assert len(names) == len(set(names)) == 16
+    assert names[:6] == ["airline", "route", "hotel-reviews", "orders%2026", "landmark", "airport"]
+    assert names[6:8] == ["events-07", "events-08"]
+    per_collection = {c["collection_id"]: c["live_documents"] for c in summary["collections"]}
+    assert all(n == 20 for n in per_collection.values()), per_collection  # 340 over 17
+
+
+def test_collections_past_the_limit_are_refused() -> None:
+    from dcp_cdc.errors import ConfigError
+    from dcp_cdc.simulator.state import SimConfig
+
+    with pytest.raises(ConfigError, match="collections: expected 1..64, got 65"):
+        SimConfig(collections=65)
