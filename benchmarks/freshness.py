@@ -363,10 +363,11 @@ def run_one(
     peer: bool = False,
     vbuckets: int = VBUCKETS,
     collections: int = COLLECTIONS,
+    event_log: bool = False,
 ) -> dict[str, Any]:
     """One rate, ours or (``peer``) the peer's side, with a producer and Spark of its own."""
     from dcp_cdc.agent.settings import CaptureSettings
-    from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig
+    from dcp_cdc.config import AppConfig, BucketConfig, SilverConfig, SparkConfig
     from pipelines.lake.spark_session import session_for
 
     work = DATA / f"rate{int(rate)}-{vbuckets}vb-{collections}c{'-peer' if peer else ''}"
@@ -382,6 +383,7 @@ def run_one(
         warehouse=str(work / "warehouse"),
         buckets=[BucketConfig(name=BUCKET)],
         silver=SilverConfig(live_layer=live_layer),
+        spark=SparkConfig(conf=_event_log(work) if event_log else {}),
     )
     producer = Producer(work, vbuckets, collections)
     side: Side | None = None
@@ -409,6 +411,16 @@ def run_one(
         if side is not None:
             side.close()
         producer.close()
+
+
+def _event_log(work: Path) -> dict[str, str]:
+    """Spark's event log in ``work/spark-events`` (``python -m benchmarks.eventlog`` reads it)."""
+    (work / "spark-events").mkdir(parents=True, exist_ok=True)
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": (work / "spark-events").as_uri(),
+        "spark.eventLog.compress": "false",
+    }
 
 
 def _measure(
@@ -545,6 +557,7 @@ def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str,
     command += ["--seconds", str(args.seconds), "--warmup-s", str(args.warmup_s)]
     command += ["--probe-s", str(args.probe_s)]
     command += ["--vbuckets", str(args.vbuckets), "--collections", str(args.collections)]
+    command += ["--event-log"] if args.event_log else []
     command += ["--live-layer"] if args.live_layer else []
     command += ["--peer"] if peer else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -619,6 +632,11 @@ def main(argv: list[str] | None = None) -> int:
         default=COLLECTIONS,
         help="user collections the workload changes, beside _default (up to 64)",
     )
+    parser.add_argument(
+        "--event-log",
+        action="store_true",
+        help="keep Spark's event log in the run's folder (benchmarks/eventlog.py reads it)",
+    )
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # a rate, in this process
     args = parser.parse_args(argv)
     if args.one is not None:
@@ -631,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
             peer=args.peer,
             vbuckets=args.vbuckets,
             collections=args.collections,
+            event_log=args.event_log,
         )
         print("RESULT " + json.dumps(result), flush=True)
         return 0

@@ -197,12 +197,9 @@ class Follower:
         """Ingest what landed; apply when bronze holds frames silver has not consumed. With
         nothing new landed, it runs no Spark job."""
         started_wall, started = time.time(), time.perf_counter()
+        ingest_memory = self.ingest_memory.setdefault(progress.bucket.name, IngestMemory())
         ingested = ingest_bucket(
-            self.spark,
-            self.config,
-            progress.bucket,
-            hook=self.hook,
-            memory=self.ingest_memory.setdefault(progress.bucket.name, IngestMemory()),
+            self.spark, self.config, progress.bucket, hook=self.hook, memory=ingest_memory
         )
         ingest_s = time.perf_counter() - started
         progress.unapplied |= bool(ingested.files or ingested.resumed)
@@ -210,6 +207,7 @@ class Follower:
         applied = None
         if progress.unapplied:
             memory = self.memory.setdefault(progress.bucket.name, ApplyMemory())
+            memory.ingest = ingest_memory  # the runs to walk, found without reading the log
             compaction = self.compactions.setdefault(progress.bucket.name, Compaction(in_run=False))
             applied = apply_bucket(
                 self.spark, self.config, progress.bucket, memory=memory, compaction=compaction

@@ -192,9 +192,10 @@ def _apply(
         # Every vbucket is walked from its first frame again; the tables not emptied see
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
-    frames, late_after = state.unconsumed_frames(spark, names, states)
+    log_rows = recall.log_rows()
+    frames, late_after = state.unconsumed_frames(spark, names, states, log_rows=log_rows)
     at = summary.step("unconsumed", at)
-    walked, rows = _walk(spark, config, names, states, frames, late_after)
+    walked, rows = _walk(spark, config, names, states, frames, late_after, log_rows)
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
@@ -462,6 +463,7 @@ def _walk(
     states: dict[int, dict[str, Any]],
     frames: DataFrame,
     late_after: int | None,
+    log_rows: list[dict[str, Any]] | None = None,
 ) -> tuple[DataFrame, list[dict[str, Any]]]:
     """The vbuckets walked (cached) and, in one job, the rows :class:`Found` reads: the control
     rows, the collections changed (a row of kind ``change`` or ``ended_change`` per collection,
@@ -497,7 +499,7 @@ def _walk(
         walked.unpersist()
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-        frames, late_after = state.unconsumed_frames(spark, names, states, again)
+        frames, late_after = state.unconsumed_frames(spark, names, states, again, log_rows=log_rows)
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig
+from pipelines.bronze.memory import IngestMemory
 from pipelines.lake.delta_io import table_version
 from pipelines.silver import state
 from pipelines.silver.registry import Registry, collection_properties, update_registry
@@ -51,6 +52,9 @@ class ApplyMemory:
     registry: Kept | None = None
     ensured: set[str] = field(default_factory=set)
     """Collection tables (their views' names) made or checked since the registry was read."""
+    ingest: IngestMemory | None = None
+    """The bucket's ingest log as the same process's ingest keeps it: the runs to walk are
+    found in its rows (no Spark job) while the log is at their version."""
 
     def forget(self) -> None:
         self.support_ready = False
@@ -101,6 +105,14 @@ class Recall:
     def support_ready(self) -> bool:
         """Whether the memory says the support tables and bronze's events table exist."""
         return self.memory is not None and self.memory.support_ready
+
+    def log_rows(self) -> list[dict[str, Any]] | None:
+        """The ingest log's rows now, from the ingest's memory (read again only when another
+        writer moved the log); None without one (a batch run: the apply reads the log)."""
+        if self.memory is None or self.memory.ingest is None:
+            return None
+        self.memory.ingest.state(self.spark, self.names.ingest_log)
+        return self.memory.ingest.rows
 
     def mark_support_ready(self) -> None:
         if self.memory is not None:

@@ -110,12 +110,16 @@ def unconsumed_frames(
     names: BucketTables,
     states: dict[int, dict[str, Any]],
     again: set[int] | frozenset[int] = frozenset(),
+    *,
+    log_rows: list[dict[str, Any]] | None = None,
 ) -> tuple[DataFrame, int | None]:
     """Bronze frames that may hold frames no silver run has consumed yet (with the
     ``run_version`` of their ingest run), every frame of the vbuckets in ``again`` (walked
     again from their start), and ``late_after``: the ingest-log version after which a finished
     run's frame that sorts at or before its vbucket's saved position is late (None: no
-    vbucket has a position to be late against).
+    vbucket has a position to be late against). ``log_rows``: the ingest log's rows as
+    follow mode's ingest keeps them (:class:`pipelines.bronze.memory.IngestMemory`), read
+    instead of the log (no Spark job finds the runs); None: the log is read.
 
     A frame is late when it belongs to files of an older session that arrived after a newer
     session was applied. The walk finds them as it reads (:func:`late_vbuckets`): the late
@@ -124,29 +128,63 @@ def unconsumed_frames(
     what one run over all of it would have given; the MERGE guard and the idempotent deletes
     make the replay safe.
     """
-    log = spark.table(names.ingest_log)
     events = spark.table(names.events)
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        return transforms.walk_input(events, transforms.finished_runs(log)), None
+        return transforms.walk_input(events, _finished(spark, names, log_rows)), None
     # The runs from the oldest one a vbucket's position is in: the log's rows before it are
     # skipped by their statistics, so the read follows the runs not consumed, not the log's
     # age (until each vbucket was walked once since states kept their run's version, the
     # whole log is read, as before).
     floors = [s["state"].get("position_version") for s in states.values()]
-    if all(f is not None for f in floors):
-        log = log.where(F.col("run_version") >= min(floors))
-    versions_df = transforms.finished_runs(log)
-    versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
+    floor = min(floors) if all(f is not None for f in floors) else None
+    if log_rows is not None:
+        versions = {
+            run: version
+            for run, version in finished_runs_of(log_rows).items()
+            if floor is None or version >= floor
+        }
+        versions_df = _runs_frame(spark, versions)
+    else:
+        log = spark.table(names.ingest_log)
+        if floor is not None:
+            log = log.where(F.col("run_version") >= floor)
+        versions_df = transforms.finished_runs(log)
+        versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
     late_after = min(s["state"].get("seen_version", 0) for s in states.values())
     oldest = min(versions.get(r, 0) for r in run_ids)
     recent = of_runs([r for r, v in versions.items() if v >= oldest])
     if not again:
         return transforms.walk_input(events, versions_df).where(recent), late_after
     # a vbucket walked again starts from its first frame: every finished run
-    every_run = transforms.finished_runs(spark.table(names.ingest_log))
+    every_run = _finished(spark, names, log_rows)
     wanted = recent | F.col("vb_key").isin(sorted(again))
     return transforms.walk_input(events, every_run).where(wanted), late_after
+
+
+def finished_runs_of(log_rows: list[dict[str, Any]]) -> dict[str, int]:
+    """``ingest_run_id → run_version`` of the finished runs among the ingest log's rows
+    (:func:`transforms.finished_runs`' rule, over rows at hand)."""
+    return {
+        r["ingest_run_id"]: r["run_version"]
+        for r in log_rows
+        if r["status"] == "ingested" and r["ingest_run_id"] is not None
+    }
+
+
+def _finished(
+    spark: SparkSession, names: BucketTables, log_rows: list[dict[str, Any]] | None
+) -> DataFrame:
+    """Every finished run: from ``log_rows`` when given (a local relation), else the log."""
+    if log_rows is None:
+        return transforms.finished_runs(spark.table(names.ingest_log))
+    return _runs_frame(spark, finished_runs_of(log_rows))
+
+
+def _runs_frame(spark: SparkSession, versions: dict[str, int]) -> DataFrame:
+    return spark.createDataFrame(
+        sorted(versions.items()), "ingest_run_id STRING, run_version BIGINT"
+    )
 
 
 def late_vbuckets(found: list[dict[str, Any]]) -> set[int]:

@@ -13,14 +13,17 @@ from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import simulate
+from pipelines.bronze import store
 from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.memory import IngestMemory
 from pipelines.lake.delta_io import table_version
-from pipelines.silver import state
+from pipelines.silver import state, transforms
 from pipelines.silver.job import apply_bucket
 from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables
 from tests.support.silver_runs import landed
+from tests.support.spark_jobs import counted
 from tests.support.truth import assert_equal_to_truth
 
 
@@ -55,16 +58,25 @@ def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
         return real_read(spark, table)
 
     monkeypatch.setattr(state, "read_states", counted)
-    memory = ApplyMemory()
+    log_reads: list[int] = []
+    real_finished = transforms.finished_runs
+
+    def finished(log: Any) -> Any:
+        log_reads.append(1)
+        return real_finished(log)
+
+    monkeypatch.setattr(transforms, "finished_runs", finished)
+    memory = ApplyMemory(ingest=IngestMemory())
     quarter = -(-len(files) // 4)
     batches = [files[i : i + quarter] for i in range(0, len(files), quarter)]
     read_by_batch, kept_registry = [], 0
     for i, batch in enumerate(batches):
         for path in batch:
             shutil.copy(path, landing)
-        ingest_bucket(spark, config, b)
+        ingest_bucket(spark, config, b, memory=memory.ingest)
         if i == 2:
             apply_bucket(spark, config, b)  # the other writer: its run commits the state
+            log_reads.clear()  # it reads the log: it has no memory
         before = len(reads)
         apply_bucket(spark, config, b, memory=memory)
         read_by_batch.append(len(reads) - before)
@@ -83,6 +95,7 @@ def test_memory_keeps_what_the_tables_hold_and_reads_again_after_another_writer(
     # new (the other writer consumed that batch) and reads nothing, and the next reads again
     assert read_by_batch == [1, 0, 0, 1]
     assert kept_registry >= 2
+    assert not log_reads  # the runs to walk came from the ingest's memory of its log
     assert_equal_to_truth(spark, bucket, result)
 
 
@@ -118,3 +131,50 @@ def test_a_failed_run_forgets(
     apply_bucket(spark, config, b, memory=memory)
     assert memory.states is not None
     assert_equal_to_truth(spark, bucket, result)
+
+
+def test_the_runs_to_walk_come_from_the_ingest_log_kept_without_a_spark_job(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Between two ingests an apply consumed the first one's frames: the frames left to walk,
+    found from the ingest log's rows at hand, are those found by reading the log, and finding
+    them runs no Spark job."""
+    _, files, landing, config = landed(tmp_path, bucket, spark_warehouse, seed=8, ops=80)
+    (b,) = config.buckets
+    names = BucketTables(bucket)
+    half = len(files) // 2
+    for path in files[:half]:
+        shutil.copy(path, landing)
+    ingest_bucket(spark, config, b)
+    apply_bucket(spark, config, b)
+    for path in files[half:]:
+        shutil.copy(path, landing)
+    ingest_bucket(spark, config, b)
+    states = state.read_states(spark, names.stream_state)
+    rows = store.read_log_rows(spark, names.ingest_log)
+    assert {r["status"] for r in rows} >= {"planned", "ingested"}
+    with counted(spark) as jobs:
+        kept, kept_late = state.unconsumed_frames(spark, names, states, log_rows=rows)
+    assert jobs.count == 0, jobs.what
+    read, read_late = state.unconsumed_frames(spark, names, states)
+
+    def frames(df: Any) -> list[tuple[Any, ...]]:
+        return sorted(
+            (
+                tuple(r)
+                for r in df.select(
+                    "ingest_run_id",
+                    "run_version",
+                    "vbucket",
+                    "by_seqno",
+                    "op",
+                    "file_sequence",
+                    "offset",
+                ).collect()
+            ),
+            key=repr,
+        )
+
+    assert kept_late == read_late is not None
+    assert frames(kept) == frames(read)
+    assert frames(kept)  # the second ingest's frames are left to walk
