@@ -446,7 +446,7 @@ def commit_files(
     def commit() -> bool:
         delta_log = _delta_log(spark, table)
         transaction = delta_log.startTransaction()
-        if transaction.txnVersion(app_id) >= version:
+        if _txn_version(transaction, app_id) >= version:
             return False
         actions = jvm.java.util.ArrayList()
         for action in (*adds, txn):
@@ -498,8 +498,7 @@ def committed_version(spark: SparkSession, table: str, app_id: str) -> int | Non
     (its log's transaction actions), as Delta does before an idempotent write."""
     jvm: Any = spark._jvm
     nothing = jvm.scala.Option.empty()
-    found = _delta_log(spark, table).update(False, nothing, nothing).transactions().get(app_id)
-    return int(found.get()) if found.isDefined() else None
+    return _app_version(_delta_log(spark, table).update(False, nothing, nothing), app_id)
 
 
 def committed_version_at(
@@ -511,6 +510,41 @@ def committed_version_at(
     jvm: Any = spark._jvm
     nothing = jvm.scala.Option.empty()
     snapshot = _delta_log(spark, table).getSnapshotAt(version, nothing, nothing, False)
+    return _app_version(snapshot, app_id)
+
+
+def _txn_version(transaction: Any, app_id: str) -> int:
+    """``transaction.txnVersion(app_id)`` (-1: none), read from the checksum of the snapshot
+    it commits on when that lists the transactions (``txnVersion`` reconstructs the state,
+    Spark jobs, for them). The app is recorded as read all the same, so that a concurrent
+    commit of the same app conflicts with this one, as with ``txnVersion``."""
+    checksum = _checksum(transaction.snapshot())
+    if checksum is None or not checksum.setTransactions().isDefined():
+        return int(transaction.txnVersion(app_id))
+    transaction.readTxn().addOne(app_id)
+    found = _app_version(transaction.snapshot(), app_id)
+    return -1 if found is None else found
+
+
+def _checksum(snapshot: Any) -> Any | None:
+    """The snapshot's checksum (its version's ``.crc``: what incremental commits keep of the
+    table's state), or None when the version has none."""
+    found = snapshot.checksumOpt()
+    return found.get() if found.isDefined() else None
+
+
+def _app_version(snapshot: Any, app_id: str) -> int | None:
+    """The ``txn`` version of ``app_id`` in ``snapshot``: from its checksum when that lists
+    the transactions, else from the state Delta reconstructs (Spark jobs over the log: a
+    snapshot's ``transactions`` reconstructs it although the checksum has them)."""
+    checksum = _checksum(snapshot)
+    if checksum is not None and checksum.setTransactions().isDefined():
+        listed = checksum.setTransactions().get()
+        for i in range(listed.size()):
+            txn = listed.apply(i)
+            if txn.appId() == app_id:
+                return int(txn.version())
+        return None
     found = snapshot.transactions().get(app_id)
     return int(found.get()) if found.isDefined() else None
 
@@ -569,11 +603,15 @@ def last_commit_metadata(spark: SparkSession, table: str) -> str | None:
 
 
 def table_size(spark: SparkSession, table: str) -> tuple[int, int]:
-    """The files and bytes of the latest version of the Delta table ``table``, from its log
-    (its checksum file when there is one: no Spark job)."""
+    """The files and bytes of the latest version of the Delta table ``table``, from its log:
+    its checksum file when there is one (no Spark job; a snapshot's ``numOfFiles`` and
+    ``sizeInBytes`` reconstruct its state, Spark jobs, although the checksum has them)."""
     jvm: Any = spark._jvm
     nothing = jvm.scala.Option.empty()
     snapshot = _delta_log(spark, table).update(False, nothing, nothing)
+    checksum = _checksum(snapshot)
+    if checksum is not None:
+        return int(checksum.numFiles()), int(checksum.tableSizeBytes())
     return int(snapshot.numOfFiles()), int(snapshot.sizeInBytes())
 
 

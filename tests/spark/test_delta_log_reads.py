@@ -1,0 +1,125 @@
+"""What pipelines/lake/delta_io.py reads of a table's log without a Spark job: its size and
+an app's transaction version come from the version's checksum (Delta's own ``numOfFiles``,
+``sizeInBytes`` and ``transactions`` reconstruct the state, Spark jobs, although the checksum
+holds them), equal to what the reconstructed state says, and without a checksum from the
+state; ``commit_files`` commits on it and stays idempotent and exclusive per app version."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from pipelines.lake import delta_io
+from tests.support.spark_jobs import counted
+
+APP = "dcp-cdc-test"
+
+
+@pytest.fixture
+def table(spark: SparkSession) -> Iterator[tuple[str, Path]]:
+    """An empty Delta table of one INT column, and its folder."""
+    spark.sql("CREATE DATABASE IF NOT EXISTS log_reads")
+    name = f"log_reads.t{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {name} (a INT) USING delta")
+    location, _ = delta_io.location_and_properties(spark, name)
+    yield name, Path(location.removeprefix("file:"))
+    spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def _file(folder: Path, value: int) -> list[dict[str, Any]]:
+    """A Parquet file of one row in ``folder``, as ``commit_files`` takes it."""
+    path = f"part-{uuid.uuid4().hex}.parquet"
+    pq.write_table(pa.table({"a": pa.array([value], pa.int32())}), folder / path)
+    stat = (folder / path).stat()
+    stats = json.dumps({"numRecords": 1, "minValues": {"a": value}, "maxValues": {"a": value}})
+    return [
+        {
+            "path": path,
+            "size": stat.st_size,
+            "modification_time": int(stat.st_mtime * 1000),
+            "stats": stats,
+        }
+    ]
+
+
+def _reconstructed(spark: SparkSession, name: str) -> tuple[int, int, int | None]:
+    """Files, bytes and the app's version as Delta's reconstructed state has them."""
+    jvm: Any = spark._jvm
+    nothing = jvm.scala.Option.empty()
+    snapshot = delta_io._delta_log(spark, name).update(False, nothing, nothing)
+    found = snapshot.transactions().get(APP)
+    return (
+        int(snapshot.numOfFiles()),
+        int(snapshot.sizeInBytes()),
+        int(found.get()) if found.isDefined() else None,
+    )
+
+
+def test_commits_size_and_transactions_need_no_spark_job(
+    spark: SparkSession, table: tuple[str, Path]
+) -> None:
+    name, folder = table
+    with counted(spark) as jobs:
+        assert delta_io.committed_version(spark, name, APP) is None
+        committed = [
+            delta_io.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
+            for v in (1, 2, 3)
+        ]
+        again = delta_io.commit_files(spark, name, _file(folder, 9), app_id=APP, version=2)
+        size = delta_io.table_size(spark, name)
+        version = delta_io.committed_version(spark, name, APP)
+        at_two = delta_io.committed_version_at(spark, name, APP, 2)
+    assert jobs.count == 0, jobs.what
+    assert committed == [True, True, True] and again is False
+    assert version == 3 and at_two == 2  # versions 1-3 of the table hold apps 1-3
+    assert (*size, version) == _reconstructed(spark, name)
+    assert size[0] == 3
+    assert sorted(r["a"] for r in spark.table(name).collect()) == [1, 2, 3]
+
+
+def test_without_a_checksum_the_state_answers(spark: SparkSession, table: tuple[str, Path]) -> None:
+    """A version without its ``.crc`` (a writer that keeps none) is read from the state."""
+    name, folder = table
+    for v in (1, 2):
+        delta_io.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
+    for crc in (folder / "_delta_log").glob("*.crc"):
+        crc.unlink()
+    jvm: Any = spark._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # a fresh read of the log
+    assert delta_io.committed_version(spark, name, APP) == 2
+    assert delta_io.table_size(spark, name)[0] == 2
+    assert delta_io.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3)
+    assert delta_io.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3) is False
+    assert sorted(r["a"] for r in spark.table(name).collect()) == [1, 2, 3]
+
+
+def test_two_transactions_of_one_app_conflict(spark: SparkSession, table: tuple[str, Path]) -> None:
+    """Both read the app's version from the checksum; the second to commit conflicts, as it
+    would had both asked Delta's ``txnVersion``."""
+    name, _ = table
+    jvm: Any = spark._jvm
+    log = delta_io._delta_log(spark, name)
+    first, second = log.startTransaction(), log.startTransaction()
+    assert delta_io._txn_version(first, APP) == delta_io._txn_version(second, APP) == -1
+    none = jvm.scala.Option.empty()
+    write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+        jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
+    )
+
+    def txn() -> Any:
+        actions = jvm.java.util.ArrayList()
+        action = {"txn": {"appId": APP, "version": 1, "lastUpdated": 1}}
+        actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(json.dumps(action)))
+        return jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+
+    first.commit(txn(), write)
+    with pytest.raises(Exception, match="DELTA_CONCURRENT_TRANSACTION"):
+        second.commit(txn(), write)
