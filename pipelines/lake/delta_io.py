@@ -423,21 +423,7 @@ def commit_files(
     call committed. Idempotence is Delta's own: the transaction reads the app's version from
     the snapshot it commits on and writes it with the files (a ``txn`` action), so of two
     attempts of one run only one commits; a concurrent writer's commit is retried over."""
-    adds = [
-        json.dumps(
-            {
-                "add": {
-                    "path": f["path"],
-                    "partitionValues": {},
-                    "size": f["size"],
-                    "modificationTime": f["modification_time"],
-                    "dataChange": True,
-                    "stats": f["stats"],
-                }
-            }
-        )
-        for f in files
-    ]
+    adds = [json.dumps({"add": _add(f)}) for f in files]
     txn = json.dumps(
         {"txn": {"appId": app_id, "version": version, "lastUpdated": int(time.time() * 1000)}}
     )
@@ -511,6 +497,72 @@ def committed_version_at(
     nothing = jvm.scala.Option.empty()
     snapshot = _delta_log(spark, table).getSnapshotAt(version, nothing, nothing, False)
     return _app_version(snapshot, app_id)
+
+
+def table_location(spark: SparkSession, table: str) -> str:
+    """The Delta table ``table``'s location (a URI), from its log: no Spark job (``DESCRIBE
+    DETAIL`` reconstructs the state for its counts)."""
+    return str(_delta_log(spark, table).dataPath().toString())
+
+
+def replace_files(
+    spark: SparkSession,
+    table: str,
+    files: Iterable[Mapping[str, Any]],
+    *,
+    user_metadata: str | None = None,
+) -> bool:
+    """All of ``table``'s rows become those of ``files`` (Parquet files already in its
+    folder, rows of ``schemas.WRITTEN``), in one commit recording ``user_metadata``, without a
+    Spark job: the files removed are those the checksum of the version it commits on lists
+    (Delta keeps them there for a table of up to 50 files). False, and nothing committed,
+    when the checksum does not list them or the table maps column names: then
+    :func:`replace_rows` is the way. The
+    transaction reads the whole table, so a concurrent commit to it conflicts (and this one
+    is tried again over it)."""
+    adds = [json.dumps({"add": _add(f)}) for f in files]
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        transaction = _delta_log(spark, table).startTransaction()
+        snapshot = transaction.snapshot()
+        checksum = _checksum(snapshot)
+        if checksum is None or not checksum.allFiles().isDefined():
+            return False
+        mapping = snapshot.metadata().configuration().get("delta.columnMapping.mode")
+        if mapping.isDefined() and mapping.get() != "none":
+            return False  # files hold physical column names: Spark's writer knows them
+        transaction.readWholeTable()
+        actions = jvm.java.util.ArrayList()
+        now = int(time.time() * 1000)
+        current = checksum.allFiles().get()
+        for i in range(current.size()):
+            actions.add(current.apply(i).removeWithTimestamp(now, True))
+        for action in adds:
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        metadata = none if user_metadata is None else jvm.scala.Some(user_metadata)
+        # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, and 5 more)
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Overwrite, none, none, metadata, *[none] * 5
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def _add(f: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``add`` action of a written file (a row of ``schemas.WRITTEN``)."""
+    return {
+        "path": f["path"],
+        "partitionValues": {},
+        "size": f["size"],
+        "modificationTime": f["modification_time"],
+        "dataChange": True,
+        "stats": f["stats"],
+    }
 
 
 def _txn_version(transaction: Any, app_id: str) -> int:

@@ -12,15 +12,20 @@ gives are :mod:`pipelines.silver.store`'s.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
+from pipelines.bronze.landing import filesystem
+from pipelines.bronze.writer import Target, write_files
+from pipelines.lake import delta_io
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
 from pipelines.silver.walk import RowKind
@@ -98,11 +103,38 @@ def save_states(
                 "updated_at": None,
             }
         )
-    df = spark.createDataFrame(rows, schema=schemas.STATE).withColumn(
-        "updated_at", F.current_timestamp()
-    )
-    with_retry(table, lambda: replace_rows(df, table, user_metadata=mark))
+    now = dt.datetime.now(dt.UTC)
+    for row in rows:
+        row["updated_at"] = now
+    if not _replace_from_driver(spark, table, rows, mark):
+        df = spark.createDataFrame(rows, schema=schemas.STATE)
+        with_retry(table, lambda: replace_rows(df, table, user_metadata=mark))
     return merged
+
+
+def _replace_from_driver(
+    spark: SparkSession, table: str, rows: list[dict[str, Any]], mark: str | None
+) -> bool:
+    """The stream state's rows written by this process into one Parquet file of the table
+    and committed in place of its files (:func:`delta_io.replace_files`): no Spark job, where
+    an overwrite runs five (the state Delta reconstructs for its scan, the write). False when
+    the table's checksum does not list its files (nothing committed, the file removed)."""
+    arrow = schemas.arrow_schema(schemas.STATE)
+    stats = tuple(f.name for f in schemas.STATE.fields if f.name != "failover_log")
+    target = Target(
+        delta_io.table_location(spark, table),
+        arrow,
+        stats,
+        storage=dict(spark.sparkContext.getConf().getAll()),
+    )
+    batch = pa.RecordBatch.from_pylist(rows, schema=arrow)
+    written = list(write_files([batch], target))
+    if delta_io.replace_files(spark, table, written, user_metadata=mark):
+        return True
+    fs, root = filesystem(target.location, target.storage)
+    for f in written:
+        fs.delete_file(f"{root.rstrip('/')}/{f['path']}")
+    return False
 
 
 def unconsumed_frames(

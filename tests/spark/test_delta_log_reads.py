@@ -123,3 +123,79 @@ def test_two_transactions_of_one_app_conflict(spark: SparkSession, table: tuple[
     first.commit(txn(), write)
     with pytest.raises(Exception, match="DELTA_CONCURRENT_TRANSACTION"):
         second.commit(txn(), write)
+
+
+def _state(vb: int, seqno: int) -> dict[str, Any]:
+    """A vbucket's state as the walk leaves it (the fields ``save_states`` reads)."""
+    return {
+        "vb_uuid": 1000 + vb,
+        "failover_log": [[1000 + vb, 0]],
+        "last_applied_seqno": seqno,
+        "consistent_seqno": seqno,
+        "manifest_uid": 2,
+        "purge_seqno": 0,
+        "open_snapshot": [seqno + 1, seqno + 5] if vb % 2 else None,
+        "run_id": f"run-{seqno}",
+    }
+
+
+@pytest.fixture
+def state_table(spark: SparkSession) -> Iterator[str]:
+    from pipelines import schemas
+
+    spark.sql("CREATE DATABASE IF NOT EXISTS log_reads")
+    name = f"log_reads.state{uuid.uuid4().hex[:8]}"
+    delta_io.create_table(spark, name, schemas.STATE, {"delta.enableDeletionVectors": "false"})
+    yield name
+    spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_the_stream_state_is_saved_without_a_spark_job(
+    spark: SparkSession, state_table: str
+) -> None:
+    """Three saves, each of every vbucket, the last with a new vbucket: each replaces the
+    table's rows in one commit recording its mark, runs no Spark job, and reads back as
+    saved."""
+    from pipelines.silver import state
+
+    saved: dict[int, dict[str, Any]] = {}
+    for i, vbuckets in enumerate(([0, 1, 2], [0, 1, 2], [0, 1, 2, 3])):
+        old = state.read_states(spark, state_table)
+        before = delta_io.table_version(spark, state_table)
+        with counted(spark) as jobs:
+            saved = state.save_states(
+                spark, state_table, old, {vb: _state(vb, 10 * (i + 1)) for vb in vbuckets}, f"m{i}"
+            )
+        assert jobs.count == 0, jobs.what
+        assert delta_io.table_version(spark, state_table) == before + 1
+        assert delta_io.last_commit_metadata(spark, state_table) == f"m{i}"
+    rows = spark.table(state_table).collect()
+    assert sorted(r["vbucket"] for r in rows) == [0, 1, 2, 3]
+    back = state.read_states(spark, state_table)
+    assert {vb: s["state"] for vb, s in back.items()} == {
+        vb: json.loads(json.dumps(s)) for vb, s in saved.items()
+    }
+    one = next(r for r in rows if r["vbucket"] == 1)
+    assert (one["open_snapshot_start"], one["open_snapshot_end"]) == (31, 35)
+    assert [tuple(e) for e in one["failover_log"]] == [(1001, 0)]
+    assert one["position_run_id"] == "run-30" and one["updated_at"] is not None
+
+
+def test_without_the_files_in_the_checksum_the_state_is_saved_by_spark(
+    spark: SparkSession, state_table: str
+) -> None:
+    """A table whose checksum does not list its files (here: none) is overwritten by Spark;
+    the file written for the commit that did not happen is removed."""
+    from pipelines.silver import state
+
+    folder = Path(delta_io.table_location(spark, state_table).removeprefix("file:"))
+    for crc in (folder / "_delta_log").glob("*.crc"):
+        crc.unlink()
+    jvm: Any = spark._jvm
+    jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    state.save_states(spark, state_table, {}, {5: _state(5, 7)}, "m")
+    assert [r["vbucket"] for r in spark.table(state_table).collect()] == [5]
+    assert delta_io.last_commit_metadata(spark, state_table) == "m"
+    # the driver's file (part-<uuid>.snappy.parquet) is gone; Spark's are part-NNNNN-...-c000
+    on_disk = sorted(p.name for p in folder.glob("*.parquet"))
+    assert on_disk and all(name.endswith("-c000.snappy.parquet") for name in on_disk), on_disk
