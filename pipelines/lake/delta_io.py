@@ -471,10 +471,14 @@ def _delta_log(spark: SparkSession, table: str) -> Any:
 
 
 def location_and_properties(spark: SparkSession, table: str) -> tuple[str, dict[str, str]]:
-    """The Delta table ``table``'s location (a URI) and its table properties."""
-    detail = spark.sql(f"DESCRIBE DETAIL {table}").first()
-    assert detail is not None
-    return str(detail["location"]), dict(detail["properties"] or {})
+    """The Delta table ``table``'s location (a URI) and its table properties, from its log:
+    no Spark job (``DESCRIBE DETAIL`` reconstructs the state for its counts)."""
+    jvm: Any = spark._jvm
+    nothing = jvm.scala.Option.empty()
+    delta_log = _delta_log(spark, table)
+    configuration = delta_log.update(False, nothing, nothing).metadata().configuration()
+    properties = jvm.scala.jdk.javaapi.CollectionConverters.asJava(configuration)
+    return str(delta_log.dataPath().toString()), {str(k): str(v) for k, v in properties.items()}
 
 
 def committed_version(spark: SparkSession, table: str, app_id: str) -> int | None:

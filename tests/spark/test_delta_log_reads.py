@@ -199,3 +199,19 @@ def test_without_the_files_in_the_checksum_the_state_is_saved_by_spark(
     # the driver's file (part-<uuid>.snappy.parquet) is gone; Spark's are part-NNNNN-...-c000
     on_disk = sorted(p.name for p in folder.glob("*.parquet"))
     assert on_disk and all(name.endswith("-c000.snappy.parquet") for name in on_disk), on_disk
+
+
+def test_location_and_properties_come_from_the_log(
+    spark: SparkSession, table: tuple[str, Path]
+) -> None:
+    name, folder = table
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.dataSkippingNumIndexedCols' = '3')")
+    delta_io.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
+    with counted(spark) as jobs:
+        location, properties = delta_io.location_and_properties(spark, name)
+    assert jobs.count == 0, jobs.what
+    detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+    assert detail is not None
+    assert (location, properties) == (detail["location"], dict(detail["properties"]))
+    assert properties["delta.dataSkippingNumIndexedCols"] == "3"
+    assert Path(location.removeprefix("file:")) == folder
