@@ -19,6 +19,7 @@ _SCALARS: dict[pa.DataType, T.DataType] = {
     pa.bool_(): T.BooleanType(),
     pa.string(): T.StringType(),
     pa.binary(): T.BinaryType(),
+    pa.float64(): T.DoubleType(),
 }
 
 
@@ -378,6 +379,12 @@ WALKED = T.StructType(
         T.StructField("expiration", T.LongType()),
         T.StructField("in_vb_uuid", T.LongType()),
         T.StructField("ingest_run_id", T.StringType()),
+        # on the state row: the vbucket's versions summed up (pipelines.silver.walk_summary)
+        T.StructField("change_keys", T.MapType(T.LongType(), T.LongType())),
+        T.StructField("version_collections", T.ArrayType(T.LongType())),
+        T.StructField("cas_count", T.LongType()),
+        T.StructField("cas_sum", T.DoubleType()),
+        T.StructField("cas_points", T.ArrayType(T.DoubleType())),
     ]
 )
 

@@ -2,11 +2,10 @@
 change minus the time the change was made in Couchbase, read from its CAS (the hybrid logical
 clock's nanoseconds, docs/protocol/dcp.md §1.5; the ``_modified_at`` of its row).
 
-An apply does not date each change apart: the walk's output, which it collects anyway, comes
-with one more row, the CAS times of the run's committed changes summed up
-(:func:`pipelines.silver.transforms.change_times`: their count, their sum and their quantiles
-at :data:`PROBABILITIES`, Spark's ``percentile_approx``); the apply adds the time its MERGEs
-committed. That is a :class:`ChangeTimes`: a batch's freshness distribution, piecewise linear
+An apply does not date each change apart: the walk's ``state`` rows, which it collects
+anyway, sum up the CAS times of each vbucket's committed changes, and the apply merges them
+(:mod:`pipelines.silver.walk_summary`: their count, their sum and their quantiles at
+:data:`PROBABILITIES`); it adds the time its MERGEs committed. That is a :class:`ChangeTimes`: a batch's freshness distribution, piecewise linear
 between those quantiles. Several batches (follow mode's last minute) mix by their counts
 (:func:`window_quantile`); a Prometheus histogram is filled from them with whole counts
 (:meth:`ChangeTimes.cumulative`).
@@ -25,9 +24,6 @@ from typing import Any
 PROBABILITIES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 """The quantiles of a batch's CAS times the apply collects: symmetric (a CAS quantile ``p``
 is the freshness quantile ``1 - p``), finer in the tails, where p95 and p99 are read."""
-ACCURACY = 10_000
-"""``percentile_approx``'s accuracy: a quantile's rank is within 1/ACCURACY of the batch's
-changes."""
 
 
 @dataclass(frozen=True, slots=True)

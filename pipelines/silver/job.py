@@ -43,7 +43,7 @@ from pipelines.lake.delta_io import vanished_table
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.observe.freshness import ChangeTimes
-from pipelines.silver import live, state, store, transforms
+from pipelines.silver import live, state, store, transforms, walk_summary
 from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
@@ -257,7 +257,8 @@ def _empty_for_rebuild(spark: SparkSession, bucket: str, collection: str | None)
 @dataclass
 class Found:
     """The rows the walk's job collected (:func:`_walk`), read once: the control rows and what
-    they say, the collections changed and the CAS times of the changes."""
+    they say, and what their ``state`` rows sum up of the versions (the collections changed,
+    the CAS times of the changes: :mod:`pipelines.silver.walk_summary`)."""
 
     controls: list[dict[str, Any]]
     """The rows that are not versions of documents nor the CAS times: the ``state`` rows, the
@@ -276,15 +277,14 @@ class Found:
     version_cids: set[int]
     """The collections with versions of documents (changes, or changes a drop or flush ended)."""
     times: dict[str, Any]
-    """The CAS times of the committed changes (the row of kind ``change_times``)."""
+    """The CAS times of the committed changes (:attr:`walk_summary.Collected.times`)."""
 
     @classmethod
     def of(cls, found: list[dict[str, Any]]) -> Found:
         """``found``, the rows :func:`_walk` collected, read by their kind (:class:`RowKind`)."""
-        times_row = next(r for r in found if r["kind"] == RowKind.CHANGE_TIMES)
-        found = [r for r in found if r["kind"] != RowKind.CHANGE_TIMES]
         controls = [r for r in found if r["kind"] not in VERSION_KINDS]
         state_rows = [r for r in controls if r["kind"] == RowKind.STATE]
+        summed = walk_summary.collected(state_rows)
         return cls(
             controls=controls,
             states={r["vbucket"]: json.loads(r["state"]) for r in state_rows},
@@ -295,9 +295,9 @@ class Found:
                 for r in controls
                 if r["kind"] == RowKind.ROLLBACK
             ],
-            keys={r["collection_id"]: r["keys"] for r in found if r["kind"] == RowKind.CHANGE},
-            version_cids={r["collection_id"] for r in found if r["kind"] in VERSION_KINDS},
-            times=times_row,
+            keys=summed.keys,
+            version_cids=summed.version_cids,
+            times=summed.times,
         )
 
     @property
@@ -466,30 +466,18 @@ def _walk(
     log_rows: list[dict[str, Any]] | None = None,
 ) -> tuple[DataFrame, list[dict[str, Any]]]:
     """The vbuckets walked (cached) and, in one job, the rows :class:`Found` reads: the control
-    rows, the collections changed (a row of kind ``change`` or ``ended_change`` per collection,
-    with nothing else) and the CAS times of the changes summed up (freshness). A vbucket whose walk met frames of an older
-    session that arrived late (:func:`state.late_vbuckets`) is walked again from its start,
-    with the others, until none is late (once, unless a run finishes in between)."""
+    rows, the ``state`` rows with their vbucket's versions summed up. A vbucket whose walk met
+    frames of an older session that arrived late (:func:`state.late_vbuckets`) is walked again
+    from its start, with the others, until none is late (once, unless a run finishes in
+    between)."""
     again: set[int] = set()
     while True:
         walked = state.walk_vbuckets(
             spark, frames, states, again, eager=config.silver.eager_apply, late_after=late_after
         ).cache()
         try:
-            is_version = F.col("kind").isin(*VERSION_KINDS)
-            changed = (
-                walked.where(is_version)
-                .groupBy("kind", "collection_id")
-                .agg(F.count_distinct("key").alias("keys"))
-            )
-            times = transforms.change_times(walked.where(F.col("kind") == RowKind.CHANGE.value))
-            found = [
-                r.asDict(recursive=True)
-                for r in walked.where(~is_version)
-                .unionByName(changed, allowMissingColumns=True)
-                .unionByName(times, allowMissingColumns=True)
-                .collect()
-            ]
+            controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
+            found = [r.asDict(recursive=True) for r in controls.collect()]
         except BaseException:
             walked.unpersist()
             raise

@@ -16,9 +16,9 @@ from dcp_cdc.events import DATA_OPS
 from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
-from pipelines.observe.freshness import ACCURACY, PROBABILITIES
-from pipelines.silver.walk import CHANGE_OF, RowKind
+from pipelines.silver.walk import CHANGE_OF
 from pipelines.silver.walk_columns import walk_group
+from pipelines.silver.walk_summary import summarize
 
 WALK_OPS = [
     *DATA_OPS,
@@ -96,7 +96,9 @@ def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> 
     """Each vbucket's frames walked (``applyInArrow``) from its ``saved_state`` (``saved``:
     ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh): the rules of
     :mod:`pipelines.silver.walk` over the group's columns
-    (:func:`pipelines.silver.walk_columns.walk_group`). Rows of :data:`pipelines.schemas.WALKED`."""
+    (:func:`pipelines.silver.walk_columns.walk_group`), each vbucket's versions summed up on its
+    ``state`` row (:func:`pipelines.silver.walk_summary.summarize`). Rows of
+    :data:`pipelines.schemas.WALKED`."""
     keyed = (
         frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
@@ -104,7 +106,7 @@ def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> 
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
     return keyed.groupBy("vb_key").applyInArrow(
-        lambda table: walk_group(table, out_schema, eager), schemas.WALKED
+        lambda table: summarize(walk_group(table, out_schema, eager)), schemas.WALKED
     )
 
 
@@ -179,26 +181,6 @@ def modified_at(cas: str) -> Column:
     (negative as a long)."""
     mask = ~HLC_COUNTER_MASK
     return F.expr(f"CASE WHEN {cas} > 0 THEN timestamp_micros(({cas} & {mask}) div 1000) END")
-
-
-def change_times(changes: DataFrame) -> DataFrame:
-    """One row of kind :attr:`RowKind.CHANGE_TIMES`: the CAS times of ``changes`` (walked rows),
-    summed up for freshness (:class:`pipelines.observe.freshness.ChangeTimes`): ``cas_count`` (changes
-    with a CAS time), ``cas_sum`` and ``cas_quantiles`` at
-    :data:`pipelines.observe.freshness.PROBABILITIES`, in seconds since the epoch (the clock's
-    nanoseconds, its counter bits masked off, as :func:`modified_at` reads them). An
-    aggregate, so the job that collects the walk's control rows computes it in passing."""
-    mask = ~HLC_COUNTER_MASK
-    seconds = F.expr(f"CASE WHEN cas > 0 THEN (cas & {mask}) / 1e9 END")
-    return (
-        changes.select(seconds.alias("cas_s"))
-        .agg(
-            F.count("cas_s").alias("cas_count"),
-            F.sum("cas_s").alias("cas_sum"),
-            F.percentile_approx("cas_s", list(PROBABILITIES), ACCURACY).alias("cas_quantiles"),
-        )
-        .withColumn("kind", F.lit(RowKind.CHANGE_TIMES.value))
-    )
 
 
 def projection_query(

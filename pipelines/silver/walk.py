@@ -325,10 +325,8 @@ class RowKind(StrEnum):
     ROLLBACK = "rollback"
     """A rollback of the vbucket to ``rollback_seqno``."""
     STATE = "state"
-    """The vbucket's state to save, one row per vbucket walked."""
-    CHANGE_TIMES = "change_times"
-    """The one row :func:`pipelines.silver.transforms.change_times` adds to the walk's
-    collected rows."""
+    """The vbucket's state to save, one row per vbucket walked (with the vbucket's versions
+    summed up: :mod:`pipelines.silver.walk_summary`)."""
 
 
 VERSION_KINDS = (RowKind.CHANGE.value, RowKind.ENDED_CHANGE.value)

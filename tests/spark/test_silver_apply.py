@@ -685,3 +685,44 @@ def test_an_older_sessions_files_arriving_after_a_newer_one_walk_their_vbuckets_
     assert_equal_to_truth(spark, bucket, result)
     again = apply_bucket(spark, config, config.buckets[0])
     assert again.changes == 0 and not again.rollbacks
+
+
+def test_the_state_rows_sum_up_the_walks_versions_as_spark_aggregates_them(
+    spark: SparkSession, tmp_path: Path, bucket: str
+) -> None:
+    """The run's summary from the walk's state rows (pipelines/silver/walk_summary.py) against
+    Spark's aggregates over every walked version: the keys per collection and the collections
+    exactly, the CAS count and sum exactly, each CAS quantile within a percent of its rank
+    (vbuckets of hundreds of changes give their CAS times as points)."""
+    from dcp_cdc.protocol import HLC_COUNTER_MASK
+    from pipelines.observe.freshness import PROBABILITIES
+    from pipelines.silver import walk_summary
+
+    simulate(tmp_path, bucket=bucket, scenario="mixed", seed=6, vbuckets=2, docs=300, ops=900)
+    config = AppConfig(
+        landing=str(tmp_path / "landing"),
+        warehouse=str(tmp_path / "wh"),
+        buckets=[BucketConfig(name=bucket)],
+    )
+    ingest_bucket(spark, config, config.buckets[0])
+    frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+    walked = state.walk_vbuckets(spark, frames, {}).localCheckpoint()
+    states = [r.asDict(recursive=True) for r in walked.where(F.col("kind") == "state").collect()]
+    summed = walk_summary.collected(states)
+    changes = walked.where(F.col("kind") == "change")
+    keys = {
+        r["collection_id"]: r["n"]
+        for r in changes.groupBy("collection_id").agg(F.count_distinct("key").alias("n")).collect()
+    }
+    versions = walked.where(F.col("kind").isin("change", "ended_change"))
+    cids = {r["collection_id"] for r in versions.select("collection_id").distinct().collect()}
+    seconds = F.expr(f"CASE WHEN cas > 0 THEN (cas & {~HLC_COUNTER_MASK}) / 1e9 END")
+    cas = sorted(r["s"] for r in changes.select(seconds.alias("s")).collect() if r["s"])
+    assert len(keys) >= 3 and summed.keys == keys
+    assert summed.version_cids == cids
+    assert min(s["cas_count"] for s in states) > walk_summary.POINTS  # points, not values
+    assert summed.times["cas_count"] == len(cas)
+    assert summed.times["cas_sum"] == pytest.approx(sum(cas))
+    for p, value in zip(PROBABILITIES, summed.times["cas_quantiles"], strict=True):
+        rank = sum(1 for c in cas if c <= value) / len(cas)
+        assert abs(rank - p) <= 0.01 or (p == 0 and value == cas[0]), (p, rank)
