@@ -9,6 +9,7 @@ once :func:`pipelines.bronze.held_back.held_back_now` says it holds files back.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -18,6 +19,7 @@ from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
 from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import HeldBack, LogState, lost_row
+from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.errors import LandingSkipError
 from pipelines.lake import delta_io
 from pipelines.tables import BucketTables
@@ -96,11 +98,27 @@ def log_rows(
         }
         for r in rows
     ]
-    df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
-        "logged_at", F.current_timestamp()
-    )
-    delta_io.append(df, table)
+    now = dt.datetime.now(dt.UTC)
+    if not _append_from_driver(spark, table, [{**r, "logged_at": now} for r in full]):
+        df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
+            "logged_at", F.current_timestamp()
+        )
+        delta_io.append(df, table)
     return [{f.name: r[f.name] for f in schemas.INGEST_LOG.fields} for r in full]
+
+
+def _append_from_driver(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> bool:
+    """The log's rows written by this process into one Parquet file of the table and
+    appended in one commit (:func:`delta_io.append_files`): no Spark job, where Spark's
+    append runs one (and its commit more). False when the table's columns are not
+    :data:`schemas.INGEST_LOG`'s (nothing committed, the file removed)."""
+    location = delta_io.table_location(spark, table)
+    storage = dict(spark.sparkContext.getConf().getAll())
+    written = write_rows(rows, schemas.arrow_schema(schemas.INGEST_LOG), location, storage)
+    if delta_io.append_files(spark, table, written, schemas.INGEST_LOG):
+        return True
+    remove_written(written, location, storage)
+    return False
 
 
 def declare_lost(

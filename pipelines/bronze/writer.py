@@ -247,6 +247,31 @@ def write_files(
     }
 
 
+def write_rows(
+    rows: Sequence[Mapping[str, Any]],
+    schema: pa.Schema,
+    location: str,
+    storage: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """``rows`` (dicts of ``schema``'s columns) written by this process into one new Parquet
+    file in the table folder ``location``, with statistics of the columns Delta keeps them
+    of: what a small table's write from the driver commits
+    (:func:`pipelines.lake.delta_io.append_files`, ``replace_files``) instead of a Spark job.
+    Its row of ``schemas.WRITTEN`` (none for no rows)."""
+    stats = tuple(f.name for f in schema if _kind(f.type))
+    target = Target(location, schema, stats, storage)
+    return list(write_files([pa.RecordBatch.from_pylist(list(rows), schema=schema)], target))
+
+
+def remove_written(
+    files: Iterable[Mapping[str, Any]], location: str, storage: Mapping[str, str]
+) -> None:
+    """Delete files :func:`write_rows` wrote into ``location`` that no commit took."""
+    fs, root = filesystem(location, storage)
+    for f in files:
+        fs.delete_file(f"{root.rstrip('/')}/{f['path']}")
+
+
 def _with_constants(batch: pa.RecordBatch, target: Target) -> pa.RecordBatch:
     if not target.constants:
         return batch

@@ -513,6 +513,7 @@ def replace_files(
     spark: SparkSession,
     table: str,
     files: Iterable[Mapping[str, Any]],
+    schema: StructType,
     *,
     user_metadata: str | None = None,
 ) -> bool:
@@ -520,8 +521,8 @@ def replace_files(
     folder, rows of ``schemas.WRITTEN``), in one commit recording ``user_metadata``, without a
     Spark job: the files removed are those the checksum of the version it commits on lists
     (Delta keeps them there for a table of up to 50 files). False, and nothing committed,
-    when the checksum does not list them or the table maps column names: then
-    :func:`replace_rows` is the way. The
+    when the checksum does not list them, the table's columns are not ``schema``'s (the
+    files') or it maps column names: then :func:`replace_rows` is the way. The
     transaction reads the whole table, so a concurrent commit to it conflicts (and this one
     is tried again over it)."""
     adds = [json.dumps({"add": _add(f)}) for f in files]
@@ -533,9 +534,8 @@ def replace_files(
         checksum = _checksum(snapshot)
         if checksum is None or not checksum.allFiles().isDefined():
             return False
-        mapping = snapshot.metadata().configuration().get("delta.columnMapping.mode")
-        if mapping.isDefined() and mapping.get() != "none":
-            return False  # files hold physical column names: Spark's writer knows them
+        if not _writable_as(snapshot, schema):
+            return False
         transaction.readWholeTable()
         actions = jvm.java.util.ArrayList()
         now = int(time.time() * 1000)
@@ -555,6 +555,47 @@ def replace_files(
         return True
 
     return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def append_files(
+    spark: SparkSession, table: str, files: Iterable[Mapping[str, Any]], schema: StructType
+) -> bool:
+    """Append Parquet files already in ``table``'s folder (rows of ``schemas.WRITTEN``) in
+    one commit, without a Spark job (Spark's append runs one, and its commit more). False,
+    and nothing committed, when the table's columns are not ``schema``'s (the files') or it
+    maps column names: then :func:`append` is the way."""
+    adds = [json.dumps({"add": _add(f)}) for f in files]
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        transaction = _delta_log(spark, table).startTransaction()
+        if not _writable_as(transaction.snapshot(), schema):
+            return False
+        actions = jvm.java.util.ArrayList()
+        for action in adds:
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def _writable_as(snapshot: Any, schema: StructType) -> bool:
+    """Whether files of ``schema`` can join the table as they are: the table has the same
+    columns (names and types, in order) and does not map column names (its files would hold
+    physical names, which Spark's writer knows)."""
+    mapping = snapshot.metadata().configuration().get("delta.columnMapping.mode")
+    if mapping.isDefined() and mapping.get() != "none":
+        return False
+    table = StructType.fromJson(json.loads(snapshot.metadata().schemaString()))
+    return [(f.name, f.dataType) for f in table.fields] == [
+        (f.name, f.dataType) for f in schema.fields
+    ]
 
 
 def _add(f: Mapping[str, Any]) -> dict[str, Any]:

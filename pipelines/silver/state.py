@@ -17,14 +17,12 @@ import hashlib
 import json
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
-from pipelines.bronze.landing import filesystem
-from pipelines.bronze.writer import Target, write_files
+from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.lake import delta_io
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
@@ -119,21 +117,12 @@ def _replace_from_driver(
     and committed in place of its files (:func:`delta_io.replace_files`): no Spark job, where
     an overwrite runs five (the state Delta reconstructs for its scan, the write). False when
     the table's checksum does not list its files (nothing committed, the file removed)."""
-    arrow = schemas.arrow_schema(schemas.STATE)
-    stats = tuple(f.name for f in schemas.STATE.fields if f.name != "failover_log")
-    target = Target(
-        delta_io.table_location(spark, table),
-        arrow,
-        stats,
-        storage=dict(spark.sparkContext.getConf().getAll()),
-    )
-    batch = pa.RecordBatch.from_pylist(rows, schema=arrow)
-    written = list(write_files([batch], target))
-    if delta_io.replace_files(spark, table, written, user_metadata=mark):
+    location = delta_io.table_location(spark, table)
+    storage = dict(spark.sparkContext.getConf().getAll())
+    written = write_rows(rows, schemas.arrow_schema(schemas.STATE), location, storage)
+    if delta_io.replace_files(spark, table, written, schemas.STATE, user_metadata=mark):
         return True
-    fs, root = filesystem(target.location, target.storage)
-    for f in written:
-        fs.delete_file(f"{root.rstrip('/')}/{f['path']}")
+    remove_written(written, location, storage)
     return False
 
 

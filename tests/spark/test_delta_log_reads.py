@@ -215,3 +215,48 @@ def test_location_and_properties_come_from_the_log(
     assert (location, properties) == (detail["location"], dict(detail["properties"]))
     assert properties["delta.dataSkippingNumIndexedCols"] == "3"
     assert Path(location.removeprefix("file:")) == folder
+
+
+def test_the_ingest_log_is_appended_without_a_spark_job(spark: SparkSession) -> None:
+    """Two commits of the ingest log (``store.log_rows``): no Spark job; the log reads back
+    the rows appended, with their statistics (a read by run version skips the other file)."""
+    from pipelines import schemas
+    from pipelines.bronze import store
+
+    spark.sql("CREATE DATABASE IF NOT EXISTS log_reads")
+    name = f"log_reads.log{uuid.uuid4().hex[:8]}"
+    delta_io.create_table(spark, name, schemas.INGEST_LOG, {})
+    try:
+        with counted(spark) as jobs:
+            first = store.log_rows(spark, name, [{"file": "a.dcp", "size": 3}], 1, "planned")
+            second = store.log_rows(spark, name, [{"file": "a.dcp", "frames": 9}], 1, "ingested")
+        assert jobs.count == 0, jobs.what
+        rows = store.read_log_rows(spark, name)
+        assert sorted((r["status"], r["file"], r["size"], r["frames"]) for r in rows) == [
+            ("ingested", "a.dcp", None, 9),
+            ("planned", "a.dcp", 3, None),
+        ]
+        assert all(r["logged_at"] is not None and r["run_version"] == 1 for r in rows)
+        assert [r["status"] for r in first + second] == ["planned", "ingested"]
+        scanned = spark.table(name).where("status = 'ingested'")
+        assert scanned.count() == 1
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_files_of_other_columns_are_not_committed(
+    spark: SparkSession, table: tuple[str, Path]
+) -> None:
+    """A table whose columns are not the files' (a log from before a column was added):
+    nothing is committed, the caller writes through Spark."""
+    from pyspark.sql import types as T
+
+    name, folder = table
+    wider = T.StructType([T.StructField("a", T.IntegerType()), T.StructField("b", T.LongType())])
+    version = delta_io.table_version(spark, name)
+    assert delta_io.append_files(spark, name, _file(folder, 1), wider) is False
+    assert delta_io.replace_files(spark, name, _file(folder, 1), wider) is False
+    assert delta_io.table_version(spark, name) == version
+    narrow = T.StructType([T.StructField("a", T.IntegerType())])
+    assert delta_io.append_files(spark, name, _file(folder, 2), narrow)
+    assert [r["a"] for r in spark.table(name).collect()] == [2]
