@@ -333,6 +333,15 @@ VERSION_KINDS = (RowKind.CHANGE.value, RowKind.ENDED_CHANGE.value)
 """The kinds of walked rows that are versions of documents."""
 
 
+def late_threshold(late_after: int, seen: int) -> int:
+    """The run version above which a frame at or before a vbucket's saved position is late:
+    the newest run the vbucket has seen (``seen``: its frames of every run up to it were
+    read), or the apply's ``late_after`` (the oldest any vbucket has seen) when that is newer
+    (a state saved without ``seen_version``). A vbucket idle for a while keeps an old
+    ``seen_version``; the others' frames read again are not late for that."""
+    return max(late_after, seen)
+
+
 def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     """One vbucket's group of bronze frames (the table ``applyInArrow`` hands
     :func:`pipelines.silver.transforms.walk_frames`' function: the walked columns, ``vb_key``
@@ -355,7 +364,11 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     late = (
         late_after is not None
         and start is not None
-        and any(r["run_version"] > late_after for r in rows if position_of(r) <= start)
+        and any(
+            r["run_version"] > late_threshold(late_after, seen)
+            for r in rows
+            if position_of(r) <= start
+        )
     )
     result = walk(fresh, state, eager=eager)
     out: list[dict[str, Any]] = []

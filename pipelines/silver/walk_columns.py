@@ -39,6 +39,7 @@ from pipelines.silver.walk import (
     RowKind,
     VbState,
     branch_point,
+    late_threshold,
     record_event,
     retract,
     walk_group_rows,
@@ -461,7 +462,9 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
     )
     run_versions = _values(_array(table, "run_version"))
     late = bool(
-        late_after is not None and first and run_versions[order.rows[:first]].max() > late_after
+        late_after is not None
+        and first
+        and run_versions[order.rows[:first]].max() > late_threshold(late_after, seen)
     )
     frames = _Frames(table, order, first)
     walked = _walk(frames, state, eager)

@@ -409,3 +409,25 @@ def test_a_frame_of_a_later_run_at_or_before_the_saved_position_marks_its_vbucke
     # the same frames in one run, without a saved position: nothing can be late
     fresh = [{**f, "saved_state": None, "late_after": late_after} for f in w.frames]
     assert _late_flag(fresh) is False
+
+
+@pytest.mark.parametrize(
+    ("seen", "late"), [(1, True), (2, False)], ids=["run-2-is-new-to-it", "it-saw-run-2"]
+)
+def test_a_vbucket_is_late_by_the_runs_it_saw_not_by_an_idle_one(seen: int, late: bool) -> None:
+    """The apply's ``late_after`` is the oldest run any vbucket has seen (0 here: a vbucket
+    idle since the first run). A frame read again from a run this vbucket saw (its state's
+    ``seen_version``) is not late; one of a run after it is."""
+    w = _Writer()
+    w.start_session("2026-01-02T00:00:00Z", "newer")
+    w.step(("snapshot", [("data", "mutation", 0, 1, "rising")] * 2), tie=False)
+    walked = walk_group_rows(group_table(w.frames), OUT, False)
+    saved = json.loads(walked.filter(pa.compute.equal(walked["kind"], "state"))["state"][0].as_py())
+    applied = len(w.frames)
+    w.start_session("2026-01-01T00:00:00Z", "older")
+    w.step(("snapshot", [("data", "mutation", 0, 1, "rising")]), tie=False)
+    for f in w.frames[applied:]:
+        f.update(ingest_run_id="run-2", run_version=2)
+    text = json.dumps({**saved, "seen_version": seen})
+    rows = [{**f, "saved_state": text, "late_after": 0} for f in w.frames]
+    assert _late_flag(rows) is late
