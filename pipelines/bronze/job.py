@@ -75,7 +75,7 @@ from pipelines.bronze.plan import (
     task_groups,
 )
 from pipelines.errors import LandingChangedError
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, file_commits
 from pipelines.lake.spark_session import ingest_jvm_conf, session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.tables import BucketTables
@@ -511,7 +511,7 @@ class _Run:
             lambda: _files(spark, file_rows, chunk).mapInArrow(task, schemas.WRITTEN).collect()
         )
         self.hook("written")
-        delta_io.commit_files(
+        file_commits.commit_files(
             spark, table, [r.asDict() for r in written], app_id=store.TXN_APP_ID, version=version
         )
 

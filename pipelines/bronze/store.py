@@ -21,7 +21,7 @@ from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import HeldBack, LogState, lost_row
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.errors import LandingSkipError
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, file_commits
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"
@@ -109,13 +109,13 @@ def log_rows(
 
 def _append_from_driver(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> bool:
     """The log's rows written by this process into one Parquet file of the table and
-    appended in one commit (:func:`delta_io.append_files`): no Spark job, where Spark's
+    appended in one commit (:func:`file_commits.append_files`): no Spark job, where Spark's
     append runs one (and its commit more). False when the table's columns are not
     :data:`schemas.INGEST_LOG`'s (nothing committed, the file removed)."""
     location = delta_io.table_location(spark, table)
     storage = dict(spark.sparkContext.getConf().getAll())
     written = write_rows(rows, schemas.arrow_schema(schemas.INGEST_LOG), location, storage)
-    if delta_io.append_files(spark, table, written, schemas.INGEST_LOG):
+    if file_commits.append_files(spark, table, written, schemas.INGEST_LOG):
         return True
     remove_written(written, location, storage)
     return False

@@ -5,7 +5,7 @@ writes them one at a time (14-19 µs an event on 2 cores, most of it ``writeNull
 columns a data row leaves empty). Here the task that decoded a batch writes it with pyarrow's
 columnar Parquet writer into the table's folder, and gives the driver one row per file: its
 path, size and Delta statistics (``schemas.WRITTEN``). The driver commits all of a run's
-files in one Delta transaction (:func:`pipelines.lake.delta_io.commit_files`), with the run's
+files in one Delta transaction (:func:`pipelines.lake.file_commits.commit_files`), with the run's
 ``txnAppId``/``txnVersion`` as Spark's idempotent append has it: until that commit the files
 are not in the table, and a killed run leaves only files no snapshot names (VACUUM removes
 them).
@@ -256,7 +256,7 @@ def write_rows(
     """``rows`` (dicts of ``schema``'s columns) written by this process into one new Parquet
     file in the table folder ``location``, with statistics of the columns Delta keeps them
     of: what a small table's write from the driver commits
-    (:func:`pipelines.lake.delta_io.append_files`, ``replace_files``) instead of a Spark job.
+    (:func:`pipelines.lake.file_commits.append_files`, ``replace_files``) instead of a Spark job.
     Its row of ``schemas.WRITTEN`` (none for no rows)."""
     stats = tuple(f.name for f in schema if _kind(f.type))
     target = Target(location, schema, stats, storage)

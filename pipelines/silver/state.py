@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
 from pipelines.bronze.writer import remove_written, write_rows
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
 from pipelines.silver.walk import RowKind
@@ -114,13 +114,13 @@ def _replace_from_driver(
     spark: SparkSession, table: str, rows: list[dict[str, Any]], mark: str | None
 ) -> bool:
     """The stream state's rows written by this process into one Parquet file of the table
-    and committed in place of its files (:func:`delta_io.replace_files`): no Spark job, where
+    and committed in place of its files (:func:`file_commits.replace_files`): no Spark job, where
     an overwrite runs five (the state Delta reconstructs for its scan, the write). False when
     the table's checksum does not list its files (nothing committed, the file removed)."""
     location = delta_io.table_location(spark, table)
     storage = dict(spark.sparkContext.getConf().getAll())
     written = write_rows(rows, schemas.arrow_schema(schemas.STATE), location, storage)
-    if delta_io.replace_files(spark, table, written, schemas.STATE, user_metadata=mark):
+    if file_commits.replace_files(spark, table, written, schemas.STATE, user_metadata=mark):
         return True
     remove_written(written, location, storage)
     return False

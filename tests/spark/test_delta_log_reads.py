@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, file_commits
 from tests.support.spark_jobs import counted
 
 APP = "dcp-cdc-test"
@@ -70,10 +70,10 @@ def test_commits_size_and_transactions_need_no_spark_job(
     with counted(spark) as jobs:
         assert delta_io.committed_version(spark, name, APP) is None
         committed = [
-            delta_io.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
+            file_commits.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
             for v in (1, 2, 3)
         ]
-        again = delta_io.commit_files(spark, name, _file(folder, 9), app_id=APP, version=2)
+        again = file_commits.commit_files(spark, name, _file(folder, 9), app_id=APP, version=2)
         size = delta_io.table_size(spark, name)
         version = delta_io.committed_version(spark, name, APP)
         at_two = delta_io.committed_version_at(spark, name, APP, 2)
@@ -89,15 +89,15 @@ def test_without_a_checksum_the_state_answers(spark: SparkSession, table: tuple[
     """A version without its ``.crc`` (a writer that keeps none) is read from the state."""
     name, folder = table
     for v in (1, 2):
-        delta_io.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
+        file_commits.commit_files(spark, name, _file(folder, v), app_id=APP, version=v)
     for crc in (folder / "_delta_log").glob("*.crc"):
         crc.unlink()
     jvm: Any = spark._jvm
     jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # a fresh read of the log
     assert delta_io.committed_version(spark, name, APP) == 2
     assert delta_io.table_size(spark, name)[0] == 2
-    assert delta_io.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3)
-    assert delta_io.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3) is False
+    assert file_commits.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3)
+    assert file_commits.commit_files(spark, name, _file(folder, 3), app_id=APP, version=3) is False
     assert sorted(r["a"] for r in spark.table(name).collect()) == [1, 2, 3]
 
 
@@ -108,7 +108,7 @@ def test_two_transactions_of_one_app_conflict(spark: SparkSession, table: tuple[
     jvm: Any = spark._jvm
     log = delta_io._delta_log(spark, name)
     first, second = log.startTransaction(), log.startTransaction()
-    assert delta_io._txn_version(first, APP) == delta_io._txn_version(second, APP) == -1
+    assert file_commits._txn_version(first, APP) == file_commits._txn_version(second, APP) == -1
     none = jvm.scala.Option.empty()
     write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
         jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
@@ -206,7 +206,7 @@ def test_location_and_properties_come_from_the_log(
 ) -> None:
     name, folder = table
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('delta.dataSkippingNumIndexedCols' = '3')")
-    delta_io.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
+    file_commits.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
     with counted(spark) as jobs:
         location, properties = delta_io.location_and_properties(spark, name)
     assert jobs.count == 0, jobs.what
@@ -254,9 +254,9 @@ def test_files_of_other_columns_are_not_committed(
     name, folder = table
     wider = T.StructType([T.StructField("a", T.IntegerType()), T.StructField("b", T.LongType())])
     version = delta_io.table_version(spark, name)
-    assert delta_io.append_files(spark, name, _file(folder, 1), wider) is False
-    assert delta_io.replace_files(spark, name, _file(folder, 1), wider) is False
+    assert file_commits.append_files(spark, name, _file(folder, 1), wider) is False
+    assert file_commits.replace_files(spark, name, _file(folder, 1), wider) is False
     assert delta_io.table_version(spark, name) == version
     narrow = T.StructType([T.StructField("a", T.IntegerType())])
-    assert delta_io.append_files(spark, name, _file(folder, 2), narrow)
+    assert file_commits.append_files(spark, name, _file(folder, 2), narrow)
     assert [r["a"] for r in spark.table(name).collect()] == [2]

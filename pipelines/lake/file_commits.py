@@ -1,0 +1,179 @@
+"""Commits of Parquet files this process wrote itself (the decode tasks, the driver), one
+Delta transaction each, without Spark's writer: an idempotent append under an app's
+version (:func:`commit_files`), a plain append (:func:`append_files`) and a replacement of
+every file (:func:`replace_files`). What they read of the table comes from the checksum of
+the version they commit on (:mod:`pipelines.lake.delta_io`), not from the state Delta
+rebuilds with Spark jobs; each is retried over a concurrent writer's commit."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from pipelines.lake.delta_io import (
+    _app_version,
+    _checksum,
+    _delta_log,
+    _typed_conflicts,
+    with_retry,
+)
+
+
+def commit_files(
+    spark: SparkSession,
+    table: str,
+    files: Iterable[Mapping[str, Any]],
+    *,
+    app_id: str,
+    version: int,
+) -> bool:
+    """Commit Parquet files already in ``table``'s folder (rows of ``schemas.WRITTEN``) as
+    one append, unless ``(app_id, version)`` already committed to it: :func:`append_once` for
+    files the tasks wrote themselves (:mod:`pipelines.bronze.writer`). Returns whether this
+    call committed. Idempotence is Delta's own: the transaction reads the app's version from
+    the snapshot it commits on and writes it with the files (a ``txn`` action), so of two
+    attempts of one run only one commits; a concurrent writer's commit is retried over."""
+    adds = [json.dumps({"add": _add(f)}) for f in files]
+    txn = json.dumps(
+        {"txn": {"appId": app_id, "version": version, "lastUpdated": int(time.time() * 1000)}}
+    )
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        delta_log = _delta_log(spark, table)
+        transaction = delta_log.startTransaction()
+        if _txn_version(transaction, app_id) >= version:
+            return False
+        actions = jvm.java.util.ArrayList()
+        for action in (*adds, txn):
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        # The history's WRITE (mode Append); py4j cannot use Scala's default arguments, so
+        # every optional one is given: 8 in delta-spark 4.4 (tests/spark/test_bronze.py).
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def replace_files(
+    spark: SparkSession,
+    table: str,
+    files: Iterable[Mapping[str, Any]],
+    schema: StructType,
+    *,
+    user_metadata: str | None = None,
+) -> bool:
+    """All of ``table``'s rows become those of ``files`` (Parquet files already in its
+    folder, rows of ``schemas.WRITTEN``), in one commit recording ``user_metadata``, without a
+    Spark job: the files removed are those the checksum of the version it commits on lists
+    (Delta keeps them there for a table of up to 50 files). False, and nothing committed,
+    when the checksum does not list them, the table's columns are not ``schema``'s (the
+    files') or it maps column names: then :func:`replace_rows` is the way. The
+    transaction reads the whole table, so a concurrent commit to it conflicts (and this one
+    is tried again over it)."""
+    adds = [json.dumps({"add": _add(f)}) for f in files]
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        transaction = _delta_log(spark, table).startTransaction()
+        snapshot = transaction.snapshot()
+        checksum = _checksum(snapshot)
+        if checksum is None or not checksum.allFiles().isDefined():
+            return False
+        if not _writable_as(snapshot, schema):
+            return False
+        transaction.readWholeTable()
+        actions = jvm.java.util.ArrayList()
+        now = int(time.time() * 1000)
+        current = checksum.allFiles().get()
+        for i in range(current.size()):
+            actions.add(current.apply(i).removeWithTimestamp(now, True))
+        for action in adds:
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        metadata = none if user_metadata is None else jvm.scala.Some(user_metadata)
+        # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, and 5 more)
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Overwrite, none, none, metadata, *[none] * 5
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def append_files(
+    spark: SparkSession, table: str, files: Iterable[Mapping[str, Any]], schema: StructType
+) -> bool:
+    """Append Parquet files already in ``table``'s folder (rows of ``schemas.WRITTEN``) in
+    one commit, without a Spark job (Spark's append runs one, and its commit more). False,
+    and nothing committed, when the table's columns are not ``schema``'s (the files') or it
+    maps column names: then :func:`append` is the way."""
+    adds = [json.dumps({"add": _add(f)}) for f in files]
+    jvm: Any = spark._jvm
+
+    def commit() -> bool:
+        transaction = _delta_log(spark, table).startTransaction()
+        if not _writable_as(transaction.snapshot(), schema):
+            return False
+        actions = jvm.java.util.ArrayList()
+        for action in adds:
+            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+        none = jvm.scala.Option.empty()
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
+        )
+        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
+        transaction.commit(seq, write)
+        return True
+
+    return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def _writable_as(snapshot: Any, schema: StructType) -> bool:
+    """Whether files of ``schema`` can join the table as they are: the table has the same
+    columns (names and types, in order) and does not map column names (its files would hold
+    physical names, which Spark's writer knows)."""
+    mapping = snapshot.metadata().configuration().get("delta.columnMapping.mode")
+    if mapping.isDefined() and mapping.get() != "none":
+        return False
+    table = StructType.fromJson(json.loads(snapshot.metadata().schemaString()))
+    return [(f.name, f.dataType) for f in table.fields] == [
+        (f.name, f.dataType) for f in schema.fields
+    ]
+
+
+def _add(f: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``add`` action of a written file (a row of ``schemas.WRITTEN``)."""
+    return {
+        "path": f["path"],
+        "partitionValues": {},
+        "size": f["size"],
+        "modificationTime": f["modification_time"],
+        "dataChange": True,
+        "stats": f["stats"],
+    }
+
+
+def _txn_version(transaction: Any, app_id: str) -> int:
+    """``transaction.txnVersion(app_id)`` (-1: none), read from the checksum of the snapshot
+    it commits on when that lists the transactions (``txnVersion`` reconstructs the state,
+    Spark jobs, for them). The app is recorded as read all the same, so that a concurrent
+    commit of the same app conflicts with this one, as with ``txnVersion``."""
+    checksum = _checksum(transaction.snapshot())
+    if checksum is None or not checksum.setTransactions().isDefined():
+        return int(transaction.txnVersion(app_id))
+    transaction.readTxn().addOne(app_id)
+    found = _app_version(transaction.snapshot(), app_id)
+    return -1 if found is None else found
