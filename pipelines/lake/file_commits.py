@@ -49,17 +49,7 @@ def commit_files(
         transaction = delta_log.startTransaction()
         if _txn_version(transaction, app_id) >= version:
             return False
-        actions = jvm.java.util.ArrayList()
-        for action in (*adds, txn):
-            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
-        none = jvm.scala.Option.empty()
-        # The history's WRITE (mode Append); py4j cannot use Scala's default arguments, so
-        # every optional one is given: 8 in delta-spark 4.4 (tests/spark/test_bronze.py).
-        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
-            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
-        )
-        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
-        transaction.commit(seq, write)
+        _commit(jvm, transaction, [], [*adds, txn], overwrite=False)
         return True
 
     return with_retry(table, lambda: _typed_conflicts(commit))
@@ -93,21 +83,10 @@ def replace_files(
         if not _writable_as(snapshot, schema):
             return False
         transaction.readWholeTable()
-        actions = jvm.java.util.ArrayList()
         now = int(time.time() * 1000)
         current = checksum.allFiles().get()
-        for i in range(current.size()):
-            actions.add(current.apply(i).removeWithTimestamp(now, True))
-        for action in adds:
-            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
-        none = jvm.scala.Option.empty()
-        metadata = none if user_metadata is None else jvm.scala.Some(user_metadata)
-        # DeltaOperations.Write(mode, partitionBy, predicate, userMetadata, and 5 more)
-        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
-            jvm.org.apache.spark.sql.SaveMode.Overwrite, none, none, metadata, *[none] * 5
-        )
-        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
-        transaction.commit(seq, write)
+        removes = [current.apply(i).removeWithTimestamp(now, True) for i in range(current.size())]
+        _commit(jvm, transaction, removes, adds, overwrite=True, user_metadata=user_metadata)
         return True
 
     return with_retry(table, lambda: _typed_conflicts(commit))
@@ -127,18 +106,38 @@ def append_files(
         transaction = _delta_log(spark, table).startTransaction()
         if not _writable_as(transaction.snapshot(), schema):
             return False
-        actions = jvm.java.util.ArrayList()
-        for action in adds:
-            actions.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
-        none = jvm.scala.Option.empty()
-        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
-            jvm.org.apache.spark.sql.SaveMode.Append, *[none] * 8
-        )
-        seq = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
-        transaction.commit(seq, write)
+        _commit(jvm, transaction, [], adds, overwrite=False)
         return True
 
     return with_retry(table, lambda: _typed_conflicts(commit))
+
+
+def _commit(
+    jvm: Any,
+    transaction: Any,
+    actions: list[Any],
+    as_json: list[str],
+    *,
+    overwrite: bool,
+    user_metadata: str | None = None,
+) -> None:
+    """Commit ``actions`` (Delta action objects) and ``as_json`` (actions as JSON) in
+    ``transaction``, recorded in the history as a WRITE (append, or ``overwrite``) with
+    ``user_metadata``. py4j cannot use Scala's default arguments, so every optional one of
+    ``DeltaOperations.Write`` is given: mode, partitionBy, predicate, userMetadata and 5 more
+    in delta-spark 4.4 (tests/spark/test_delta_log_reads.py commits through each caller)."""
+    listed = jvm.java.util.ArrayList()
+    for action in actions:
+        listed.add(action)
+    for action in as_json:
+        listed.add(jvm.org.apache.spark.sql.delta.actions.Action.fromJson(action))
+    none = jvm.scala.Option.empty()
+    metadata = none if user_metadata is None else jvm.scala.Some(user_metadata)
+    mode = jvm.org.apache.spark.sql.SaveMode
+    write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")(
+        mode.Overwrite if overwrite else mode.Append, none, none, metadata, *[none] * 5
+    )
+    transaction.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(listed).toSeq(), write)
 
 
 def _writable_as(snapshot: Any, schema: StructType) -> bool:
