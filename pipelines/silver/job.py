@@ -193,9 +193,9 @@ def _apply(
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
     log_rows = recall.log_rows()
-    frames, late_after = state.unconsumed_frames(spark, names, states, log_rows=log_rows)
+    unconsumed = state.unconsumed_frames(spark, names, states, log_rows=log_rows)
     at = summary.step("unconsumed", at)
-    walked, rows = _walk(spark, config, names, states, frames, late_after, log_rows)
+    walked, rows, read_through = _walk(spark, config, names, states, unconsumed, log_rows)
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
@@ -220,7 +220,8 @@ def _apply(
         if retire_dropped(spark, name, registry, found.states, config):
             recall.tables_moved()
         ensure_projections(spark, registry, bucket.projections)
-        recall.save_states(states, found.states, mark)
+        idle = state.idle_positions(states, found.states, read_through)
+        recall.save_states(states, found.states | idle, mark)
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
@@ -461,19 +462,25 @@ def _walk(
     config: AppConfig,
     names: BucketTables,
     states: dict[int, dict[str, Any]],
-    frames: DataFrame,
-    late_after: int | None,
+    unconsumed: state.Unconsumed,
     log_rows: list[dict[str, Any]] | None = None,
-) -> tuple[DataFrame, list[dict[str, Any]]]:
+) -> tuple[DataFrame, list[dict[str, Any]], int | None]:
     """The vbuckets walked (cached) and, in one job, the rows :class:`Found` reads: the control
-    rows, the ``state`` rows with their vbucket's versions summed up. A vbucket whose walk met
+    rows, the ``state`` rows with their vbucket's versions summed up; and the newest run read
+    (:attr:`state.Unconsumed.read_through`). A vbucket whose walk met
     frames of an older session that arrived late (:func:`state.late_vbuckets`) is walked again
     from its start, with the others, until none is late (once, unless a run finishes in
     between)."""
     again: set[int] = set()
     while True:
         walked = state.walk_vbuckets(
-            spark, frames, states, again, eager=config.silver.eager_apply, late_after=late_after
+            spark,
+            unconsumed.frames,
+            states,
+            again,
+            eager=config.silver.eager_apply,
+            late_after=unconsumed.late_after,
+            read_through=unconsumed.read_through,
         ).cache()
         try:
             controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
@@ -483,11 +490,11 @@ def _walk(
             raise
         late = state.late_vbuckets(found)
         if not late:
-            return walked, found
+            return walked, found, unconsumed.read_through
         walked.unpersist()
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
-        frames, late_after = state.unconsumed_frames(spark, names, states, again, log_rows=log_rows)
+        unconsumed = state.unconsumed_frames(spark, names, states, again, log_rows=log_rows)
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

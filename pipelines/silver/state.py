@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -26,7 +26,7 @@ from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms
-from pipelines.silver.walk import RowKind
+from pipelines.silver.walk import RowKind, next_position
 from pipelines.tables import BucketTables
 
 
@@ -126,6 +126,19 @@ def _replace_from_driver(
     return False
 
 
+class Unconsumed(NamedTuple):
+    """What an apply walks (:func:`unconsumed_frames`)."""
+
+    frames: DataFrame
+    """The bronze frames to walk, with the ``run_version`` of their ingest run."""
+    late_after: int | None
+    """The ingest-log version after which a finished run's frame that sorts at or before its
+    vbucket's saved position is late (None: no vbucket has a position to be late against)."""
+    read_through: int | None
+    """The newest run read (its ``run_version``; None: not known without a Spark job): every
+    run of a vbucket's from its position up to it is in ``frames``."""
+
+
 def unconsumed_frames(
     spark: SparkSession,
     names: BucketTables,
@@ -133,14 +146,13 @@ def unconsumed_frames(
     again: set[int] | frozenset[int] = frozenset(),
     *,
     log_rows: list[dict[str, Any]] | None = None,
-) -> tuple[DataFrame, int | None]:
+) -> Unconsumed:
     """Bronze frames that may hold frames no silver run has consumed yet (with the
-    ``run_version`` of their ingest run), every frame of the vbuckets in ``again`` (walked
-    again from their start), and ``late_after``: the ingest-log version after which a finished
-    run's frame that sorts at or before its vbucket's saved position is late (None: no
-    vbucket has a position to be late against). ``log_rows``: the ingest log's rows as
-    follow mode's ingest keeps them (:class:`pipelines.bronze.memory.IngestMemory`), read
-    instead of the log (no Spark job finds the runs); None: the log is read.
+    ``run_version`` of their ingest run): the finished runs from the oldest vbucket's
+    ``position_version`` on (:func:`pipelines.silver.walk.next_position`), and every frame of
+    the vbuckets in ``again`` (walked again from their start). ``log_rows``: the ingest log's
+    rows as follow mode's ingest keeps them (:class:`pipelines.bronze.memory.IngestMemory`),
+    read instead of the log (no Spark job finds the runs); None: the log is read.
 
     A frame is late when it belongs to files of an older session that arrived after a newer
     session was applied. The walk finds them as it reads (:func:`late_vbuckets`): the late
@@ -152,7 +164,9 @@ def unconsumed_frames(
     events = spark.table(names.events)
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        return transforms.walk_input(events, _finished(spark, names, log_rows)), None
+        newest = max(finished_runs_of(log_rows).values(), default=None) if log_rows else None
+        every = transforms.walk_input(events, _finished(spark, names, log_rows))
+        return Unconsumed(every, None, newest)
     # The runs from the oldest one a vbucket's position is in: the log's rows before it are
     # skipped by their statistics, so the read follows the runs not consumed, not the log's
     # age (until each vbucket was walked once since states kept their run's version, the
@@ -173,14 +187,39 @@ def unconsumed_frames(
         versions_df = transforms.finished_runs(log)
         versions = {r["ingest_run_id"]: r["run_version"] for r in versions_df.collect()}
     late_after = min(s["state"].get("seen_version", 0) for s in states.values())
-    oldest = min(versions.get(r, 0) for r in run_ids)
-    recent = of_runs([r for r, v in versions.items() if v >= oldest])
+    # a position saved before position_version: from the oldest run a position is in
+    oldest = min(versions.get(r, 0) for r in run_ids) if floor is None else floor
+    recent = [r for r, v in versions.items() if v >= oldest]
+    newest = max((versions[r] for r in recent), default=None)
     if not again:
-        return transforms.walk_input(events, versions_df).where(recent), late_after
+        return Unconsumed(
+            transforms.walk_input(events, versions_df).where(of_runs(recent)), late_after, newest
+        )
     # a vbucket walked again starts from its first frame: every finished run
     every_run = _finished(spark, names, log_rows)
-    wanted = recent | F.col("vb_key").isin(sorted(again))
-    return transforms.walk_input(events, every_run).where(wanted), late_after
+    wanted = of_runs(recent) | F.col("vb_key").isin(sorted(again))
+    return Unconsumed(transforms.walk_input(events, every_run).where(wanted), late_after, newest)
+
+
+def idle_positions(
+    states: dict[int, dict[str, Any]], walked: dict[int, dict[str, Any]], read_through: int | None
+) -> dict[int, dict[str, Any]]:
+    """The saved state of each vbucket the walk got no frame of (not in ``walked``), its
+    position moved past ``read_through``: none of the runs read holds a frame of it, so none
+    is left to consume up to there, and the next apply's read need not start at its last
+    change (an idle vbucket would hold every other vbucket's read back). ``{}`` when the
+    newest run read is not known."""
+    if read_through is None:
+        return {}
+    idle = {}
+    for vb, s in states.items():
+        if vb in walked:
+            continue
+        saved = s["state"]
+        run, version = next_position(None, None, saved, read_through)
+        seen = max(saved.get("seen_version", 0), read_through)
+        idle[vb] = saved | {"run_id": run, "position_version": version, "seen_version": seen}
+    return idle
 
 
 def finished_runs_of(log_rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -232,12 +271,14 @@ def walk_vbuckets(
     *,
     eager: bool = False,
     late_after: int | None = None,
+    read_through: int | None = None,
 ) -> DataFrame:
     """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
-    the vbuckets in ``again`` start over from a fresh state. ``late_after``: see
-    :func:`unconsumed_frames` (None: no vbucket is checked for late frames)."""
+    the vbuckets in ``again`` start over from a fresh state. ``late_after`` and
+    ``read_through``: see :class:`Unconsumed` (None: no vbucket is checked for late frames;
+    the newest run read is not known)."""
     state_rows = [
         (vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again
     ]
     saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
-    return transforms.walk_frames(frames, saved, eager=eager)
+    return transforms.walk_frames(frames, saved, eager=eager, read_through=read_through)

@@ -92,9 +92,16 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
 # --- the walk ------------------------------------------------------------------------------
 
 
-def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> DataFrame:
+def walk_frames(
+    frames: DataFrame,
+    saved: DataFrame,
+    *,
+    eager: bool = False,
+    read_through: int | None = None,
+) -> DataFrame:
     """Each vbucket's frames walked (``applyInArrow``) from its ``saved_state`` (``saved``:
-    ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh): the rules of
+    ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh), knowing the newest
+    run read (``read_through``, :func:`pipelines.silver.walk.next_position`): the rules of
     :mod:`pipelines.silver.walk` over the group's columns
     (:func:`pipelines.silver.walk_columns.walk_group`), each vbucket's versions summed up on its
     ``state`` row (:func:`pipelines.silver.walk_summary.summarize`). Rows of
@@ -103,6 +110,7 @@ def walk_frames(frames: DataFrame, saved: DataFrame, *, eager: bool = False) -> 
         frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
         .join(F.broadcast(saved), on="vb_key", how="left")
+        .withColumn("read_through", F.lit(read_through).cast("long"))
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
     return keyed.groupBy("vb_key").applyInArrow(

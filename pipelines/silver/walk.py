@@ -342,6 +342,31 @@ def late_threshold(late_after: int, seen: int) -> int:
     return max(late_after, seen)
 
 
+def next_position(
+    unconsumed: tuple[str, int] | None,
+    last_read: tuple[str, int] | None,
+    saved: dict[str, Any] | None,
+    read_through: int | None,
+) -> tuple[str | None, int | None]:
+    """Where a vbucket's next apply starts reading bronze: ``(run id, position_version)``,
+    the ingest-log version of the first run it reads. ``unconsumed``: the run (id, version)
+    of the first frame the walk read and did not consume (an open snapshot's), read again
+    from that run on. Otherwise every frame of the runs read up to ``read_through`` (the
+    newest run the apply read, None: unknown) is consumed, so the next apply starts after it;
+    the run id kept is that of the last frame read (``last_read``), else the saved one.
+    Without ``read_through``: the last run read, else the saved position."""
+    if unconsumed is not None:
+        return unconsumed
+    saved_run = saved.get("run_id") if saved else None
+    saved_version = saved.get("position_version") if saved else None
+    if read_through is not None:
+        run = last_read[0] if last_read is not None else saved_run
+        return run, max(read_through + 1, saved_version or 0)
+    if last_read is not None:
+        return last_read
+    return saved_run, saved_version
+
+
 def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     """One vbucket's group of bronze frames (the table ``applyInArrow`` hands
     :func:`pipelines.silver.transforms.walk_frames`' function: the walked columns, ``vb_key``
@@ -396,14 +421,13 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
         )
     for seqno in result.rollbacks:
         out.append({"kind": RowKind.ROLLBACK.value, "vbucket": vb, "rollback_seqno": seqno})
-    # the run holding the first frame not consumed (or the last one read): the next run reads
-    # bronze from that run on
     after = [r for r in fresh if state.position is None or position_of(r) > state.position]
-    first = (after[0] if after else fresh[-1]) if fresh else None
-    position_run = first["ingest_run_id"] if first else None
-    position_version = first["run_version"] if first else None
-    if position_run is None and saved:
-        position_run, position_version = saved.get("run_id"), saved.get("position_version")
+    position_run, position_version = next_position(
+        (after[0]["ingest_run_id"], after[0]["run_version"]) if after else None,
+        (fresh[-1]["ingest_run_id"], fresh[-1]["run_version"]) if fresh else None,
+        saved,
+        rows[0].get("read_through"),
+    )
     seen = max([seen, *(r["run_version"] for r in rows)])
     out.append(
         {

@@ -40,6 +40,7 @@ from pipelines.silver.walk import (
     VbState,
     branch_point,
     late_threshold,
+    next_position,
     record_event,
     retract,
     walk_group_rows,
@@ -457,9 +458,7 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
     seen = saved.get("seen_version", 0) if saved else 0
     order = _Order(table)
     first = order.first_after(state.position)
-    late_after = (
-        table.column("late_after")[0].as_py() if "late_after" in table.schema.names else None
-    )
+    late_after = _first(table, "late_after")
     run_versions = _values(_array(table, "run_version"))
     late = bool(
         late_after is not None
@@ -468,16 +467,15 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
     )
     frames = _Frames(table, order, first)
     walked = _walk(frames, state, eager)
-    # the run holding the first frame not consumed (or the last one read): the next run reads
-    # bronze from that run on
-    position_run = position_version = None
+    unconsumed = last_read = None
     if len(frames):
         after = order.first_after(state.position, first)
-        row = int(order.rows[after if after < len(order.rows) else -1])
-        position_run = table.column("ingest_run_id")[row].as_py()
-        position_version = table.column("run_version")[row].as_py()
-    if position_run is None and saved:
-        position_run, position_version = saved.get("run_id"), saved.get("position_version")
+        if after < len(order.rows):
+            unconsumed = _run_at(table, int(order.rows[after]))
+        last_read = _run_at(table, int(order.rows[-1]))
+    position_run, position_version = next_position(
+        unconsumed, last_read, saved, _first(table, "read_through")
+    )
     seen = max(seen, int(run_versions.max()))
     last = {
         "frames": len(frames),
@@ -494,6 +492,16 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
         "late": late,
     }
     return _walked_rows(table, out_schema, vb, frames, walked, last)
+
+
+def _first(table: pa.Table, name: str) -> Any:
+    """Column ``name``'s first value (one value for the whole group), None without it."""
+    return table.column(name)[0].as_py() if name in table.schema.names else None
+
+
+def _run_at(table: pa.Table, row: int) -> tuple[str, int]:
+    """The ingest run (id, version) of the group's ``row``."""
+    return table.column("ingest_run_id")[row].as_py(), table.column("run_version")[row].as_py()
 
 
 _SET_BY_WALK = frozenset(

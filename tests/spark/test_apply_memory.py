@@ -138,7 +138,8 @@ def test_the_runs_to_walk_come_from_the_ingest_log_kept_without_a_spark_job(
 ) -> None:
     """Between two ingests an apply consumed the first one's frames: the frames left to walk,
     found from the ingest log's rows at hand, are those found by reading the log, and finding
-    them runs no Spark job."""
+    them runs no Spark job. After an apply of the second, only runs holding frames not
+    consumed are left to read."""
     _, files, landing, config = landed(tmp_path, bucket, spark_warehouse, seed=8, ops=80)
     (b,) = config.buckets
     names = BucketTables(bucket)
@@ -154,9 +155,9 @@ def test_the_runs_to_walk_come_from_the_ingest_log_kept_without_a_spark_job(
     rows = store.read_log_rows(spark, names.ingest_log)
     assert {r["status"] for r in rows} >= {"planned", "ingested"}
     with counted(spark) as jobs:
-        kept, kept_late = state.unconsumed_frames(spark, names, states, log_rows=rows)
+        kept = state.unconsumed_frames(spark, names, states, log_rows=rows)
     assert jobs.count == 0, jobs.what
-    read, read_late = state.unconsumed_frames(spark, names, states)
+    read = state.unconsumed_frames(spark, names, states)
 
     def frames(df: Any) -> list[tuple[Any, ...]]:
         return sorted(
@@ -175,6 +176,15 @@ def test_the_runs_to_walk_come_from_the_ingest_log_kept_without_a_spark_job(
             key=repr,
         )
 
-    assert kept_late == read_late is not None
-    assert frames(kept) == frames(read)
-    assert frames(kept)  # the second ingest's frames are left to walk
+    assert kept.late_after == read.late_after is not None
+    assert kept.read_through == read.read_through == max(r["run_version"] for r in rows)
+    assert frames(kept.frames) == frames(read.frames)
+    assert frames(kept.frames)  # the second ingest's frames are left to walk
+    # once an apply consumed them, the next read holds only the runs of frames not consumed
+    # (open snapshots'), not the runs of each vbucket's last change
+    apply_bucket(spark, config, b)
+    states = state.read_states(spark, names.stream_state)
+    left = state.unconsumed_frames(spark, names, states)
+    read_runs = {r[0] for r in left.frames.select("ingest_run_id").distinct().collect()}
+    held = {s["position_run_id"] for s in states.values() if s["state"]["open_snapshot"]}
+    assert read_runs <= held

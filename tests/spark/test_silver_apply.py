@@ -86,7 +86,7 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
     states = state.read_states(spark, BucketTables(bucket).stream_state)
-    frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+    frames = state.unconsumed_frames(spark, BucketTables(bucket), {}).frames
     walked = state.walk_vbuckets(spark, frames, {})
     changes = walked.where(F.col("kind") == "change").localCheckpoint()
     registry = [
@@ -379,7 +379,7 @@ def test_change_data_feed_setting_and_equal_tables(
             r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
         ]
         # again in two MERGEs, older changes first: the second one updates rows
-        frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+        frames = state.unconsumed_frames(spark, BucketTables(bucket), {}).frames
         changes = state.walk_vbuckets(spark, frames, {}).where(F.col("kind") == "change")
         changes = changes.localCheckpoint()
         middle = changes.approxQuantile("by_seqno", [0.5], 0)[0]
@@ -705,7 +705,7 @@ def test_the_state_rows_sum_up_the_walks_versions_as_spark_aggregates_them(
         buckets=[BucketConfig(name=bucket)],
     )
     ingest_bucket(spark, config, config.buckets[0])
-    frames, _ = state.unconsumed_frames(spark, BucketTables(bucket), {})
+    frames = state.unconsumed_frames(spark, BucketTables(bucket), {}).frames
     walked = state.walk_vbuckets(spark, frames, {}).localCheckpoint()
     states = [r.asDict(recursive=True) for r in walked.where(F.col("kind") == "state").collect()]
     summed = walk_summary.collected(states)

@@ -1,7 +1,8 @@
 """The tables silver's walk gets, without Spark: one per vbucket, as ``walk_frames`` hands them
 to ``applyInArrow`` (the walked columns with Spark's types, ``vb_key`` first, the vbucket's
-``saved_state`` and ``late_after`` last, in record batches), built from frame dicts or from capture files decoded
-as bronze decodes them. For the walk's tests and its benchmark (``benchmarks/walk.py``)."""
+``saved_state``, ``late_after`` and ``read_through`` last, in record batches), built from
+frame dicts or from capture files decoded as bronze decodes them. For the walk's tests and
+its benchmark (``benchmarks/walk.py``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ GROUP_SCHEMA = pa.schema(
         *[(name, _TYPES[name]) for name in _WALK_COLUMNS],
         ("saved_state", pa.string()),
         ("late_after", pa.int64()),
+        ("read_through", pa.int64()),
     ]
 )
 """The columns of a vbucket's group, as ``walk_frames`` selects them."""
@@ -98,6 +100,7 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
         *[run[name] if name in run else events[name] for name in _WALK_COLUMNS],
         pa.nulls(n, pa.string()),
         pa.nulls(n, pa.int64()),
+        pa.array(np.ones(n, dtype=np.int64)),  # the one run, the newest read
     ]
     table = pa.Table.from_arrays(columns, schema=GROUP_SCHEMA)
     keys = vb_key.to_numpy()

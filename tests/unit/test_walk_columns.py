@@ -300,7 +300,11 @@ def test_one_run_from_a_fresh_or_a_saved_state(
     saved = data.draw(st.one_of(st.none(), saved_states(frames)))
     text = None if saved is None else json.dumps(saved)
     late_after = data.draw(st.one_of(st.none(), st.integers(0, 2)))
-    rows = [{**f, "saved_state": text, "late_after": late_after} for f in frames]
+    read_through = data.draw(st.one_of(st.none(), st.integers(1, 3)))
+    rows = [
+        {**f, "saved_state": text, "late_after": late_after, "read_through": read_through}
+        for f in frames
+    ]
     if rows:
         _both(rows, layout, eager)
 
@@ -323,7 +327,8 @@ def test_two_runs_the_second_from_the_state_the_first_saved(
         else {**f, "saved_state": state}
         for i, f in enumerate(frames)
     ]
-    second = [{**f, "late_after": late_after} for f in second]
+    read_through = data.draw(st.one_of(st.none(), st.just(2)))
+    second = [{**f, "late_after": late_after, "read_through": read_through} for f in second]
     _both(data.draw(st.permutations(second)), layout, eager)
 
 
@@ -431,3 +436,37 @@ def test_a_vbucket_is_late_by_the_runs_it_saw_not_by_an_idle_one(seen: int, late
     text = json.dumps({**saved, "seen_version": seen})
     rows = [{**f, "saved_state": text, "late_after": 0} for f in w.frames]
     assert _late_flag(rows) is late
+
+
+def _saved_position(rows: list[dict[str, Any]]) -> tuple[str | None, int | None]:
+    walked = _both(rows, ([40], 0, None), eager=False)
+    state = json.loads(walked.filter(pa.compute.equal(walked["kind"], "state"))["state"][0].as_py())
+    return state["run_id"], state["position_version"]
+
+
+@pytest.mark.parametrize("read_through", [None, 3])
+def test_the_next_read_starts_after_the_newest_run_read_once_every_frame_is_consumed(
+    read_through: int | None,
+) -> None:
+    """Run 1 brings a whole snapshot, run 2 the marker and first change of another: the frame
+    not consumed keeps the next apply's read at run 2, whatever was read after it. Once run 3
+    brings the snapshot's end, every frame is consumed: the next read starts after the newest
+    run the apply read (``read_through``), not at the run of the vbucket's last frame, which
+    the next apply would read again (without it, as before)."""
+    w = _Writer()
+    w.start_session("2026-01-01T00:00:00Z", "s")
+    w.step(("snapshot", [("data", "mutation", 0, 1, "rising")] * 2), tie=False)
+    first = len(w.frames)
+    w.step(("marker", 2, None, True), tie=False)
+    w.step(("data", "mutation", 0, 1, "rising"), tie=False)
+    second = len(w.frames)
+    w.step(("data", "mutation", 0, 1, "rising"), tie=False)
+    for f in w.frames[first:second]:
+        f.update(ingest_run_id="run-2", run_version=2)
+    for f in w.frames[second:]:
+        f.update(ingest_run_id="run-3", run_version=3)
+    extra = {"saved_state": None, "late_after": None, "read_through": read_through}
+    open_snapshot = [{**f, **extra} for f in w.frames[:second]]
+    assert _saved_position(open_snapshot) == ("run-2", 2)
+    consumed = [{**f, **extra} for f in w.frames]
+    assert _saved_position(consumed) == ("run-3", 4 if read_through else 3)
