@@ -17,8 +17,7 @@ from dcp_cdc.protocol import HLC_COUNTER_MASK
 from pipelines import schemas
 from pipelines.bronze.transforms import vb_key
 from pipelines.silver.walk import CHANGE_OF
-from pipelines.silver.walk_columns import walk_group
-from pipelines.silver.walk_summary import summarize
+from pipelines.silver.walk_columns import walk_vbuckets
 
 WALK_OPS = [
     *DATA_OPS,
@@ -92,6 +91,13 @@ def walk_input(events: DataFrame, runs: DataFrame) -> DataFrame:
 # --- the walk ------------------------------------------------------------------------------
 
 
+WALK_GROUPS = 64
+"""The groups the walk's ``applyInArrow`` gets at most: vbucket ``v`` is in group ``v % 64``.
+With Couchbase's 1,024 vbuckets a group holds 16 of them; each group costs Spark an Arrow
+stream each way and the function a call, which one vbucket's few frames a micro-batch brings
+did not pay for."""
+
+
 def walk_frames(
     frames: DataFrame,
     saved: DataFrame,
@@ -103,18 +109,20 @@ def walk_frames(
     ``vb_key``, ``saved_state`` JSON; a vbucket without one starts fresh), knowing the newest
     run read (``read_through``, :func:`pipelines.silver.walk.next_position`): the rules of
     :mod:`pipelines.silver.walk` over the group's columns
-    (:func:`pipelines.silver.walk_columns.walk_group`), each vbucket's versions summed up on its
-    ``state`` row (:func:`pipelines.silver.walk_summary.summarize`). Rows of
-    :data:`pipelines.schemas.WALKED`."""
+    (:func:`pipelines.silver.walk_columns.walk_vbuckets`, :data:`WALK_GROUPS` groups of
+    vbuckets), each vbucket's versions summed up on its ``state`` row
+    (:func:`pipelines.silver.walk_summary.summarize`). Rows of :data:`pipelines.schemas.WALKED`."""
     keyed = (
         frames.select(*_WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
         .join(F.broadcast(saved), on="vb_key", how="left")
         .withColumn("read_through", F.lit(read_through).cast("long"))
+        .withColumn("_walk_group", F.col("vb_key") % WALK_GROUPS)
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
-    return keyed.groupBy("vb_key").applyInArrow(
-        lambda table: summarize(walk_group(table, out_schema, eager)), schemas.WALKED
+    return keyed.groupBy("_walk_group").applyInArrow(
+        lambda table: walk_vbuckets(table.drop_columns(["_walk_group"]), out_schema, eager),
+        schemas.WALKED,
     )
 
 

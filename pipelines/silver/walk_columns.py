@@ -45,6 +45,7 @@ from pipelines.silver.walk import (
     retract,
     walk_group_rows,
 )
+from pipelines.silver.walk_summary import summarize
 
 # The ops the walk acts on, as small integers: data changes first, then what else a snapshot
 # buffers, then the frames that open, close or reset one. Any other op is read and ignored.
@@ -437,6 +438,24 @@ SMALL_GROUP = 64
 """Frames of a group below which the row walk is the faster (measured on 2 cores: at 32 frames
 the row walk takes 0.77 of the columnar walk's time, at 64 as long, at 256 three times as
 long)."""
+
+
+def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
+    """The frames of several vbuckets (a group of :func:`pipelines.silver.transforms.walk_frames`,
+    its grouping column dropped) walked one vbucket at a time (:func:`walk_group`), each
+    vbucket's rows summed up on its ``state`` row (:func:`walk_summary.summarize`, once for
+    all). A group of some vbuckets, not one, saves Spark's cost per group (an Arrow stream
+    each way) where a run brings a few frames to each of many vbuckets."""
+    if not table.num_rows:
+        return out_schema.empty_table()
+    keys = table.column("vb_key").to_numpy()
+    order = np.argsort(keys, kind="stable")
+    table = table.take(order)  # one copy, each vbucket's rows then a slice of it
+    starts = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), table.num_rows]
+    walked = [
+        walk_group(table.slice(a, b - a), out_schema, eager) for a, b in itertools.pairwise(starts)
+    ]
+    return summarize(pa.concat_tables(walked))
 
 
 def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:

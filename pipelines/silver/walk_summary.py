@@ -5,8 +5,8 @@ The apply collects the walk's control rows (states, rollbacks, system events) in
 and needs three things of the versions it does not collect: the keys each collection's
 committed changes touch (a count per collection), the collections with versions, and the
 CAS times of the committed changes (freshness, :class:`pipelines.observe.freshness.ChangeTimes`).
-Each walked group is one vbucket, and a key lives in one vbucket, so per-vbucket counts of
-distinct keys add up to the run's; the CAS times come as each vbucket's count, sum and
+Each vbucket is walked and summed up on its own, and a key lives in one vbucket, so
+per-vbucket counts of distinct keys add up to the run's; the CAS times come as each vbucket's count, sum and
 quantile points, merged by weight (:func:`collected`). Aggregating the cached walk in Spark
 instead took three more jobs and two shuffles per apply.
 
@@ -16,6 +16,7 @@ No Spark here: the walk's ``applyInArrow`` function calls :func:`summarize`, the
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,43 +36,68 @@ COLUMNS = ("change_keys", "version_collections", "cas_count", "cas_sum", "cas_po
 
 
 def summarize(out: pa.Table) -> pa.Table:
-    """``out``, one vbucket's walked rows (its ``state`` row last), with :data:`COLUMNS` set
-    on the ``state`` row: the distinct keys of committed changes per collection, the
-    collections with versions, and the changes' CAS times (count, sum, points)."""
+    """``out``, the walked rows of one vbucket or several (each vbucket's ``state`` row after
+    its other rows), with :data:`COLUMNS` set on each ``state`` row: the vbucket's distinct
+    keys of committed changes per collection, its collections with versions, and its
+    changes' CAS times (count, sum, points). One pass over all the vbuckets: a vbucket's
+    summary costs no Arrow call of its own."""
     kinds = out.column("kind")
+    vbuckets = out.column("vbucket")
+    at_state = np.flatnonzero(pc.equal(kinds, RowKind.STATE.value).to_numpy(zero_copy_only=False))
+    state_vbs = vbuckets.take(pa.array(at_state)).to_pylist()
     changes = out.filter(pc.equal(kinds, RowKind.CHANGE.value))
-    keys: list[tuple[int, int]] = []
-    if changes.num_rows:
-        grouped = (
-            changes.select(["collection_id", "key"])
-            .group_by("collection_id")
-            .aggregate([("key", "count_distinct")])
-        )
-        keys = sorted(
-            zip(
-                grouped.column("collection_id").to_pylist(),
-                grouped.column("key_count_distinct").to_pylist(),
-                strict=True,
-            )
-        )
+    keys: dict[int, Counter[int]] = {vb: Counter() for vb in state_vbs}
+    changed = changes.select(["vbucket", "collection_id", "key"]).to_pydict()
+    for vb, cid, key in set(zip(*changed.values(), strict=True)):
+        keys[vb][cid] += key is not None
     versions = out.filter(pc.is_in(kinds, value_set=pa.array(VERSION_KINDS)))
-    collections = sorted(c for c in pc.unique(versions.column("collection_id")).to_pylist())
-    seconds = cas_seconds(pc.drop_null(changes.column("cas")).to_numpy())
-    values: dict[str, Any] = {
-        "change_keys": keys,
-        "version_collections": collections,
-        "cas_count": len(seconds),
-        "cas_sum": float(seconds.sum()) if len(seconds) else None,
-        "cas_points": points(seconds),
+    collections: dict[int, set[int]] = {vb: set() for vb in state_vbs}
+    for vb, cid in set(
+        zip(
+            versions.column("vbucket").to_pylist(),
+            versions.column("collection_id").to_pylist(),
+            strict=True,
+        )
+    ):
+        collections[vb].add(cid)
+    times = _cas_times(changes)
+    values = {
+        "change_keys": [sorted(keys[vb].items()) for vb in state_vbs],
+        "version_collections": [sorted(collections[vb]) for vb in state_vbs],
+        "cas_count": [len(times.get(vb, ())) for vb in state_vbs],
+        "cas_sum": [float(times[vb].sum()) if vb in times else None for vb in state_vbs],
+        "cas_points": [points(times[vb]) if vb in times else None for vb in state_vbs],
     }
-    last = out.num_rows - 1
-    for name, value in values.items():
+    # each row's index among the state rows (null for the other rows): the values taken
+    slot = np.full(out.num_rows, -1, dtype=np.int64)
+    slot[at_state] = np.arange(len(at_state))
+    where = pa.array(slot, mask=slot < 0)
+    for name, column_values in values.items():
         i = out.schema.get_field_index(name)
-        column = out.column(i)
-        head = column.slice(0, last)
-        tail = pa.array([value], column.type)
-        out = out.set_column(i, name, pa.chunked_array([*head.chunks, tail], column.type))
+        field = out.schema.field(i)
+        out = out.set_column(i, field, pa.array(column_values, field.type).take(where))
     return out
+
+
+def _cas_times(changes: pa.Table) -> dict[int, np.ndarray]:
+    """vbucket -> the CAS times of its committed changes (:func:`cas_seconds`), for the
+    vbuckets with any."""
+    if not changes.num_rows:
+        return {}
+    cas = changes.column("cas")
+    valid = pc.is_valid(cas)
+    vbs = pc.filter(changes.column("vbucket"), valid).to_numpy()
+    values = pc.filter(cas, valid).to_numpy().astype(np.int64)
+    vbs = vbs[values > 0]
+    seconds = cas_seconds(values)
+    order = np.argsort(vbs, kind="stable")
+    vbs, seconds = vbs[order], seconds[order]
+    bounds = np.flatnonzero(np.diff(vbs)) + 1
+    return {
+        int(part_vbs[0]): part
+        for part_vbs, part in zip(np.split(vbs, bounds), np.split(seconds, bounds), strict=True)
+        if len(part)
+    }
 
 
 def cas_seconds(cas: np.ndarray) -> np.ndarray:

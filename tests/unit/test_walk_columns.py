@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,7 +27,13 @@ from hypothesis import strategies as st
 from dcp_cdc.simulator import simulate
 from pipelines import schemas
 from pipelines.silver.walk import walk_group_rows
-from pipelines.silver.walk_columns import SMALL_GROUP, walk_group, walk_group_columns
+from pipelines.silver.walk_columns import (
+    SMALL_GROUP,
+    walk_group,
+    walk_group_columns,
+    walk_vbuckets,
+)
+from pipelines.silver.walk_summary import summarize
 from tests.support.walk_groups import group_table, groups_from_captures
 
 OUT = schemas.arrow_schema(schemas.WALKED)
@@ -349,6 +356,21 @@ def test_a_simulation_decoded_as_bronze_decodes_it(simulated: list[pa.Table], ea
         assert got.equals(expected)
         kinds |= set(expected["kind"].to_pylist())
     assert {"change", "system_event", "rollback", "state"} <= kinds
+
+
+def test_a_group_of_several_vbuckets_in_any_order_walks_each_as_its_own_group(
+    simulated: list[pa.Table],
+) -> None:
+    """``walk_vbuckets`` (what silver's ``applyInArrow`` runs on a group of vbuckets, their
+    frames interleaved): each vbucket's rows are those of its own group, summed up on its
+    ``state`` row."""
+    assert len(simulated) > 1
+    together = pa.concat_tables(simulated)
+    shuffled = together.take(np.random.default_rng(5).permutation(together.num_rows))
+    got = walk_vbuckets(shuffled, OUT, False)
+    expected = pa.concat_tables([summarize(walk_group(t, OUT, False)) for t in simulated])
+    assert got.to_pylist() == expected.to_pylist()
+    assert walk_vbuckets(together.slice(0, 0), OUT, False).num_rows == 0
 
 
 def test_silver_walks_a_small_group_row_by_row_and_a_larger_one_by_columns(

@@ -116,3 +116,28 @@ def test_a_runs_summary_adds_up_its_vbuckets() -> None:
     assert (quantiles[0], quantiles[7], quantiles[-1]) == pytest.approx((10, 11, 12), abs=1e-3)
     nothing = collected([states[-1]])
     assert nothing.times == {"cas_count": 0, "cas_sum": None, "cas_quantiles": None}
+
+
+def test_several_vbuckets_in_one_table_are_each_summed_up_as_alone() -> None:
+    """The walk's groups hold several vbuckets (each one's rows, then its state row): every
+    state row gets its own vbucket's summary, as when summed up alone."""
+    tables = [
+        _walked(
+            vb,
+            [
+                {"kind": "change", "collection_id": cid, "key": k, "cas": _cas(t)}
+                for cid, k, t in rows
+            ],
+        )
+        for vb, rows in (
+            (3, [(8, b"a", 10.0), (8, b"b", 12.0), (9, b"a", 11.0)]),
+            (4, []),
+            (67, [(8, b"a", 20.0), (0, b"c", 0.0)]),
+            (5, [(9, b"x", 30.0)] * 200),
+        )
+    ]
+    alone = [r for t in tables for r in summarize(t).to_pylist()]
+    assert summarize(pa.concat_tables(tables)).to_pylist() == alone
+    states = [r for r in alone if r["kind"] == "state"]
+    assert [dict(r["change_keys"]) for r in states] == [{8: 2, 9: 1}, {}, {8: 1, 0: 1}, {9: 1}]
+    assert [r["cas_count"] for r in states] == [3, 0, 1, 200]
