@@ -511,9 +511,12 @@ class _Run:
             lambda: _files(spark, file_rows, chunk).mapInArrow(task, schemas.WRITTEN).collect()
         )
         self.hook("written")
-        file_commits.commit_files(
+        committed = file_commits.commit_files(
             spark, table, [r.asDict() for r in written], app_id=store.TXN_APP_ID, version=version
         )
+        if committed and self.memory is not None:
+            paths = [f"{location.rstrip('/')}/{r['path']}" for r in written]
+            self.memory.committed_files(spark, table, run_id, paths)
 
     def quarantine(
         self, files: list[CaptureFile], version: int, run_id: str, digests: dict[str, str]

@@ -193,7 +193,9 @@ def _apply(
         # only changes they already hold, which the MERGE guard leaves alone.
         states = {}
     log_rows = recall.log_rows()
-    unconsumed = state.unconsumed_frames(spark, names, states, log_rows=log_rows)
+    unconsumed = state.unconsumed_frames(
+        spark, names, states, log_rows=log_rows, run_files=recall.run_files
+    )
     at = summary.step("unconsumed", at)
     walked, rows, read_through = _walk(spark, config, names, states, unconsumed, log_rows)
     held: list[threading.Lock] = []

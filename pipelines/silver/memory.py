@@ -114,6 +114,14 @@ class Recall:
         self.memory.ingest.state(self.spark, self.names.ingest_log)
         return self.memory.ingest.rows
 
+    def run_files(self, run_ids: list[str]) -> list[str] | None:
+        """The events table's data files holding the frames of ``run_ids``, as the ingest's
+        memory keeps them (:meth:`IngestMemory.run_files`); None when it does not keep them
+        all (the apply reads the table)."""
+        if self.memory is None or self.memory.ingest is None:
+            return None
+        return self.memory.ingest.run_files(self.spark, self.names.events, run_ids)
+
     def mark_support_ready(self) -> None:
         if self.memory is not None:
             self.memory.support_ready = True

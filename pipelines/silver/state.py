@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -146,6 +147,7 @@ def unconsumed_frames(
     again: set[int] | frozenset[int] = frozenset(),
     *,
     log_rows: list[dict[str, Any]] | None = None,
+    run_files: Callable[[list[str]], list[str] | None] | None = None,
 ) -> Unconsumed:
     """Bronze frames that may hold frames no silver run has consumed yet (with the
     ``run_version`` of their ingest run): the finished runs from the oldest vbucket's
@@ -153,6 +155,9 @@ def unconsumed_frames(
     the vbuckets in ``again`` (walked again from their start). ``log_rows``: the ingest log's
     rows as follow mode's ingest keeps them (:class:`pipelines.bronze.memory.IngestMemory`),
     read instead of the log (no Spark job finds the runs); None: the log is read.
+    ``run_files``: the events table's data files of some runs when the ingest's memory keeps
+    them (:meth:`pipelines.silver.memory.Recall.run_files`): the runs' frames are read from
+    those files, without Delta's jobs that find them in the table.
 
     A frame is late when it belongs to files of an older session that arrived after a newer
     session was applied. The walk finds them as it reads (:func:`late_vbuckets`): the late
@@ -192,6 +197,9 @@ def unconsumed_frames(
     recent = [r for r, v in versions.items() if v >= oldest]
     newest = max((versions[r] for r in recent), default=None)
     if not again:
+        files = run_files(recent) if run_files is not None else None
+        if files is not None:
+            events = _files_frame(spark, files)
         return Unconsumed(
             transforms.walk_input(events, versions_df).where(of_runs(recent)), late_after, newest
         )
@@ -199,6 +207,14 @@ def unconsumed_frames(
     every_run = _finished(spark, names, log_rows)
     wanted = of_runs(recent) | F.col("vb_key").isin(sorted(again))
     return Unconsumed(transforms.walk_input(events, every_run).where(wanted), late_after, newest)
+
+
+def _files_frame(spark: SparkSession, paths: list[str]) -> DataFrame:
+    """The events of these data files of the events table (its columns as the ingest writes
+    them, :data:`schemas.EVENTS`)."""
+    if not paths:
+        return spark.createDataFrame([], schemas.EVENTS)
+    return spark.read.schema(schemas.EVENTS).parquet(*paths)
 
 
 def idle_positions(

@@ -19,7 +19,7 @@ from pipelines.bronze.memory import IngestMemory
 from pipelines.lake.delta_io import table_version
 from pipelines.silver import state, transforms
 from pipelines.silver.job import apply_bucket
-from pipelines.silver.memory import ApplyMemory
+from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables
 from tests.support.silver_runs import landed
@@ -188,3 +188,55 @@ def test_the_runs_to_walk_come_from_the_ingest_log_kept_without_a_spark_job(
     read_runs = {r[0] for r in left.frames.select("ingest_run_id").distinct().collect()}
     held = {s["position_run_id"] for s in states.values() if s["state"]["open_snapshot"]}
     assert read_runs <= held
+
+
+def _scans(df: Any) -> str:
+    """The physical plan of ``df``, where its scans name their file index."""
+    return str(df._jdf.queryExecution().executedPlan().toString())
+
+
+def _walked_frames(df: Any) -> list[tuple[Any, ...]]:
+    columns = ("ingest_run_id", "run_version", "vbucket", "by_seqno", "op", "offset", "value")
+    return sorted((tuple(r) for r in df.select(*columns).collect()), key=repr)
+
+
+def test_the_frames_of_runs_this_process_ingested_are_read_from_the_files_it_committed(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Follow mode: the apply reads the runs its own ingest committed from the data files
+    that commit added (no scan of the Delta table), and gets the frames a read of the table
+    gives. Another writer's commit to the events table since (an OPTIMIZE) makes it read
+    the table; silver equals the truth."""
+    result, files, landing, config = landed(tmp_path, bucket, spark_warehouse, seed=8, ops=80)
+    (b,) = config.buckets
+    names = BucketTables(bucket)
+    ingest = IngestMemory()
+    memory = ApplyMemory(ingest=ingest)
+    half = len(files) // 2
+    for path in files[:half]:
+        shutil.copy(path, landing)
+    ingest_bucket(spark, config, b, memory=ingest)
+    apply_bucket(spark, config, b, memory=memory)
+    for path in files[half:]:
+        shutil.copy(path, landing)
+    ingest_bucket(spark, config, b, memory=ingest)
+    recall = Recall(spark, names, memory)
+    states = state.read_states(spark, names.stream_state)
+    rows = recall.log_rows()
+    via_files = state.unconsumed_frames(
+        spark, names, states, log_rows=rows, run_files=recall.run_files
+    )
+    via_table = state.unconsumed_frames(spark, names, states, log_rows=rows)
+    runs = sorted({r[0] for r in via_table.frames.select("ingest_run_id").distinct().collect()})
+    kept = recall.run_files(runs)
+    assert runs and kept, "the second ingest's run is kept with its files"
+    assert {Path(p.removeprefix("file:")).name for p in via_files.frames.inputFiles()} == {
+        Path(p).name for p in kept
+    }
+    assert "InMemoryFileIndex" in _scans(via_files.frames)  # the files, by their paths
+    assert "InMemoryFileIndex" not in _scans(via_table.frames)  # Delta's index of the table
+    assert _walked_frames(via_files.frames) == _walked_frames(via_table.frames)
+    spark.sql(f"OPTIMIZE {names.events}")  # another writer's commit: files kept may be gone
+    assert recall.run_files(runs) is None
+    apply_bucket(spark, config, b, memory=memory)
+    assert_equal_to_truth(spark, bucket, result)

@@ -90,3 +90,49 @@ def test_a_commit_of_another_writer_before_this_ones_forgets(
     assert memory == IngestMemory()
     assert set(memory.state(SPARK, TABLE).ingested) == {"theirs", "mine"}
     assert log.reads == 2
+
+
+def test_run_files_are_kept_while_only_this_process_commits_to_the_events_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each run's commit of its files is kept while the events table moved by that commit
+    alone; a commit of another writer between two of ours, or after the last, forgets them
+    (its OPTIMIZE may have replaced them), and a run not kept makes the apply read the
+    table."""
+    version = {"events": 4}
+    monkeypatch.setattr(memory_module, "table_version", lambda spark, table: version[table])
+    kept = IngestMemory()
+
+    def commit(run: str, *paths: str) -> None:
+        version["events"] += 1
+        kept.committed_files(SPARK, "events", run, list(paths))
+
+    commit("r1", "/t/a.parquet")
+    commit("r2", "/t/b.parquet", "/t/c.parquet")
+    assert kept.run_files(SPARK, "events", ["r1", "r2"]) == [
+        "/t/a.parquet",
+        "/t/b.parquet",
+        "/t/c.parquet",
+    ]
+    assert kept.run_files(SPARK, "events", ["r0", "r2"]) is None  # r0: not this process's
+    version["events"] += 1  # another writer's commit between two of ours
+    commit("r3", "/t/d.parquet")
+    assert kept.run_files(SPARK, "events", ["r2", "r3"]) is None
+    assert kept.run_files(SPARK, "events", ["r3"]) == ["/t/d.parquet"]
+    version["events"] += 1  # and after the last of ours
+    assert kept.run_files(SPARK, "events", ["r3"]) is None
+    commit("r4")  # a run that wrote no events file
+    assert kept.run_files(SPARK, "events", ["r4"]) == []
+    kept.forget()
+    assert kept.run_files(SPARK, "events", ["r4"]) is None
+
+
+def test_the_files_of_the_newest_runs_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    version = {"events": 0}
+    monkeypatch.setattr(memory_module, "table_version", lambda spark, table: version[table])
+    kept = IngestMemory()
+    for i in range(memory_module.KEPT_RUNS + 3):
+        version["events"] += 1
+        kept.committed_files(SPARK, "events", f"r{i}", [f"/t/{i}.parquet"])
+    assert kept.run_files(SPARK, "events", ["r2"]) is None
+    assert kept.run_files(SPARK, "events", ["r3"]) == ["/t/3.parquet"]
