@@ -21,7 +21,8 @@
 #                   ingest, apply, check and maintain, and two Spark drivers committing to
 #                   the same tables, 20 rounds with each log store; two Spark drivers on the
 #                   same local tables, 100 rounds (400 commits), and Delta's stock local store
-#                   losing commits to a racing JVM
+#                   losing commits to a racing JVM; 13 lines, each a target (long-seeds,
+#                   long-follow, ...): make -j2 test-long runs two at once
 #   make airflow-up  Airflow under its scheduler (LocalExecutor, API server, DAG processor) and a
 #                   Spark standalone cluster on 127.0.0.1, in work/stack; Ctrl-C stops it all
 #   make airflow-down  stop what airflow-up started (from another terminal)
@@ -114,19 +115,39 @@ check: test
 # make test leaves them here, to stay under 25 minutes in CI); kill -9 of ingest and apply at
 # every step; the capture agent through each fault into silver, a failover to a shorter branch
 # and 20 kill -9 of the agent.
-test-long: setup setup-s3
+# Each line a target of its own: `make -j2 test-long` runs two at once (each a pytest process
+# with its own Spark session, as make test's two workers are), `make long-follow` one alone.
+LONG_LINES := long-seeds long-arrival long-fuzz long-check long-marked long-kill long-capture \
+	long-cluster long-follow long-s3-kills long-s3 long-airflow long-rehearsal
+.PHONY: $(LONG_LINES)
+test-long: $(LONG_LINES)
+$(LONG_LINES): setup setup-s3
+
+long-seeds:
 	DCP_CDC_SEEDS=200 DCP_CDC_ARRIVAL_SEEDS=24 $(PY) -m pytest tests/spark/test_silver.py -k many_seeds $(PYTEST_ARGS)
+long-arrival:
 	DCP_CDC_ARRIVAL_ALL=1 $(PY) -m pytest tests/spark/test_silver_arrival.py $(PYTEST_ARGS)
+long-fuzz:
 	DCP_CDC_FUZZ_INPUTS=200000 $(PY) -m pytest tests/unit/test_decoder_fuzz.py $(PYTEST_ARGS)
+long-check:
 	DCP_CDC_CHECK_GROUPS=10 DCP_CDC_CHECK_SEEDS_PER_GROUP=20 DCP_CDC_CHECK_BATCHES=4 $(PY) -m pytest tests/spark/test_quality_incremental.py $(PYTEST_ARGS)
+long-marked:
 	$(PY) -m pytest -m long tests/spark/test_silver_history.py tests/spark/test_silver_apply.py tests/spark/test_kill_resume.py tests/spark/test_silver.py::test_incremental_runs_in_any_arrival_order_equal_one_run tests/dags/test_dcp_cdc_dags.py tests/e2e/test_run.py tests/e2e/test_submitted_jars.py tests/spark/test_apply_memory.py tests/spark/test_cluster_branch.py tests/spark/test_landing_gap.py tests/e2e/test_local_writers.py tests/spark/test_silver_live.py tests/e2e/test_initial_load.py $(PYTEST_ARGS)
+long-kill:
 	DCP_CDC_KILL_ALL=1 $(PY) -m pytest tests/e2e/test_kill.py $(PYTEST_ARGS)
+long-capture:
 	DCP_CDC_CAPTURE_ALL=1 $(PY) -m pytest tests/spark/test_capture_agent.py $(PYTEST_ARGS)
+long-cluster:
 	DCP_CDC_CLUSTER=1 $(PY) -m pytest tests/e2e/test_cluster.py $(PYTEST_ARGS)
+long-follow:
 	DCP_CDC_FOLLOW=1 $(PY) -m pytest tests/spark/test_follow.py tests/e2e/test_follow_cli.py tests/e2e/test_shared_catalog.py $(PYTEST_ARGS)
+long-s3-kills:
 	DCP_CDC_S3_KILLS=20 $(PY) -m pytest tests/unit/test_agent_s3.py -k kill_9 $(PYTEST_ARGS)
+long-s3:
 	DCP_CDC_S3=1 $(PY) -m pytest tests/s3 $(PYTEST_ARGS)
+long-airflow:
 	DCP_CDC_AIRFLOW=1 $(PY) -m pytest tests/e2e/test_airflow_scheduler.py $(PYTEST_ARGS)
+long-rehearsal:
 	DCP_CDC_REHEARSAL=1 $(PY) -m pytest tests/e2e/test_rehearsal.py $(PYTEST_ARGS)
 
 # build-support/local_stack.py: see its --help and docs/airflow.md (Running under the scheduler).
