@@ -87,7 +87,8 @@ $(LOCAL_LOG_STORE_JAR): $(JARS_STAMP) $(BUILD_JAR) $(wildcard build-support/jars
 # Only for a warehouse on S3: not part of setup, which stays light.
 setup-s3: setup $(S3_JARS_STAMP)
 
-$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py $(BUILD_JAR) $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java)
+# After the Delta jars (its log store builds against them), which come after the packages.
+$(S3_JARS_STAMP): build-support/jars/s3/pom.xml build-support/jars/fetch_jars.py $(BUILD_JAR) $(wildcard build-support/jars/s3/src/dcpcdc/delta/*.java) $(JARS_STAMP)
 	$(PY) build-support/jars/fetch_jars.py --pom build-support/jars/s3/pom.xml --dest $(S3_JARS_DIR) --require hadoop-aws
 	$(PY) $(BUILD_JAR) --src build-support/jars/s3/src --jar $(S3_JARS_DIR)/dcp-cdc-s3-logstore.jar --classpath $(JARS_DIR) --classpath $(S3_JARS_DIR) --needs delta-storage- --needs hadoop-aws-
 	@mkdir -p $(@D) && touch $@
