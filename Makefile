@@ -47,6 +47,7 @@ S3_JARS_DIR := .cache/jars-s3
 S3_JARS_STAMP := $(S3_JARS_DIR)/.stamp
 LOCAL_LOG_STORE_JAR := $(JARS_DIR)/dcp-cdc-local-logstore.jar
 BUILD_JAR := build-support/jars/build_jar.py
+JVM_ARCHIVE_STAMP := .cache/jvm/.stamp
 PIP := $(PY) -m pip --disable-pip-version-check
 
 PYTEST_ARGS ?=
@@ -59,7 +60,7 @@ help:
 	@sed -n 's/^#   make /  make /p' $(MAKEFILE_LIST)
 	@echo "  make lint | format | typecheck | run ARGS=... | bench | pyfiles | wheel | clean | distclean"
 
-setup: $(STAMPS)/editable $(JARS_STAMP) $(LOCAL_LOG_STORE_JAR)
+setup: $(STAMPS)/editable $(JARS_STAMP) $(LOCAL_LOG_STORE_JAR) $(JVM_ARCHIVE_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +84,12 @@ $(JARS_STAMP): build-support/jars/pom.xml build-support/jars/fetch_jars.py $(STA
 # docs/object-storage.md), beside the Delta jars; rebuilt when fetch_jars.py renews the folder.
 $(LOCAL_LOG_STORE_JAR): $(JARS_STAMP) $(BUILD_JAR) $(wildcard build-support/jars/local/src/dcpcdc/delta/*.java)
 	$(PY) $(BUILD_JAR) --src build-support/jars/local/src --jar $@ --classpath $(JARS_DIR) --needs delta-storage-
+
+# The class-data archive local Spark JVMs map at start (pipelines/lake/jvm_archive.py): one
+# JVM run of about a minute, written again when the packages or the jars change.
+$(JVM_ARCHIVE_STAMP): pipelines/lake/jvm_archive.py $(STAMPS)/editable $(LOCAL_LOG_STORE_JAR)
+	$(PY) -m pipelines.lake.jvm_archive --force
+	@mkdir -p $(@D) && touch $@
 
 # Only for a warehouse on S3: not part of setup, which stays light.
 setup-s3: setup $(S3_JARS_STAMP)

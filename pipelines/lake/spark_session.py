@@ -44,6 +44,7 @@ from dcp_cdc.config.storage import LOCAL_LOG_STORE_CLASS, LOCAL_LOG_STORE_KEY
 from pipelines.catalog.embedded import METASTORE_DIR_NAME, explain_open_failure, open_local_catalog
 from pipelines.catalog.settings import catalog_service, hive_client_conf
 from pipelines.errors import SparkSetupError
+from pipelines.lake import jvm_archive
 from pipelines.lake.object_storage import (
     check_submitted_s3_jars,
     on_s3,
@@ -132,6 +133,7 @@ def spark_conf(
     embedded Derby catalog in it) unless ``metastore`` names a shared Hive metastore.
     """
     local_warehouse = isinstance(warehouse, Path)
+    local_master = master is not None and master.startswith("local")
     java_options = [
         "-Duser.timezone=UTC",
         f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
@@ -173,7 +175,7 @@ def spark_conf(
     }
     if master is not None:
         conf["spark.master"] = master
-    if master is not None and master.startswith("local"):
+    if local_master:
         conf |= {
             # Local mode runs every task in the driver JVM: its default 1g heap is far too
             # small for a million decoded frames (this machine has 24 GiB).
@@ -259,6 +261,13 @@ def ingest_jvm_conf(config: AppConfig) -> dict[str, str]:
     return {_DRIVER_JAVA_OPTIONS: C1_ONLY, _EXECUTOR_JAVA_OPTIONS: C1_ONLY}
 
 
+def class_archive_conf() -> dict[str, str]:
+    """The driver JVM options that map the class-data archive (:mod:`.jvm_archive`), for a
+    local JVM this process starts with Spark's own class path; none when there is none."""
+    options = jvm_archive.java_options()
+    return {_DRIVER_JAVA_OPTIONS: " ".join(shlex.quote(o) for o in options)} if options else {}
+
+
 def build_spark_session(
     app_name: str,
     warehouse: str | Path,
@@ -319,6 +328,8 @@ def build_spark_session(
         metastore=metastore,
     )
     conf = merge_conf(conf, object_storage_conf(location, tables_on_s3, log_store))
+    if not submitted and master.startswith("local"):
+        conf = merge_conf(conf, class_archive_conf())
     if given:
         conf["spark.jars"] = given
     conf = merge_conf(conf, extra_conf)

@@ -7,6 +7,7 @@ catalog, and a table registered by one Spark process found by the next one.
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,3 +145,31 @@ def test_jars_match_the_python_packages() -> None:
     except importlib.metadata.PackageNotFoundError:
         return
     assert client_version == importlib.metadata.version("pyspark")
+
+
+def test_the_sessions_jvm_maps_spark_from_the_class_data_archive(spark: SparkSession) -> None:
+    """``make setup`` writes the archive (:mod:`pipelines.lake.jvm_archive`), and a local
+    session's JVM takes Spark's classes from it: thousands of classes come from the shared
+    archive, where the JDK's own archive alone holds about 1,300."""
+    from pyspark import SparkContext
+
+    from pipelines.lake import jvm_archive
+
+    path = jvm_archive.archive_path()
+    assert path is not None and path.is_file(), f"no class-data archive at {path}: make setup"
+    gateway = SparkContext._gateway
+    assert gateway is not None
+    counters = subprocess.run(
+        ["jcmd", str(gateway.proc.pid), "PerfCounter.print"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    shared = dict(
+        line.split("=", 1) for line in counters.splitlines() if line.startswith("java.cls.shared")
+    )
+    assert int(shared["java.cls.sharedLoadedClasses"]) > 5000, shared
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    args = jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    assert f"-XX:SharedArchiveFile={path}" in list(args.getInputArguments())
