@@ -47,7 +47,7 @@ def _installation_key() -> str:
     java_home = os.environ.get("JAVA_HOME")
     java = Path(java_home, "bin", "java") if java_home else shutil.which("java")
     java_path = str(Path(java).resolve()) if java else "java"
-    jars = Path(pyspark.__file__).parent / "jars"
+    jars = Path(pyspark.__file__).resolve().parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
     digest = hashlib.sha256("\n".join([java_path, str(jars), *names]).encode()).hexdigest()
     return f"pyspark-{pyspark.__version__}-{digest[:12]}"
