@@ -87,8 +87,8 @@ $(LOCAL_LOG_STORE_JAR): $(JARS_STAMP) $(BUILD_JAR) $(wildcard build-support/jars
 
 # The class-data archive local Spark JVMs map at start (pipelines/lake/jvm_archive.py): one
 # JVM run of about a minute, written again when the packages or the jars change.
-$(JVM_ARCHIVE_STAMP): pipelines/lake/jvm_archive.py $(STAMPS)/editable $(LOCAL_LOG_STORE_JAR)
-	$(PY) -m pipelines.lake.jvm_archive --force
+$(JVM_ARCHIVE_STAMP): build-support/jvm_archive.py pipelines/lake/jvm_archive.py $(STAMPS)/editable $(LOCAL_LOG_STORE_JAR)
+	$(PY) build-support/jvm_archive.py --force
 	@mkdir -p $(@D) && touch $@
 
 # Only for a warehouse on S3: not part of setup, which stays light.

@@ -263,7 +263,8 @@ def ingest_jvm_conf(config: AppConfig) -> dict[str, str]:
 
 def class_archive_conf() -> dict[str, str]:
     """The driver JVM options that map the class-data archive (:mod:`.jvm_archive`), for a
-    local JVM this process starts with Spark's own class path; none when there is none."""
+    local JVM this process starts with Spark's own class path (no
+    ``spark.driver.extraClassPath``); none when there is no archive."""
     options = jvm_archive.java_options()
     return {_DRIVER_JAVA_OPTIONS: " ".join(shlex.quote(o) for o in options)} if options else {}
 
@@ -328,11 +329,12 @@ def build_spark_session(
         metastore=metastore,
     )
     conf = merge_conf(conf, object_storage_conf(location, tables_on_s3, log_store))
-    if not submitted and master.startswith("local"):
-        conf = merge_conf(conf, class_archive_conf())
     if given:
         conf["spark.jars"] = given
     conf = merge_conf(conf, extra_conf)
+    if not submitted and master.startswith("local") and "spark.driver.extraClassPath" not in conf:
+        # the archive holds the classes of Spark's own class path: another would not match
+        conf = merge_conf(conf, class_archive_conf())
     if "spark.pyspark.python" in conf:
         # Local Python workers start from PYSPARK_PYTHON (the conf alone reaches only
         # spark-submit): the interpreter of this venv, unless the caller chose another.
