@@ -27,8 +27,7 @@ from dcp_cdc.agent.settings import CaptureSettings, CaptureSummary
 from dcp_cdc.config import AppConfig, load_config
 from dcp_cdc.simulator import SimConfig
 from dcp_cdc.simulator.server import ProducerServer
-from pipelines.catalog.server import live_server, stop_if_unheld
-from pipelines.errors import MetastoreError
+from pipelines.catalog.server import vacated
 
 DEMO_NODES = 4
 DEMO_USER = "dcp-cdc-demo"
@@ -38,22 +37,14 @@ def fresh_workdir(workdir: str | Path) -> tuple[Path, AppConfig]:
     """The demo's folder (its landing, truth and warehouse removed: the demo starts afresh)
     and the configuration with its landing and warehouse there. An on-demand metastore server
     no process holds (a killed demo's, which its watchdog is about to stop) is stopped first;
-    any other server that runs is an error."""
-    target = Path(workdir).resolve()
-    running = live_server(target / "warehouse")
-    if running is not None and running.on_demand:
-        from pipelines.lake.spark_session import delta_jars_dir
+    any other server that runs is an error (:func:`pipelines.catalog.server.vacated`)."""
+    from pipelines.lake.spark_session import delta_jars_dir
 
-        stop_if_unheld(target / "warehouse", jars=delta_jars_dir())
-        running = live_server(target / "warehouse")
-    if running is not None:  # its database would go from under it
-        raise MetastoreError(
-            f"a metastore server ({running.address}, pid {running.pid}) serves "
-            f"{target / 'warehouse'}, which the demo starts afresh: stop it first "
-            "(`dcp-cdc metastore stop`)"
-        )
-    for folder in ("landing", "truth", "warehouse"):
-        shutil.rmtree(target / folder, ignore_errors=True)
+    target = Path(workdir).resolve()
+    with vacated(target / "warehouse", jars=delta_jars_dir()):
+        for folder in ("landing", "truth", "warehouse"):
+            if (target / folder).exists():
+                shutil.rmtree(target / folder)
     config = load_config(None, landing=str(target / "landing"), warehouse=str(target / "warehouse"))
     return target, config
 

@@ -211,9 +211,12 @@ def _free_port(host: str) -> int:
 
 
 @contextlib.contextmanager
-def _start_lock(warehouse: Path, timeout: float) -> Iterator[None]:
-    """The lock that settles two processes starting (or stopping) one warehouse's server."""
-    warehouse.mkdir(parents=True, exist_ok=True)
+def _start_lock(warehouse: Path, timeout: float, *, create: bool = True) -> Iterator[None]:
+    """The lock that settles two processes starting (or stopping) one warehouse's server.
+    Without ``create``, a warehouse that does not exist is :class:`FileNotFoundError` (a
+    stop never makes the folder again that the demo has just removed)."""
+    if create:
+        warehouse.mkdir(parents=True, exist_ok=True)
     with open(warehouse / START_LOCK_NAME, "a", encoding="utf-8") as handle:
         deadline = time.monotonic() + timeout
         while True:
@@ -456,22 +459,57 @@ def stop_if_unheld(
     server, which is ended by signals when no record names it. Returns the verdict.
     :class:`MetastoreError` when another process keeps the start lock ``timeout`` seconds."""
     warehouse = warehouse.resolve()
-    with _start_lock(warehouse, timeout):
-        record = read_record(warehouse)
-        with metastore_leases.unheld(warehouse) as free:
-            decided = metastore_leases.verdict(
-                record.pid if record is not None else None,
-                on_demand=record is not None and record.on_demand,
-                pid=pid,
-                alive=is_server_process,
-                held=not free,
-            )
-            if decided is Verdict.STOP and record is not None:
-                _stop_recorded(warehouse, record, jars, timeout, running=True)
-            if decided is Verdict.ORPHAN and pid is not None:
-                log.warning("metastore: pid %d serves no record (its starter died): ending it", pid)
-                _terminate(pid, timeout)
+    try:
+        with _start_lock(warehouse, timeout, create=False):
+            decided = _decide(warehouse, jars, pid, timeout)
+    except FileNotFoundError:  # the warehouse was removed: no record, no holder
+        decided = metastore_leases.verdict(
+            None, on_demand=False, pid=pid, alive=is_server_process, held=False
+        )
+    if decided is Verdict.ORPHAN and pid is not None:
+        log.warning("metastore: pid %d serves no record (its starter died): ending it", pid)
+        _terminate(pid, timeout)
     return decided
+
+
+def _decide(warehouse: Path, jars: Path, pid: int | None, timeout: float) -> Verdict:
+    """:func:`pipelines.catalog.leases.verdict` on ``warehouse``'s recorded server (and
+    ``pid``); the recorded server is stopped when the verdict is STOP (the caller holds the
+    start lock)."""
+    record = read_record(warehouse)
+    with metastore_leases.unheld(warehouse) as free:
+        decided = metastore_leases.verdict(
+            record.pid if record is not None else None,
+            on_demand=record is not None and record.on_demand,
+            pid=pid,
+            alive=is_server_process,
+            held=not free,
+        )
+        if decided is Verdict.STOP and record is not None:
+            _stop_recorded(warehouse, record, jars, timeout, running=True)
+    return decided
+
+
+@contextlib.contextmanager
+def vacated(warehouse: Path, *, jars: Path, timeout: float = 30.0) -> Iterator[Path]:
+    """A block during which no metastore server serves ``warehouse`` and none can start
+    (the start lock is held): for removing it. An on-demand server no process holds (a
+    killed holder's, which its watchdog may be stopping at this very moment) is stopped
+    first; a server that is kept or held is a :class:`MetastoreError` that names it."""
+    warehouse = warehouse.resolve()
+    if not warehouse.is_dir():
+        yield warehouse
+        return
+    with _start_lock(warehouse, timeout):
+        if _decide(warehouse, jars, None, timeout) in (Verdict.SERVE, Verdict.KEEP):
+            record = read_record(warehouse)
+            assert record is not None  # SERVE and KEEP are verdicts on a recorded server
+            raise MetastoreError(
+                f"a metastore server ({record.address}, pid {record.pid}) serves "
+                f"{warehouse}, which is to be removed (a demo starts afresh): stop it first "
+                "(`dcp-cdc metastore stop`)"
+            )
+        yield warehouse
 
 
 def _stop_recorded(

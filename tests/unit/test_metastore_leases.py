@@ -209,3 +209,35 @@ def test_a_server_no_record_names_is_ended_by_its_watchdog(
     assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path, pid=4242) is Verdict.ORPHAN
     assert stops == [-4242]
     assert metastore_server.stop_if_unheld(tmp_path, jars=tmp_path) is Verdict.GONE  # no pid
+
+
+def test_a_watchdog_never_makes_a_removed_warehouse_again(tmp_path: Path, stops: list[int]) -> None:
+    """The demo removed the warehouse while the watchdog's round was under way: the round
+    finds no record (its server, if it still runs, is an orphan) and makes no folder."""
+    removed = tmp_path / "warehouse"
+    assert metastore_server.stop_if_unheld(removed, jars=tmp_path, pid=4242) is Verdict.ORPHAN
+    assert stops == [-4242] and not removed.exists()
+
+
+def test_a_warehouse_is_vacated_of_its_unheld_server_only(
+    tmp_path: Path, stops: list[int], holders: list[subprocess.Popen[str]]
+) -> None:
+    metastore_server._write_record(tmp_path, _record(on_demand=False))
+    kept = pytest.raises(MetastoreError, match=r"\(derby://127\.0\.0\.1:1527, pid 4242\) serves")
+    with kept, metastore_server.vacated(tmp_path, jars=tmp_path):
+        raise AssertionError("a kept server's warehouse is not vacated")
+
+    metastore_server._write_record(tmp_path, _record(on_demand=True))
+    holder = _hold(tmp_path, holders)
+    held = pytest.raises(MetastoreError, match="stop it first")
+    with held, metastore_server.vacated(tmp_path, jars=tmp_path):
+        raise AssertionError("a held server's warehouse is not vacated")
+    assert stops == []
+
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with metastore_server.vacated(tmp_path, jars=tmp_path) as vacant:
+        assert stops == [_record(on_demand=True).pid] and vacant == tmp_path.resolve()
+        assert metastore_server.read_record(tmp_path) is None
+    with metastore_server.vacated(tmp_path / "none", jars=tmp_path):
+        assert not (tmp_path / "none").exists()
