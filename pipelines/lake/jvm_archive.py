@@ -10,9 +10,11 @@ Spark's own class path (the pyspark installation); Delta's, which a session adds
 against itself and the class path it starts with (``-Xshare:auto``): an archive of another
 JVM or of changed jars is ignored, and the JVM loads its classes as without one.
 
-Only JVMs that :func:`pipelines.lake.spark_session.spark_conf` starts with a local master use
-it; ``spark-submit`` launches (the DAGs, the Thrift server) put the Delta jars on the
-driver's class path, which no archive made here matches.
+Only the JVMs that :func:`pipelines.lake.spark_session.build_spark_session` starts itself,
+with a local master and Spark's own class path, map it. Sessions that put a jar on the
+driver's class path (``spark.driver.extraClassPath``: a Derby network catalog, as follow mode
+uses) and ``spark-submit`` launches (the DAGs, the Thrift server, which put the Delta jars
+there) start with a class path no archive made here matches, and map none.
 
 ``build-support/jvm_archive.py`` writes it (``make setup`` runs it).
 """
@@ -20,7 +22,6 @@ driver's class path, which no archive made here matches.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -30,8 +31,6 @@ ARCHIVE_ENV = "DCP_CDC_JVM_ARCHIVE"
 empty: use none."""
 CHECKOUT_ARCHIVE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "jvm"
 """Where ``make setup`` writes the archive, when this package runs from a checkout."""
-
-log = logging.getLogger("dcp_cdc.spark")
 
 
 def _installation_key() -> str:

@@ -133,7 +133,6 @@ def spark_conf(
     embedded Derby catalog in it) unless ``metastore`` names a shared Hive metastore.
     """
     local_warehouse = isinstance(warehouse, Path)
-    local_master = master is not None and master.startswith("local")
     java_options = [
         "-Duser.timezone=UTC",
         f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
@@ -175,7 +174,7 @@ def spark_conf(
     }
     if master is not None:
         conf["spark.master"] = master
-    if local_master:
+    if master is not None and master.startswith("local"):
         conf |= {
             # Local mode runs every task in the driver JVM: its default 1g heap is far too
             # small for a million decoded frames (this machine has 24 GiB).
