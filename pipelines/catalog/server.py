@@ -211,13 +211,22 @@ def _free_port(host: str) -> int:
 
 
 @contextlib.contextmanager
-def _start_lock(warehouse: Path, timeout: float, *, create: bool = True) -> Iterator[None]:
-    """The lock that settles two processes starting (or stopping) one warehouse's server.
-    Without ``create``, a warehouse that does not exist is :class:`FileNotFoundError` (a
-    stop never makes the folder again that the demo has just removed)."""
+def _start_lock(warehouse: Path, timeout: float, *, create: bool = True) -> Iterator[bool]:
+    """The lock that settles two processes starting (or stopping) one warehouse's server;
+    yields whether it is held. Without ``create``, a warehouse that does not exist yields
+    False, unlocked (a stop never makes the folder again that the demo has just removed)."""
     if create:
         warehouse.mkdir(parents=True, exist_ok=True)
-    with open(warehouse / START_LOCK_NAME, "a", encoding="utf-8") as handle:
+    with contextlib.ExitStack() as stack:
+        try:
+            handle = stack.enter_context(open(warehouse / START_LOCK_NAME, "a", encoding="utf-8"))
+        except FileNotFoundError:
+            if create:
+                raise
+            handle = None
+        if handle is None:
+            yield False
+            return
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -231,7 +240,7 @@ def _start_lock(warehouse: Path, timeout: float, *, create: bool = True) -> Iter
                     ) from None
                 time.sleep(0.1)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
@@ -459,13 +468,13 @@ def stop_if_unheld(
     server, which is ended by signals when no record names it. Returns the verdict.
     :class:`MetastoreError` when another process keeps the start lock ``timeout`` seconds."""
     warehouse = warehouse.resolve()
-    try:
-        with _start_lock(warehouse, timeout, create=False):
+    with _start_lock(warehouse, timeout, create=False) as present:
+        if present:
             decided = _decide(warehouse, jars, pid, timeout)
-    except FileNotFoundError:  # the warehouse was removed: no record, no holder
-        decided = metastore_leases.verdict(
-            None, on_demand=False, pid=pid, alive=is_server_process, held=False
-        )
+        else:  # the warehouse was removed: no record, no holder
+            decided = metastore_leases.verdict(
+                None, on_demand=False, pid=pid, alive=is_server_process, held=False
+            )
     if decided is Verdict.ORPHAN and pid is not None:
         log.warning("metastore: pid %d serves no record (its starter died): ending it", pid)
         _terminate(pid, timeout)
