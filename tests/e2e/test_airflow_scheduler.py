@@ -95,11 +95,9 @@ name = "travel-sample"
         doc = json.loads(line)
         key = doc.get("key") or base64.b64decode(doc["key_b64"]).decode("utf-8", "replace")
         truth.add((doc["collection_id"], key, doc["seqno"]))
-    silver = set()
-    for table in sorted((work / "warehouse" / "silver.db").glob("*_all")):
-        silver |= {
-            (r["_collection_id"], r["key"], r["_seqno"])
-            for r in delta_rs.rows(table, ["_collection_id", "key", "_seqno", "_deleted"])
-            if not r["_deleted"]
-        }
+    silver = {
+        (r["_collection_id"], r["key"], r["_seqno"])
+        for r in delta_rs.silver_rows(work / "warehouse" / "silver.db", ["_deleted"])
+        if not r["_deleted"]
+    }
     assert silver and silver == truth

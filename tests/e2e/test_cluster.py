@@ -88,15 +88,9 @@ def _silver(warehouse: Path) -> dict[tuple[int, str], tuple[Any, ...]]:
     from tests.support import delta_rs
 
     rows = {}
-    for table in sorted((warehouse / "silver.db").glob("*_all")):
-        columns = ["_collection_id", "key", "_seqno", "_rev_seqno", "_vbucket", "_deleted"]
-        for r in delta_rs.rows(table, columns):
-            if not r["_deleted"]:
-                rows[(r["_collection_id"], r["key"])] = (
-                    r["_seqno"],
-                    r["_rev_seqno"],
-                    r["_vbucket"],
-                )
+    for r in delta_rs.silver_rows(warehouse / "silver.db", ["_deleted"]):
+        if not r["_deleted"]:
+            rows[(r["_collection_id"], r["key"])] = (r["_seqno"], r["_rev_seqno"], r["_vbucket"])
     return rows
 
 

@@ -184,15 +184,13 @@ def _silver(s3: MotoS3Server, into: Path) -> set[tuple[int, str, int]]:
     from tests.support import delta_rs
 
     _download(s3, "warehouse/silver.db/", into)
-    silver: set[tuple[int, str, int]] = set()
     tables = sorted((into / "warehouse" / "silver.db").glob("*_all"))
     assert tables, "no silver table in the bucket"
-    for table in tables:
-        silver |= {
-            (r["_collection_id"], r["key"], r["_seqno"])
-            for r in delta_rs.rows(table, ["_collection_id", "key", "_seqno", "_deleted"])
-            if not r["_deleted"]
-        }
+    silver = {
+        (r["_collection_id"], r["key"], r["_seqno"])
+        for r in delta_rs.silver_rows(into / "warehouse" / "silver.db", ["_deleted"])
+        if not r["_deleted"]
+    }
     return silver
 
 

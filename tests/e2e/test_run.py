@@ -319,17 +319,17 @@ def _beeline(port: int, user: str, password: str, query: str) -> subprocess.Comp
 def test_beeline_queries_silver_over_jdbc(
     demo: Demo, thrift_server: int, directory: Directory | None
 ) -> None:
-    """One JDBC query through beeline (as the directory's user, with the right password, when
-    the server checks users) returns what delta-rs reads from the same table: the catalog the
-    run wrote outlives its process, and another Spark process (the Thrift server) finds its
-    tables."""
+    """One JDBC query of a collection's view through beeline (as the directory's user, with
+    the right password, when the server checks users) returns what delta-rs reads from its
+    tables (the ``_all`` table and the live layer): the catalog the run wrote outlives its
+    process, and another Spark process (the Thrift server) finds its views and tables."""
     from tests.support import delta_rs
 
-    tables = sorted((demo.workdir / "warehouse" / "silver.db").glob("*_all"))
-    table = next(t for t in tables if delta_rs.read_delta(t).num_rows)
-    rows = delta_rs.rows(table, ["key", "_deleted"])
+    shown = delta_rs.silver_tables(demo.workdir / "warehouse" / "silver.db", ["_deleted"])
+    table, rows = next((t, rows) for t, rows in shown.items() if rows)
     expected = sorted(r["key"] for r in rows if not r["_deleted"])[:5]
-    query = f"SELECT key FROM silver.{table.name} WHERE NOT _deleted ORDER BY key LIMIT 5"
+    view = table.removesuffix("_all")
+    query = f"SELECT key FROM silver.{view} ORDER BY key LIMIT 5"
     user, password = (directory.user, directory.password) if directory else ("dcp", "any")
     done = _beeline(thrift_server, user, password, query)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -51,8 +51,9 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.bronze.store import EVENTS_CLUSTERING
 from pipelines.lake import delta_io
 from pipelines.quality.job import check_bucket
+from pipelines.silver import live
 from pipelines.silver.job import apply_bucket
-from pipelines.tables import BucketTables, all_rows
+from pipelines.tables import BucketTables
 
 A3, A4, B3 = 0xA3A3_0000_0003, 0xA4A4_0000_0004, 0xB3B3_0000_0003  # vb uuids
 CLUSTER_OPAQUE = 0x10000  # the agent's command opaques start here; stream opaques are vbuckets
@@ -227,15 +228,14 @@ def _config(landing: Path, warehouse: Path, bucket: str, **ingest: Any) -> AppCo
 
 def _silver(spark: SparkSession, bucket: str) -> dict[str, Any]:
     """What silver holds, leaving out when and by which runs: every row of every collection
-    table, and each vbucket's position (not where in bronze it stands)."""
+    as its view shows it (its table and the live layer, tombstones too), and each vbucket's
+    position (not where in bronze it stands)."""
     names = BucketTables(bucket)
-    tables = {
-        r["table_name"]: f"{r['scope']}.{r['name']}" for r in spark.table(names.registry).collect()
-    }
+    registry = spark.table(names.registry).collect()
     rows = sorted(
-        (collection, *r)
-        for t, collection in tables.items()
-        for r in spark.table(all_rows(t))
+        (f"{reg['scope']}.{reg['name']}", *r)
+        for reg in registry
+        for r in live.current_rows(spark, bucket, reg["table_name"], reg["collection_id"])
         .select("key", "doc", "_vbucket", "_vb_uuid", "_seqno", "_deleted", "_change")
         .collect()
     )

@@ -184,13 +184,15 @@ SILVER_COLUMNS += ["_seqno", "_rev_seqno", "_expiry", "_flags", "_deleted"]
 
 
 def silver_problems(setup: Setup) -> list[str]:
-    """How silver's live rows differ from the simulator's truth (keys, bodies, seqnos)."""
+    """How silver's live rows, as the views show them (the live layer overlaid), differ from
+    the simulator's truth (keys, bodies, seqnos)."""
     live: dict[tuple[int, str], dict[str, Any]] = {}
     problems = []
+    shown = delta_rs.silver_tables(setup.warehouse / "silver.db", SILVER_COLUMNS)
     for reg in _registry(setup):
         if reg["status"] == "retired":
             continue
-        for r in _rows(table_path(setup, all_rows(reg["table_name"])), SILVER_COLUMNS):
+        for r in shown.get(table_path(setup, all_rows(reg["table_name"])).name, []):
             if not r["_deleted"]:
                 ident = (r["_collection_id"], r["key"])
                 if ident in live:

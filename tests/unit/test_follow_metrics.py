@@ -251,6 +251,7 @@ def test_the_loop_serves_its_metrics_and_fails_readyz_while_batches_fail(
     monkeypatch.setattr(loop, "ingest_bucket", ingest)
     monkeypatch.setattr(loop, "apply_bucket", apply)
     monkeypatch.setattr(loop, "applied_positions", lambda spark, bucket: {})
+    monkeypatch.setattr(loop.live, "compaction_due", lambda spark, bucket, settings: False)
     stop, out = threading.Event(), io.StringIO()
     scraped: list[str] = []
 
