@@ -211,7 +211,8 @@ def _apply(
         registry = recall.update_registry(config, found.controls, found.change_cids)
         at = summary.step("registry", at)
         batch = _Batch.of(found, registry, walked, None if rebuild else collection)
-        if _through_live_layer(config, bucket, collection, rebuild, batch):
+        retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
+        if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
         else:
             # The steps below need the tables complete, and no compaction beside them: one
@@ -354,11 +355,13 @@ def _through_live_layer(
     collection: str | None,
     rebuild: bool,
     batch: _Batch,
+    *,
+    retract: bool,
 ) -> bool:
     """Whether this apply's changes go to the live layer (:mod:`pipelines.silver.live`):
-    it is on, and nothing of the apply needs the collection tables complete (a rollback, a
-    drop or flush, a collection being retired, history tables, one collection's run, a
-    rebuild)."""
+    it is on, and nothing of the apply needs the collection tables complete (a rollback that
+    has rows to ``retract``, a drop or flush, a collection being retired, history tables, one
+    collection's run, a rebuild)."""
     cuts = ("drop_collection", "flush_collection")
     controls = batch.found.controls
     return (
@@ -366,7 +369,7 @@ def _through_live_layer(
         and collection is None
         and not rebuild
         and not bucket.history
-        and not batch.found.rollbacks
+        and not retract
         and not any(r["kind"] == RowKind.SYSTEM_EVENT and r["event"] in cuts for r in controls)
         and not any(r["status"] in ("dropped", "retiring") for r in batch.registry)
     )

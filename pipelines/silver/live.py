@@ -66,6 +66,19 @@ def has_pending(spark: SparkSession, bucket: str) -> bool:
     return spark.catalog.tableExists(table) and delta_io.table_size(spark, table)[0] > 0
 
 
+def holds_nothing(spark: SparkSession, bucket: str, registry: Registry) -> bool:
+    """Whether silver holds no row of the bucket yet: no pending rows and no collection
+    table with a file (from their logs: no Spark job). A rollback then has nothing to
+    retract, and its apply may append like any other (the first run of a bucket whose
+    capture saw a failover)."""
+    if has_pending(spark, bucket):
+        return False
+    made = [tables.all_rows(r["table_name"]) for r in registry if r["status"] in tables.WITH_TABLES]
+    return not any(
+        spark.catalog.tableExists(t) and delta_io.table_size(spark, t)[0] > 0 for t in made
+    )
+
+
 def compact(
     spark: SparkSession, bucket: str, registry: Registry, *, overlap: int = 1
 ) -> dict[str, int]:

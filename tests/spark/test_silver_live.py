@@ -17,7 +17,13 @@ from pipelines.silver import live
 from pipelines.silver.registry import read_registry
 from pipelines.silver.transforms import overlay_query
 from pipelines.tables import BucketTables
-from tests.support.silver_runs import empty_landing, ingest_and_apply, land, one_bucket
+from tests.support.silver_runs import (
+    drop_all,
+    empty_landing,
+    ingest_and_apply,
+    land,
+    one_bucket,
+)
 from tests.support.truth import assert_equal_to_truth
 
 # --- the overlay's rule, on explicit rows ----------------------------------------------------
@@ -155,6 +161,40 @@ def test_runs_through_the_live_layer_equal_the_truth_before_and_after_compaction
     live.compact(spark, bucket, read_registry(spark, bucket))
     assert delta_io.table_size(spark, BucketTables(bucket).pending)[0] == 0
     assert_equal_to_truth(spark, bucket, result, compacted=True)
+
+
+def test_a_rollback_with_nothing_to_retract_appends_and_one_with_rows_merges(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """A bucket's first apply meets a rollback while silver holds no row: nothing to retract,
+    so it appends like any other apply. Once silver holds rows, a rollback compacts and takes
+    the MERGE path (its rows above the rollback point are retracted). The views equal the
+    truth after each."""
+    result, files, landing = _simulated(tmp_path, bucket, scenario="rollback", seed=3, docs=40)
+    config = _config(landing, spark_warehouse, bucket)
+    land(landing, files)
+    first = ingest_and_apply(spark, config)
+    assert first.rollbacks and "append" in first.steps, first.steps
+    assert "rollbacks_drops" not in first.steps and first.rebuilt_keys == 0
+    assert_equal_to_truth(spark, bucket, result)
+
+    other = f"{bucket}_again"
+    again, again_files, again_landing = _simulated(
+        tmp_path / "again", other, scenario="rollback", seed=3, docs=40, max_file_bytes=6_000
+    )
+    assert len(again_files) >= 4
+    config = _config(again_landing, spark_warehouse, other)
+    try:
+        quarter = len(again_files) // 4  # the backfill: the failover comes in the rest
+        land(again_landing, again_files[:quarter])
+        assert not ingest_and_apply(spark, config).rollbacks
+        land(again_landing, again_files[quarter:])
+        meets = ingest_and_apply(spark, config)
+        assert meets.rollbacks and "rollbacks_drops" in meets.steps, meets.steps
+        assert "append" not in meets.steps
+        assert_equal_to_truth(spark, other, again)
+    finally:
+        drop_all(spark, other)
 
 
 def test_an_apply_through_the_live_layer_commits_to_no_collection_table(
