@@ -359,7 +359,7 @@ def run_one(
     warmup: float,
     probe_s: float,
     *,
-    live_layer: bool = False,
+    live_layer: bool = True,
     peer: bool = False,
     vbuckets: int = VBUCKETS,
     collections: int = COLLECTIONS,
@@ -558,7 +558,7 @@ def _run_side(args: argparse.Namespace, rate: float, *, peer: bool) -> dict[str,
     command += ["--probe-s", str(args.probe_s)]
     command += ["--vbuckets", str(args.vbuckets), "--collections", str(args.collections)]
     command += ["--event-log"] if args.event_log else []
-    command += ["--live-layer"] if args.live_layer else []
+    command += ["--merges"] if args.merges else []
     command += ["--peer"] if peer else []
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
@@ -613,9 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=60.0)
     parser.add_argument("--probe-s", type=float, default=0.2, help="how often the probe looks")
     parser.add_argument(
-        "--live-layer",
+        "--merges",
         action="store_true",
-        help="apply through the live layer ([silver] live_layer)",
+        help="apply with a MERGE per collection ([silver] live_layer = false), not through "
+        "the live layer",
     )
     parser.add_argument(
         "--peer",
@@ -645,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seconds,
             args.warmup_s,
             args.probe_s,
-            live_layer=args.live_layer,
+            live_layer=not args.merges,
             peer=args.peer,
             vbuckets=args.vbuckets,
             collections=args.collections,

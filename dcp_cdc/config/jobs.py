@@ -97,17 +97,17 @@ class SilverConfig(ConfigModel):
     too); the feature stays once there. On: a table without the column gains it at the next
     apply run that has changes, filled for the rows it holds (one UPDATE that rewrites them).
     Turned off again: a table that has the column keeps it, and every MERGE keeps it filled."""
-    live_layer: bool = False
+    live_layer: bool = True
     """Apply through the live layer: each apply appends its changes for every collection to
     one pending table per bucket (``silver.<bucket>__pending``: one commit whatever the
     number of collections), and each collection's view shows its ``_all`` table overlaid
     with them; a compaction MERGEs them into the ``_all`` tables when the pending table holds
     ``compact_files`` files or ``compact_bytes`` bytes, and before what needs the tables
-    complete (a rollback, a drop or flush, a retire, history tables, a backfill, the tombstone
-    purge). Readers of the ``_all`` tables and their change feed see a change at its
-    compaction; the views, the typed views and the quality check see it at its apply. Off:
-    every apply MERGEs into each collection table it touches (pending rows a run with the
-    layer on left are compacted first)."""
+    complete (a rollback with rows to retract, a drop or flush, a retire, history tables, a
+    backfill, the tombstone purge). Readers of the ``_all`` tables and their change feed see
+    a change at its compaction; the views, the typed views and the quality check see it at
+    its apply. Off: every apply MERGEs into each collection table it touches (pending rows a
+    run with the layer on left are compacted first)."""
     compact_files: Annotated[int, Field(ge=1)] = 30
     """With ``live_layer``: compact when the pending table holds this many files (an apply's
     append writes one)."""

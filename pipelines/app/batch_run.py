@@ -124,7 +124,8 @@ def run(
     with Step(out, next(number), total, "ingesting capture files into bronze"):
         ingested = ingest(config, bucket, spark=spark)
     out.write("".join(_indent(s.render()) + "\n" for s in ingested))
-    with Step(out, next(number), total, "applying bronze to silver (MERGE per collection)"):
+    how = "through the live layer" if config.silver.live_layer else "MERGE per collection"
+    with Step(out, next(number), total, f"applying bronze to silver ({how})"):
         applied = apply(config, bucket, spark=spark)
     out.write("".join(_indent(s.render()) + "\n" for s in applied))
     with Step(out, next(number), total, "checking data quality"):

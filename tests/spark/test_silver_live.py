@@ -246,7 +246,7 @@ def test_turning_the_live_layer_off_compacts_what_it_left(
     ingest_and_apply(spark, on)
     assert live.has_pending(spark, bucket)
     land(landing, files[half:])
-    off = one_bucket(landing, spark_warehouse, bucket)
+    off = one_bucket(landing, spark_warehouse, bucket, silver=SilverConfig(live_layer=False))
     summary = ingest_and_apply(spark, off)
     assert "compact" in summary.steps and "merge" in summary.steps
     assert not live.has_pending(spark, bucket)
