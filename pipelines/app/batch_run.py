@@ -20,7 +20,7 @@ from pipelines.app.demo import DEMO_NODES, demo_capture, demo_simulation, fresh_
 from pipelines.bronze.job import run as ingest
 from pipelines.bronze.landing import check_landing
 from pipelines.catalog.contents import bucket_overview
-from pipelines.lake import spark_session
+from pipelines.lake import delta_io, spark_session
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
 from pipelines.silver.job import run as apply
@@ -135,8 +135,9 @@ def run(
     default_warehouse = load_config(None).warehouse
     where = "" if config.warehouse == default_warehouse else f" --warehouse {config.warehouse}"
     where += f" --config {config_file}" if config_file else ""
+    overviews = delta_io.static_plan_session(spark)
     for name in buckets:
-        overview = bucket_overview(spark, name)
+        overview = bucket_overview(overviews, name)
         out.write(f"\n=== bucket {name!r} ===\n\n{overview.render()}\n\n")
         for report in (r for r in reports if r.bucket == name):
             out.write(_verdict(report) + "\n")

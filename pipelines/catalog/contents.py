@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import QueryError, TableNotFoundError
-from pipelines.silver.live import current_rows
+from pipelines.silver.live import bucket_rows
 from pipelines.tables import (
     LAYERS,
     WITH_TABLES,
@@ -149,16 +149,20 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
             F.count_if(deleted).alias("tombstones"),
             F.count_if(~deleted & (expiry != 0) & (expiry <= now)).alias("expired"),
         ]
+        views = sorted({(r["table_name"], r["collection_id"]) for r in registry})
+        counted = {}
+        if views:
+            rows = bucket_rows(spark, bucket, views, ("_deleted", "_expiry"))
+            counted = {r["table"]: r for r in rows.groupBy("table").agg(*tallies).collect()}
         for reg in sorted(registry, key=lambda r: (r["scope"], r["name"])):
-            rows = current_rows(spark, bucket, reg["table_name"], reg["collection_id"])
-            row = rows.agg(*tallies).collect()[0]
+            row = counted.get(reg["table_name"])
             overview.collections.append(
                 CollectionCount(
                     f"{reg['scope']}.{reg['name']}",
                     reg["table_name"],
-                    row["live"],
-                    row["tombstones"],
-                    row["expired"],
+                    row["live"] if row else 0,
+                    row["tombstones"] if row else 0,
+                    row["expired"] if row else 0,
                 )
             )
     if spark.catalog.tableExists(names.stream_state):

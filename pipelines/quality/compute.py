@@ -70,7 +70,7 @@ from pipelines.quality.measures import (
     file_parts,
     reconciliation_metrics,
 )
-from pipelines.quality.silver_side import read_at, silver_frames
+from pipelines.quality.silver_side import read_at, silver_frames, view_rows
 from pipelines.quality.streams import (
     combine,
     duplicate_seqnos,
@@ -411,7 +411,11 @@ class _Run:
             reconciliation = _collect(
                 spark,
                 reconciliation_metrics(
-                    self._bronze_live(newest), silver.live, silver_rows, cuts, silver.names
+                    self._bronze_live(newest),
+                    view_rows(silver_rows),
+                    silver_rows,
+                    cuts,
+                    silver.names,
                 ),
             )
         except Exception as exc:

@@ -139,20 +139,6 @@ def counts(metrics: dict[str, Metrics]) -> dict[str, int]:
     }
 
 
-def metrics_session(spark: SparkSession) -> SparkSession:
-    """A session of ``spark``'s context for a check's metric frames, with adaptive query
-    execution off. The frames are a few dozen small queries over about as many Delta tables;
-    AQE plans each query stage again, and every planning of a Delta scan lists the table's
-    files with a Spark job (with deletion vectors, twice). In a warm check of 2,500 frames,
-    silver's read over 5 collections (each ``_all`` table, the pending table and the purge
-    marks, now and as the last check read them) ran about 75 such jobs in 7.5 s with AQE,
-    39 in 4.3 s without. Its own session, so that an apply or a micro-batch running beside
-    it keeps AQE."""
-    session = spark.newSession()
-    session.conf.set("spark.sql.adaptive.enabled", "false")
-    return session
-
-
 def check_bucket(
     spark: SparkSession,
     config: AppConfig,
@@ -184,7 +170,7 @@ def check_bucket(
     pinned = dict(at) if at is not None else pinned_versions(spark, name)
     size = delta_io.table_size(spark, events)[1]
     small = size < config.quality.incremental_from_bytes
-    metric_session = metrics_session(spark)
+    metric_session = delta_io.static_plan_session(spark)
     computed = compute(
         metric_session,
         name,

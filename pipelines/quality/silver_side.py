@@ -1,6 +1,6 @@
-"""Silver's side of a check: the stream state, every row of the collection tables and the
-rows their views show, read as they are now or at the Delta versions a check pinned (pure
-reads, no writes)."""
+"""Silver's side of a check: the stream state, and every row of the collection tables as
+their views show them (one query for the bucket, :func:`pipelines.silver.live.bucket_rows`),
+read as they are now or at the Delta versions a check pinned (pure reads, no writes)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,26 @@ from pipelines.tables import BucketTables
 log = logging.getLogger("dcp_cdc.quality")
 
 
+ROWS_COLUMNS = ("_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key", "_deleted", "_expiry")
+VIEW_COLUMNS = ("_collection_id", "key", "_seqno", "_expiry")
+
+
 @dataclass(frozen=True)
 class SilverFrames:
     states: DataFrame  # vbucket, consistent_seqno, last_applied_seqno, vb_uuid, failover_log
-    rows: DataFrame  # every row of the collection tables (``_all``), with ``table``
-    live: DataFrame  # the rows of the user views, with ``table``
+    rows: DataFrame  # every row of the collection tables as the views see them, with ``table``
     names: DataFrame  # collection_id, name (scope.collection)
+
+    @property
+    def live(self) -> DataFrame:
+        """The rows of the user views (:func:`view_rows`)."""
+        return view_rows(self.rows)
+
+
+def view_rows(rows: DataFrame) -> DataFrame:
+    """The rows of :attr:`SilverFrames.rows` the user views show, by the views' own filter
+    (:func:`pipelines.silver.registry.view_query`): live documents, not expired."""
+    return rows.where(tables.LIVE_ROWS).select(*VIEW_COLUMNS, "table")
 
 
 def read_at(spark: SparkSession, table: str, at: Mapping[str, int] | None) -> DataFrame:
@@ -58,15 +72,13 @@ def silver_frames(
         states = read_at(spark, state, at).select(*state_columns)
     else:
         states = empty(*projection(STATE, *state_columns))
-    rows_columns = ("_collection_id", "_vbucket", "_vb_uuid", "_seqno", "key")
-    live_columns = ("_collection_id", "key", "_seqno", "_expiry")
-    rows = empty(*projection(SILVER, *rows_columns), table_column)
-    live = empty(*projection(SILVER, *live_columns), table_column)
+    rows = empty(*projection(SILVER, *ROWS_COLUMNS), table_column)
     names = empty(*projection(REGISTRY, "collection_id", "name"))
     if not spark.catalog.tableExists(registry):
-        return SilverFrames(states, rows, live, names)
+        return SilverFrames(states, rows, names)
     reg = read_at(spark, registry, at)
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
+    views = []
     for r in (
         reg.where(F.col("status").isin(*tables.WITH_TABLES))
         .select("table_name", "collection_id")
@@ -80,19 +92,7 @@ def silver_frames(
         if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):
             log.warning("silver table %s (or its _all table) is missing", table)
             continue
-        current = live_layer.current_rows(spark, bucket, table, r["collection_id"], at)
-        rows = rows.unionByName(current.select(*rows_columns, F.lit(table).alias("table")))
-        live = live.unionByName(
-            live_rows(spark, table, current, at).select(*live_columns, F.lit(table).alias("table"))
-        )
-    return SilverFrames(states, rows, live, names)
-
-
-def live_rows(
-    spark: SparkSession, view: str, current: DataFrame, at: Mapping[str, int] | None
-) -> DataFrame:
-    """The rows of a collection's view: the view itself, or, read at the versions of ``at``,
-    its ``current`` rows (:func:`live_layer.current_rows`) that the view shows."""
-    if at is not None and tables.all_rows(view) in at:
-        return current.where(tables.LIVE_ROWS)
-    return spark.table(view)
+        views.append((table, r["collection_id"]))
+    if views:
+        rows = live_layer.bucket_rows(spark, bucket, sorted(views), ROWS_COLUMNS, at)
+    return SilverFrames(states, rows, names)

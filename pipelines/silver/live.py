@@ -23,7 +23,7 @@ retire, history tables, a backfill.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -79,6 +79,37 @@ def holds_nothing(spark: SparkSession, bucket: str, registry: Registry) -> bool:
     )
 
 
+def bucket_rows(
+    spark: SparkSession,
+    bucket: str,
+    views: Sequence[tuple[str, int]],
+    columns: Sequence[str],
+    at: Mapping[str, int] | None = None,
+) -> DataFrame:
+    """Every row (tombstones and expired ones too) of the collections whose views and ids
+    are ``views`` as the views show them, in ``columns`` and ``table`` (the view's name):
+    one query for the bucket (:func:`transforms.overlays_query`), which reads the pending
+    table once whatever the number of collections. ``at`` as for :func:`current_rows`."""
+    names = BucketTables(bucket)
+
+    sources = [
+        transforms.OverlaySource(_relation(at, tables.all_rows(v)), tables.all_rows(v), cid, v)
+        for v, cid in views
+    ]
+    if not spark.catalog.tableExists(names.pending):
+        label = f"`{transforms.TABLE_LABEL}`"
+        parts = [
+            f"SELECT {', '.join(columns)}, {transforms.sql_text(s.label)} AS {label} "
+            f"FROM {s.relation}"
+            for s in sources
+        ]
+        return spark.sql(" UNION ALL ".join(parts))
+    query = transforms.overlays_query(
+        sources, _relation(at, names.pending), _relation(at, names.purges), list(columns)
+    )
+    return spark.sql(query)
+
+
 def compact(
     spark: SparkSession, bucket: str, registry: Registry, *, overlap: int = 1
 ) -> dict[str, int]:
@@ -104,6 +135,11 @@ def compact(
     return merged
 
 
+def _relation(at: Mapping[str, int] | None, name: str) -> str:
+    """``name``, at its Delta version in ``at`` when it has one."""
+    return f"{name} VERSION AS OF {at[name]}" if at is not None and name in at else name
+
+
 def current_rows(
     spark: SparkSession,
     bucket: str,
@@ -118,16 +154,13 @@ def current_rows(
     names = BucketTables(bucket)
     table = tables.all_rows(view)
 
-    def relation(name: str) -> str:
-        return f"{name} VERSION AS OF {at[name]}" if at is not None and name in at else name
-
     if not spark.catalog.tableExists(names.pending):
-        return spark.sql(f"SELECT * FROM {relation(table)}")
+        return spark.sql(f"SELECT * FROM {_relation(at, table)}")
     columns = spark.table(table).columns
     query = transforms.overlay_query(
-        relation(table),
-        relation(names.pending),
-        relation(names.purges),
+        _relation(at, table),
+        _relation(at, names.pending),
+        _relation(at, names.purges),
         collection_id,
         columns,
         name=table,

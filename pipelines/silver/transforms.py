@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -234,6 +237,24 @@ def merge_source(rows: DataFrame, collection_id: int, purges: DataFrame, table: 
 # --- the live layer ------------------------------------------------------------------------
 
 
+TABLE_LABEL = "table"
+"""The column of :func:`overlays_query`'s rows that names the table (its source's label)."""
+_LABEL = f"`{TABLE_LABEL}`"
+
+
+@dataclass(frozen=True)
+class OverlaySource:
+    """One collection's ``_all`` table in an overlay (:func:`overlays_query`): ``relation``
+    (the table, maybe with a time-travel clause: ``silver.t_all VERSION AS OF 12``), ``name``
+    (the table's name, by which its purge marks are found), the ``collection_id`` whose
+    pending rows it gets and the ``label`` its rows carry in the ``table`` column."""
+
+    relation: str
+    name: str
+    collection_id: int
+    label: str = ""
+
+
 def overlay_query(
     table: str,
     pending: str,
@@ -245,40 +266,82 @@ def overlay_query(
 ) -> str:
     """The rows of collection ``collection_id`` as its MERGEs would leave ``table`` (its
     ``_all`` table) once the live layer's rows in ``pending`` are compacted into it, in
-    ``table``'s ``columns`` (tombstones and expired rows included, as in ``table``).
+    ``table``'s ``columns``: :func:`overlays_query` of one table. ``table``, ``pending`` and
+    ``purges`` may be relations with a time-travel clause; ``name`` is then the ``_all``
+    table's name."""
+    source = OverlaySource(table, name or table, collection_id)
+    return overlays_query([source], pending, purges, columns, labelled=False)
 
-    The rule is the MERGE's (:func:`pipelines.silver.store.merge_rows`): a key's newest
-    pending row (by seqno) replaces the table's row when its seqno is higher, and is added
-    when the table has no row for the key unless its seqno is at or below its vbucket's
-    tombstone-purge mark in ``purges``. A pending row the table already holds (compacted,
-    not yet removed from ``pending``) changes nothing, so a read between a compaction's MERGE
-    and its removal of the rows sees each key once. ``pending`` is small (compaction keeps
-    it so): both joins broadcast its rows, and ``table`` is read as a plain scan.
 
-    ``table``, ``pending`` and ``purges`` may be relations with a time-travel clause
-    (``silver.t_all VERSION AS OF 12``); ``name`` is then the ``_all`` table's name, by
-    which its purge marks are found."""
-    from_pending = ", ".join(
-        f"try_parse_json(doc) AS {c}" if c == schemas.DOCUMENT_VARIANT else c for c in columns
+def overlays_query(
+    sources: Sequence[OverlaySource],
+    pending: str,
+    purges: str,
+    columns: list[str],
+    *,
+    labelled: bool = True,
+) -> str:
+    """The rows of every table of ``sources`` as the MERGEs would leave it once the live
+    layer's rows in ``pending`` are compacted into it, in the tables' ``columns``
+    (tombstones and expired rows included, as in the tables), and with ``labelled`` a
+    ``table`` column of each source's label. One query reads ``pending`` and ``purges``
+    once for all the tables, and each table once per side of the overlay.
+
+    The rule is the MERGE's (:func:`pipelines.silver.store.merge_rows`), per collection: a
+    key's newest pending row (by seqno) replaces the table's row when its seqno is higher,
+    and is added when the table has no row for the key unless its seqno is at or below its
+    vbucket's tombstone-purge mark in ``purges``. A pending row the table already holds
+    (compacted, not yet removed from ``pending``) changes nothing, so a read between a
+    compaction's MERGE and its removal of the rows sees each key once. ``pending`` is small
+    (compaction keeps it so): both joins broadcast its rows, and the tables are read as
+    plain scans."""
+    label = [_LABEL] if labelled else []
+    picked = ", ".join(
+        f"try_parse_json(doc) AS {c}" if c == schemas.DOCUMENT_VARIANT else c
+        for c in dict.fromkeys([*columns, "key", "_seqno", "_vbucket"])
+    )
+    ids = ", ".join(str(int(s.collection_id)) for s in sources)
+    src = ", ".join(
+        f"({int(s.collection_id)}, {sql_text(s.name)}, {sql_text(s.label)})" for s in sources
+    )
+    read = ", ".join(dict.fromkeys([*columns, "key", "_seqno", "_vbucket"]))
+    tables = " UNION ALL ".join(
+        f"SELECT {read}, {int(s.collection_id)} AS _t_cid, "
+        f"{sql_text(s.label)} AS {_LABEL} FROM {s.relation}"
+        for s in sources
     )
     newest = (
-        f"SELECT *, row_number() OVER (PARTITION BY key ORDER BY _seqno DESC, _rev_seqno DESC)"
-        f" AS _rank FROM {pending} WHERE _collection_id = {int(collection_id)}"
+        f"SELECT *, row_number() OVER (PARTITION BY _collection_id, key"
+        f" ORDER BY _seqno DESC, _rev_seqno DESC) AS _rank FROM {pending}"
+        f" WHERE _collection_id IN ({ids})"
     )
+    names = ", ".join(sql_text(s.name) for s in sources)
+    out_t = ", ".join(f"t.{c}" for c in [*columns, *label])
+    out_p = ", ".join(f"p.{c}" for c in [*columns, *label])
     return (
-        f"WITH p AS (SELECT {from_pending} FROM ({newest}) WHERE _rank = 1), "
-        f"h AS (SELECT /*+ BROADCAST(p) */ p.key AS _h_key, t._seqno AS _h_seqno "
-        f"FROM {table} t JOIN p ON t.key = p.key), "
-        f"m AS (SELECT vbucket AS _m_vbucket, purged_through_seqno AS _m_seqno FROM {purges} "
-        f"WHERE table_name = '{name or table}') "
-        f"SELECT /*+ BROADCAST(p) */ {', '.join(f't.{c}' for c in columns)} FROM {table} t "
-        f"LEFT ANTI JOIN p ON t.key = p.key AND p._seqno > t._seqno "
+        f"WITH s AS (SELECT * FROM VALUES {src} AS s(_s_cid, _s_name, {_LABEL})), "
+        f"p AS (SELECT /*+ BROADCAST(s) */ {picked}, _collection_id AS _p_cid, _s_name, "
+        f"s.{_LABEL} FROM ({newest}) n JOIN s ON n._collection_id = s._s_cid "
+        f"WHERE _rank = 1), "
+        f"t AS ({tables}), "
+        f"h AS (SELECT /*+ BROADCAST(p) */ p._p_cid AS _h_cid, p.key AS _h_key, "
+        f"t._seqno AS _h_seqno FROM t JOIN p ON t._t_cid = p._p_cid AND t.key = p.key), "
+        f"m AS (SELECT table_name AS _m_name, vbucket AS _m_vbucket, "
+        f"purged_through_seqno AS _m_seqno FROM {purges} WHERE table_name IN ({names})) "
+        f"SELECT /*+ BROADCAST(p) */ {out_t} FROM t "
+        f"LEFT ANTI JOIN p ON t._t_cid = p._p_cid AND t.key = p.key AND p._seqno > t._seqno "
         f"UNION ALL "
-        f"SELECT {', '.join(f'p.{c}' for c in columns)} FROM p "
-        f"LEFT JOIN h ON h._h_key = p.key LEFT JOIN m ON m._m_vbucket = p._vbucket "
+        f"SELECT {out_p} FROM p "
+        f"LEFT JOIN h ON h._h_cid = p._p_cid AND h._h_key = p.key "
+        f"LEFT JOIN m ON m._m_name = p._s_name AND m._m_vbucket = p._vbucket "
         f"WHERE p._seqno > h._h_seqno "
         f"OR (h._h_seqno IS NULL AND (m._m_seqno IS NULL OR p._seqno > m._m_seqno))"
     )
+
+
+def sql_text(value: str) -> str:
+    """``value`` as a SQL string literal."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # --- rollbacks -----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pipelines import schemas, tables
 from pipelines.lake import delta_io
 from pipelines.silver import live
 from pipelines.silver.registry import read_registry
-from pipelines.silver.transforms import overlay_query
+from pipelines.silver.transforms import OverlaySource, overlay_query, overlays_query
 from pipelines.tables import BucketTables
 from tests.support.silver_runs import (
     drop_all,
@@ -112,6 +112,57 @@ def test_the_overlay_shows_each_key_once_by_the_merges_rule(spark: SparkSession)
     }
     shown = spark.sql(f"SELECT key FROM ({query}) WHERE {tables.LIVE_ROWS}").collect()
     assert "deleted-pending" not in {r["key"] for r in shown}
+
+
+def test_one_overlay_of_several_tables_keeps_each_collections_rule(spark: SparkSession) -> None:
+    """One query over two collections' tables equals each collection's own overlay, labelled
+    with its table: a key in both collections is two rows, each by its own table's rows,
+    pending rows and purge marks."""
+    first = [_row("both", 5), _row("first-only", 4)]
+    second = [_row("both", 9, cid=9), _row("tombstone", 1, cid=9, deleted=True)]
+    pending = [
+        _row("both", 7),
+        _row("both", 8, cid=9),
+        _row("new-first", 3),
+        _row("new-second", 7, cid=9),
+        _row("new-second-below-mark", 5, cid=9),
+        _row("elsewhere", 11, cid=10),
+    ]
+    spark.createDataFrame(first, schemas.SILVER).createOrReplaceTempView("ovs_first")
+    spark.createDataFrame(second, schemas.SILVER).createOrReplaceTempView("ovs_second")
+    spark.createDataFrame(
+        [r | {"_batch": 1} for r in pending], schemas.PENDING
+    ).createOrReplaceTempView("ovs_pending")
+    marks = [{"table_name": "ovs_second", "vbucket": 0, "purged_through_seqno": 5}]
+    spark.createDataFrame(
+        [m | {"purged_at": None} for m in marks], schemas.PURGES
+    ).createOrReplaceTempView("ovs_purges")
+    columns = ["key", "_collection_id", "_vbucket", "_seqno", "_deleted"]
+    sources = [
+        OverlaySource("ovs_first", "ovs_first", 8, "one"),
+        OverlaySource("ovs_second", "ovs_second", 9, "two"),
+    ]
+    together = spark.sql(overlays_query(sources, "ovs_pending", "ovs_purges", columns))
+    got = sorted((r["table"], r["key"], r["_seqno"]) for r in together.collect())
+    alone = sorted(
+        (s.label, r["key"], r["_seqno"])
+        for s in sources
+        for r in spark.sql(
+            overlay_query(s.relation, "ovs_pending", "ovs_purges", s.collection_id, columns)
+        ).collect()
+    )
+    assert (
+        got
+        == alone
+        == [
+            ("one", "both", 7),
+            ("one", "first-only", 4),
+            ("one", "new-first", 3),
+            ("two", "both", 9),
+            ("two", "new-second", 7),
+            ("two", "tombstone", 1),
+        ]
+    )
 
 
 # --- applies through the live layer -----------------------------------------------------------
