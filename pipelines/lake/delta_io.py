@@ -544,13 +544,18 @@ def last_commit_metadata(spark: SparkSession, table: str) -> str | None:
     return str(info.get().userMetadata().get())
 
 
-def table_size(spark: SparkSession, table: str) -> tuple[int, int]:
-    """The files and bytes of the latest version of the Delta table ``table``, from its log:
-    its checksum file when there is one (no Spark job; a snapshot's ``numOfFiles`` and
-    ``sizeInBytes`` reconstruct its state, Spark jobs, although the checksum has them)."""
+def table_size(spark: SparkSession, table: str, version: int | None = None) -> tuple[int, int]:
+    """The files and bytes of the Delta table ``table`` at ``version`` (else its latest),
+    from its log: its checksum file when there is one (no Spark job; a snapshot's
+    ``numOfFiles`` and ``sizeInBytes`` reconstruct its state, Spark jobs, although the
+    checksum has them)."""
     jvm: Any = spark._jvm
     nothing = jvm.scala.Option.empty()
-    snapshot = _delta_log(spark, table).update(False, nothing, nothing)
+    delta_log = _delta_log(spark, table)
+    if version is None:
+        snapshot = delta_log.update(False, nothing, nothing)
+    else:
+        snapshot = delta_log.getSnapshotAt(version, nothing, nothing, False)
     checksum = _checksum(snapshot)
     if checksum is not None:
         return int(checksum.numFiles()), int(checksum.tableSizeBytes())

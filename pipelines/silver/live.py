@@ -89,11 +89,19 @@ def bucket_rows(
     """Every row (tombstones and expired ones too) of the collections whose views and ids
     are ``views`` as the views show them, in ``columns`` and ``table`` (the view's name):
     one query for the bucket (:func:`transforms.overlays_query`), which reads the pending
-    table once whatever the number of collections. ``at`` as for :func:`current_rows`."""
+    table once whatever the number of collections. ``at`` as for :func:`current_rows`; a
+    table it pins at a version with no file is not read at all."""
     names = BucketTables(bucket)
 
+    def empty(table: str) -> bool:  # known empty at the version read (no Spark job)
+        return (
+            at is not None and table in at and delta_io.table_size(spark, table, at[table])[0] == 0
+        )
+
     sources = [
-        transforms.OverlaySource(_relation(at, tables.all_rows(v)), tables.all_rows(v), cid, v)
+        transforms.OverlaySource(
+            _relation(at, tables.all_rows(v)), tables.all_rows(v), cid, v, empty(tables.all_rows(v))
+        )
         for v, cid in views
     ]
     if not spark.catalog.tableExists(names.pending):

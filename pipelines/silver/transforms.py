@@ -253,6 +253,8 @@ class OverlaySource:
     name: str
     collection_id: int
     label: str = ""
+    empty: bool = False
+    """The table holds no row as ``relation`` reads it: only its pending rows are read."""
 
 
 def overlay_query(
@@ -294,7 +296,8 @@ def overlays_query(
     (compacted, not yet removed from ``pending``) changes nothing, so a read between a
     compaction's MERGE and its removal of the rows sees each key once. ``pending`` is small
     (compaction keeps it so): both joins broadcast its rows, and the tables are read as
-    plain scans."""
+    plain scans; a source marked ``empty`` is not read at all (a table the live layer has
+    not compacted into yet costs its reader no snapshot and no file listing)."""
     label = [_LABEL] if labelled else []
     picked = ", ".join(
         f"try_parse_json(doc) AS {c}" if c == schemas.DOCUMENT_VARIANT else c
@@ -309,7 +312,13 @@ def overlays_query(
         f"SELECT {read}, {int(s.collection_id)} AS _t_cid, "
         f"{sql_text(s.label)} AS {_LABEL} FROM {s.relation}"
         for s in sources
+        if not s.empty
     )
+    if not tables:  # no table to read: no row, in the tables' columns
+        tables = (
+            f"SELECT {picked}, CAST(NULL AS BIGINT) AS _t_cid, "
+            f"CAST(NULL AS STRING) AS {_LABEL} FROM {pending} WHERE false"
+        )
     newest = (
         f"SELECT *, row_number() OVER (PARTITION BY _collection_id, key"
         f" ORDER BY _seqno DESC, _rev_seqno DESC) AS _rank FROM {pending}"

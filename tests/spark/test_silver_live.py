@@ -115,9 +115,10 @@ def test_the_overlay_shows_each_key_once_by_the_merges_rule(spark: SparkSession)
 
 
 def test_one_overlay_of_several_tables_keeps_each_collections_rule(spark: SparkSession) -> None:
-    """One query over two collections' tables equals each collection's own overlay, labelled
-    with its table: a key in both collections is two rows, each by its own table's rows,
-    pending rows and purge marks."""
+    """One query over several collections' tables equals each collection's own overlay,
+    labelled with its table: a key in two collections is two rows, each by its own table's
+    rows, pending rows and purge marks. A table marked empty is not read (a name that
+    resolves to nothing), and its collection still shows its pending rows."""
     first = [_row("both", 5), _row("first-only", 4)]
     second = [_row("both", 9, cid=9), _row("tombstone", 1, cid=9, deleted=True)]
     pending = [
@@ -126,10 +127,12 @@ def test_one_overlay_of_several_tables_keeps_each_collections_rule(spark: SparkS
         _row("new-first", 3),
         _row("new-second", 7, cid=9),
         _row("new-second-below-mark", 5, cid=9),
-        _row("elsewhere", 11, cid=10),
+        _row("third", 11, cid=10),
+        _row("elsewhere", 12, cid=11),
     ]
     spark.createDataFrame(first, schemas.SILVER).createOrReplaceTempView("ovs_first")
     spark.createDataFrame(second, schemas.SILVER).createOrReplaceTempView("ovs_second")
+    spark.createDataFrame([], schemas.SILVER).createOrReplaceTempView("ovs_third")
     spark.createDataFrame(
         [r | {"_batch": 1} for r in pending], schemas.PENDING
     ).createOrReplaceTempView("ovs_pending")
@@ -141,9 +144,8 @@ def test_one_overlay_of_several_tables_keeps_each_collections_rule(spark: SparkS
     sources = [
         OverlaySource("ovs_first", "ovs_first", 8, "one"),
         OverlaySource("ovs_second", "ovs_second", 9, "two"),
+        OverlaySource("ovs_third", "ovs_third", 10, "three"),
     ]
-    together = spark.sql(overlays_query(sources, "ovs_pending", "ovs_purges", columns))
-    got = sorted((r["table"], r["key"], r["_seqno"]) for r in together.collect())
     alone = sorted(
         (s.label, r["key"], r["_seqno"])
         for s in sources
@@ -151,18 +153,23 @@ def test_one_overlay_of_several_tables_keeps_each_collections_rule(spark: SparkS
             overlay_query(s.relation, "ovs_pending", "ovs_purges", s.collection_id, columns)
         ).collect()
     )
-    assert (
-        got
-        == alone
-        == [
-            ("one", "both", 7),
-            ("one", "first-only", 4),
-            ("one", "new-first", 3),
-            ("two", "both", 9),
-            ("two", "new-second", 7),
-            ("two", "tombstone", 1),
-        ]
-    )
+    assert alone == [
+        ("one", "both", 7),
+        ("one", "first-only", 4),
+        ("one", "new-first", 3),
+        ("three", "third", 11),
+        ("two", "both", 9),
+        ("two", "new-second", 7),
+        ("two", "tombstone", 1),
+    ]
+
+    def together(sources: list[OverlaySource]) -> list[tuple[str, str, int]]:
+        query = overlays_query(sources, "ovs_pending", "ovs_purges", columns)
+        return sorted((r["table"], r["key"], r["_seqno"]) for r in spark.sql(query).collect())
+
+    unread = OverlaySource("no_such_table", "ovs_third", 10, "three", empty=True)
+    assert together(sources) == together([*sources[:2], unread]) == alone
+    assert together([unread]) == [("three", "third", 11)]
 
 
 # --- applies through the live layer -----------------------------------------------------------
