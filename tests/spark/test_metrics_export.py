@@ -107,7 +107,7 @@ def test_follow_mode_serves_step_seconds_merged_rows_and_freshness(
         assert follower.run() == 0
         one, two = scraped
         assert batches[0].frames > 0 and batches[1].frames > 0
-        for step in ("ingest", "apply_walk", "apply_merge"):
+        for step in ("ingest", "apply_walk", "apply_append"):  # through the live layer
             name = "dcp_cdc_follow_step_duration_seconds_count"
             assert total(one, name, bucket=bucket, step=step) == 1, step
             assert total(two, name, bucket=bucket, step=step) == 2, step

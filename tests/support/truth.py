@@ -13,7 +13,9 @@ from pyspark.sql import functions as F
 
 from dcp_cdc.protocol import cas_time
 from dcp_cdc.simulator import SimulationResult
-from pipelines.silver.live import current_rows
+from pipelines.lake.delta_io import static_plan_session
+from pipelines.schemas import SILVER
+from pipelines.silver.live import bucket_rows
 from pipelines.tables import BucketTables, all_rows
 
 
@@ -21,19 +23,23 @@ def silver_live(
     spark: SparkSession, bucket: str, *, compacted: bool = False
 ) -> dict[tuple[int, str], dict[str, Any]]:
     """Every non-deleted row of every live collection (expired ones included) as its view
-    shows it (the live layer's pending rows overlaid), or with ``compacted`` as its ``_all``
-    table holds it (no pending row overlaid)."""
+    shows it (the live layer's pending rows overlaid: one query for the bucket), or with
+    ``compacted`` as its ``_all`` table holds it (no pending row overlaid)."""
     registry = spark.table(BucketTables(bucket).registry).where("status != 'retired'").collect()
+    views = sorted({(r["table_name"], r["collection_id"]) for r in registry})
+    if not views:
+        return {}
+    if compacted:
+        shown = [spark.table(all_rows(view)).select(*SILVER.fieldNames()) for view, _ in views]
+        table = shown[0]
+        for more in shown[1:]:
+            table = table.unionByName(more)
+    else:
+        table = bucket_rows(static_plan_session(spark), bucket, views, SILVER.fieldNames())
     rows: dict[tuple[int, str], dict[str, Any]] = {}
-    for reg in registry:
-        table = (
-            spark.table(all_rows(reg["table_name"]))
-            if compacted
-            else current_rows(spark, bucket, reg["table_name"], reg["collection_id"])
-        )
-        for r in table.where(~F.col("_deleted")).collect():
-            assert (r["_collection_id"], r["key"]) not in rows
-            rows[(r["_collection_id"], r["key"])] = r.asDict()
+    for r in table.where(~F.col("_deleted")).collect():
+        assert (r["_collection_id"], r["key"]) not in rows
+        rows[(r["_collection_id"], r["key"])] = r.asDict()
     return rows
 
 
