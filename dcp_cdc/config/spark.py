@@ -83,6 +83,12 @@ class SparkConfig(ConfigModel):
     point (``dcp-cdc``, ``python -m``, ``spark-submit``, the DAGs): a path or URI of a zip
     (``make pyfiles``), ``auto`` (with a master that is not local, a zip of the installed
     packages, built once per content) or empty (the executors' Python has the package)."""
+    interpreted_below_bytes: Annotated[int, Field(ge=0)] = 2 * 1024 * 1024
+    """The size of a bucket's bronze events table (from its Delta log) below which the quality
+    check and ``dcp-cdc run``'s overview evaluate Spark's expressions interpreted instead of
+    generating and compiling Java code for each query (``spark.sql.codegen.factoryMode`` and
+    ``wholeStage``): on a small bucket the compiling costs more than the rows. 0: always
+    compiled."""
     jars_dir: str | None = None
     """The folder of the Delta Lake jars. Default: ``$DCP_CDC_JARS_DIR``, else the checkout's
     ``.cache/jars`` (``make setup``) when running from one."""

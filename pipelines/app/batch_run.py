@@ -24,6 +24,7 @@ from pipelines.lake import delta_io, spark_session
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
 from pipelines.silver.job import run as apply
+from pipelines.tables import BucketTables
 
 
 class Step:
@@ -135,9 +136,12 @@ def run(
     default_warehouse = load_config(None).warehouse
     where = "" if config.warehouse == default_warehouse else f" --warehouse {config.warehouse}"
     where += f" --config {config_file}" if config_file else ""
-    overviews = delta_io.static_plan_session(spark)
     for name in buckets:
-        overview = bucket_overview(overviews, name)
+        events = BucketTables(name).events
+        small = not spark.catalog.tableExists(events) or (
+            delta_io.table_size(spark, events)[1] < config.spark.interpreted_below_bytes
+        )
+        overview = bucket_overview(delta_io.static_plan_session(spark, interpreted=small), name)
         out.write(f"\n=== bucket {name!r} ===\n\n{overview.render()}\n\n")
         for report in (r for r in reports if r.bucket == name):
             out.write(_verdict(report) + "\n")

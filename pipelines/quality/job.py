@@ -170,7 +170,9 @@ def check_bucket(
     pinned = dict(at) if at is not None else pinned_versions(spark, name)
     size = delta_io.table_size(spark, events)[1]
     small = size < config.quality.incremental_from_bytes
-    metric_session = delta_io.static_plan_session(spark)
+    metric_session = delta_io.static_plan_session(
+        spark, interpreted=size < config.spark.interpreted_below_bytes
+    )
     computed = compute(
         metric_session,
         name,

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.lake.delta_io import static_plan_session
 from pipelines.lake.spark_session import METASTORE_DIR_NAME, find_delta_jars
 
 if TYPE_CHECKING:
@@ -123,6 +124,30 @@ def test_session_settings(spark: SparkSession, spark_warehouse: Path) -> None:
     # The embedded metastore and Derby's log live in the warehouse, not in the working directory.
     assert (spark_warehouse / METASTORE_DIR_NAME / "service.properties").is_file()
     assert (spark_warehouse / "derby.log").is_file()
+
+
+def test_a_static_plan_session_interprets_when_asked_and_leaves_its_parent_alone(
+    spark: SparkSession,
+) -> None:
+    """``static_plan_session``: AQE off; ``interpreted``, no stage compiled to Java (no ``*(n)``
+    whole-stage marks in the plan), the same rows; the caller's session keeps its settings."""
+
+    def query(session: SparkSession) -> tuple[str, list[Any]]:
+        df = session.range(50).selectExpr("id % 7 AS k", "id * 3 AS v").groupBy("k").sum("v")
+        return df._jdf.queryExecution().executedPlan().toString(), sorted(df.collect())
+
+    compiling = static_plan_session(spark)
+    compiling.conf.set("spark.sql.codegen.wholeStage", "true")  # as the product's sessions have
+    interpreting = static_plan_session(spark, interpreted=True)
+    compiled_plan, compiled = query(compiling)
+    interpreted_plan, interpreted = query(interpreting)
+    assert "*(1) HashAggregate" in compiled_plan
+    assert "*(" not in interpreted_plan
+    assert interpreted == compiled and len(compiled) == 7
+    assert interpreting.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+    assert interpreting.conf.get("spark.sql.adaptive.enabled") == "false"
+    assert spark.conf.get("spark.sql.codegen.factoryMode") == "FALLBACK"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
 
 
 def test_arrow_round_trip(spark: SparkSession) -> None:

@@ -29,13 +29,14 @@ from pyspark.sql import Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from dcp_cdc.config import AppConfig, BucketConfig
+from dcp_cdc.config import AppConfig, BucketConfig, SparkConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
 from pipelines import schemas
 from pipelines.app import cli
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket
+from pipelines.lake import delta_io
 from pipelines.quality.branches import (
     cluster_branches,
     history_items,
@@ -202,6 +203,40 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
     ).saveAsTable(table)
     assert prune_results(spark, bucket.config, bucket.config.buckets[0]) == 1
     assert spark.table(table).where(F.col("run_id") == "old").count() == 0
+
+
+def test_a_compiled_check_finds_what_the_interpreted_one_found(
+    spark: SparkSession, bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spark.interpreted_below_bytes``: the fixture's check of a small bronze evaluated its
+    queries interpreted; one that compiles them gives the same outcomes, counts and snapshots."""
+    events = BucketTables(bucket.name).events
+    assert delta_io.table_size(spark, events)[1] < SparkConfig().interpreted_below_bytes
+    chosen: list[bool] = []
+    real = delta_io.static_plan_session
+
+    def spied(session: SparkSession, *, interpreted: bool = False) -> SparkSession:
+        chosen.append(interpreted)
+        return real(session, interpreted=interpreted)
+
+    monkeypatch.setattr(delta_io, "static_plan_session", spied)
+    config = bucket.config.model_copy(
+        update={"spark": bucket.config.spark.model_copy(update={"interpreted_below_bytes": 0})}
+    )
+    compiled = check_bucket(spark, config, config.buckets[0])
+
+    def examples(outcome: Any) -> tuple[str, ...]:
+        return tuple(sorted(json.dumps(e, sort_keys=True, default=str) for e in outcome.examples))
+
+    def found(report: QualityReport) -> tuple[Any, ...]:
+        outcomes = {
+            (o.key, o.success, o.observed, o.unexpected_count, o.element_count, examples(o))
+            for o in report.outcomes
+        }
+        return outcomes, report.counts, report.open_snapshots, report.resumed_snapshots
+
+    assert chosen == [False]
+    assert found(compiled) == found(bucket.clean)
 
 
 # --- injected faults ----------------------------------------------------------------------
