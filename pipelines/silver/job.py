@@ -486,6 +486,7 @@ def _walk(
             eager=config.silver.eager_apply,
             late_after=unconsumed.late_after,
             read_through=unconsumed.read_through,
+            on_driver_below=config.silver.walk_on_driver_below,
         ).cache()
         try:
             controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))

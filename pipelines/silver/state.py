@@ -26,12 +26,16 @@ from pipelines import schemas
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
-from pipelines.silver import transforms
+from pipelines.silver import transforms, walk_columns
 from pipelines.silver.walk import RowKind, next_position
 from pipelines.tables import BucketTables
 
 
 def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
+    """vbucket → its saved state and position run; none from a table of no file (before the
+    first apply: its Delta log says so, without the scan's Spark jobs)."""
+    if delta_io.table_size(spark, table)[0] == 0:
+        return {}
     return {
         r["vbucket"]: {"state": json.loads(r["state"]), "position_run_id": r["position_run_id"]}
         for r in spark.table(table).select("vbucket", "state", "position_run_id").collect()
@@ -288,13 +292,28 @@ def walk_vbuckets(
     eager: bool = False,
     late_after: int | None = None,
     read_through: int | None = None,
+    on_driver_below: int = 0,
 ) -> DataFrame:
     """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
     the vbuckets in ``again`` start over from a fresh state. ``late_after`` and
     ``read_through``: see :class:`Unconsumed` (None: no vbucket is checked for late frames;
-    the newest run read is not known)."""
+    the newest run read is not known).
+
+    Fewer than ``on_driver_below`` frames (``[silver] walk_on_driver_below``) are walked here,
+    in the driver, by the same function over one Arrow table of them
+    (:func:`pipelines.silver.walk_columns.walk_vbuckets`): one Spark job collects them, and
+    the walked rows are a local DataFrame. Spark's way costs a shuffle into the walk's groups
+    and its Python workers' Arrow streams each way, seconds a run of a few thousand frames
+    need not pay. More frames than that: the job that found so (it reads at most one frame
+    past the bound) is lost, and Spark walks them."""
     state_rows = [
         (vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again
     ]
     saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
+    if on_driver_below > 0:
+        keyed = transforms.keyed_frames(frames, saved, read_through)
+        few = keyed.limit(on_driver_below).toArrow()
+        if few.num_rows < on_driver_below:
+            walked = walk_columns.walk_vbuckets(few, schemas.arrow_schema(schemas.WALKED), eager)
+            return spark.createDataFrame(walked, schema=schemas.WALKED)
     return transforms.walk_frames(frames, saved, eager=eager, read_through=read_through)

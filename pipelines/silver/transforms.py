@@ -101,6 +101,18 @@ stream each way and the function a call, which one vbucket's few frames a micro-
 did not pay for."""
 
 
+def keyed_frames(frames: DataFrame, saved: DataFrame, read_through: int | None) -> DataFrame:
+    """The walk's input rows: the frames' walked columns and ``vb_key``, each with its
+    vbucket's ``saved_state`` and ``late_after`` (``saved``; none: it starts fresh) and the
+    newest run read (``read_through``)."""
+    return (
+        frames.select(*_WALK_COLUMNS, "vb_key")
+        .where(F.col("vb_key").isNotNull())
+        .join(F.broadcast(saved), on="vb_key", how="left")
+        .withColumn("read_through", F.lit(read_through).cast("long"))
+    )
+
+
 def walk_frames(
     frames: DataFrame,
     saved: DataFrame,
@@ -115,12 +127,8 @@ def walk_frames(
     (:func:`pipelines.silver.walk_columns.walk_vbuckets`, :data:`WALK_GROUPS` groups of
     vbuckets), each vbucket's versions summed up on its ``state`` row
     (:func:`pipelines.silver.walk_summary.summarize`). Rows of :data:`pipelines.schemas.WALKED`."""
-    keyed = (
-        frames.select(*_WALK_COLUMNS, "vb_key")
-        .where(F.col("vb_key").isNotNull())
-        .join(F.broadcast(saved), on="vb_key", how="left")
-        .withColumn("read_through", F.lit(read_through).cast("long"))
-        .withColumn("_walk_group", F.col("vb_key") % WALK_GROUPS)
+    keyed = keyed_frames(frames, saved, read_through).withColumn(
+        "_walk_group", F.col("vb_key") % WALK_GROUPS
     )
     out_schema = schemas.arrow_schema(schemas.WALKED)
     return keyed.groupBy("_walk_group").applyInArrow(

@@ -4,6 +4,7 @@ tombstone purge without resurrection, eager apply, and two runs at once."""
 from __future__ import annotations
 
 import decimal
+import functools
 import json
 import re
 import threading
@@ -93,7 +94,10 @@ def walked_changes(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
         tmp, bucket=bucket, scenario="ttl", seed=5, vbuckets=4, collections=1, docs=80, ops=400
     )
     config = AppConfig(
-        landing=str(tmp / "landing"), warehouse=str(tmp / "wh"), buckets=[BucketConfig(name=bucket)]
+        landing=str(tmp / "landing"),
+        warehouse=str(tmp / "wh"),
+        buckets=[BucketConfig(name=bucket)],
+        silver=SilverConfig(live_layer=False),  # the tables the MERGEs below must equal
     )
     ingest_bucket(spark, config, config.buckets[0])
     apply_bucket(spark, config, config.buckets[0])
@@ -164,8 +168,11 @@ def test_purged_tombstones_still_refuse_older_changes(
             vbuckets=4,
             docs=60,
             ops=400,
+            settings={"silver": SilverConfig(live_layer=False)},  # the tombstones in `_all`
         )
-        config = config.model_copy(update={"silver": SilverConfig(tombstone_retention_hours=0)})
+        config = config.model_copy(
+            update={"silver": SilverConfig(live_layer=False, tombstone_retention_hours=0)}
+        )
         registry = [
             r.asDict(recursive=True) for r in spark.table(BucketTables(bucket).registry).collect()
         ]
@@ -580,16 +587,20 @@ def _assert_variant_is_doc(spark: SparkSession, bucket: str) -> int:
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("live_layer", [True, False], ids=["live-layer", "merges"])
 def test_document_variant_equals_the_truth_when_turned_on_and_off(
-    spark: SparkSession, spark_warehouse: Path, tmp_path: Path
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, live_layer: bool
 ) -> None:
     """``[silver] document_variant``, turned on between two runs and off again before a third
     (files of a ``rollback`` capture arriving a third at a time): the tables made without it
     gain ``doc_variant``, filled for the rows they held, and the typed view reads it; turned
     off, the tables keep it and the MERGEs keep it filled. At the end every live document's
     ``doc_variant`` is the truth's document, the typed view equals the truth, and delta-rs
-    still reads ``doc`` from a table with the ``variantType`` feature."""
-    bucket = "variant_test"
+    still reads ``doc`` from a table with the ``variantType`` feature. Through the live layer
+    the first run's rows wait in the pending table, and the compaction that turning the
+    setting on brings fills their variant as it MERGEs them; MERGEs per collection fill the
+    rows of the table with an UPDATE."""
+    bucket = f"variant_{'live' if live_layer else 'merges'}"
     out = tmp_path / "sim"
     result = simulate(
         out,
@@ -609,7 +620,8 @@ def test_document_variant_equals_the_truth_when_turned_on_and_off(
         collection="_default._default",
         columns=[{"name": n, "path": p, "type": t} for n, p, t in _PROJECTED],
     )
-    view = BucketTables(bucket).collection("_default", "_default")
+    names = BucketTables(bucket)
+    view = names.collection("_default", "_default")
     typed = tables.typed(view)
     third = len(files) // 3
     batches = (files[:third], files[third : 2 * third], files[2 * third :])
@@ -621,7 +633,7 @@ def test_document_variant_equals_the_truth_when_turned_on_and_off(
                 landing=str(landing),
                 warehouse=str(spark_warehouse),
                 buckets=[BucketConfig(name=bucket, projections=[projection])],
-                silver=SilverConfig(document_variant=variant),
+                silver=SilverConfig(document_variant=variant, live_layer=live_layer),
             )
             ingest_bucket(spark, config, config.buckets[0])
             summary = apply_bucket(spark, config, config.buckets[0])
@@ -635,12 +647,17 @@ def test_document_variant_equals_the_truth_when_turned_on_and_off(
                     r["operation"]
                     for r in spark.sql(f"DESCRIBE HISTORY {all_rows(view)}").collect()
                 }
-                assert "UPDATE" in operations  # the rows of the first run were filled
+                # the rows of the first run were filled
+                assert ("MERGE" if live_layer else "UPDATE") in operations
                 assert "try_parse_json" not in (delta_io.view_text(spark, typed) or "")
-        assert _assert_variant_is_doc(spark, bucket)
         assert "try_parse_json" not in (delta_io.view_text(spark, typed) or "")
         assert_equal_to_truth(spark, bucket, result)
-        live = silver_live(spark, bucket)
+        _assert_typed_view_equals_truth(spark, typed, result)
+        if live_layer:  # what the last run left pending: into the tables read below
+            registry = [r.asDict(recursive=True) for r in spark.table(names.registry).collect()]
+            live.compact(spark, bucket, registry)
+        assert _assert_variant_is_doc(spark, bucket)
+        shown = silver_live(spark, bucket)
         truth = truth_live(result)
         variants = {
             (r["_collection_id"], r["key"]): r["variant_json"]
@@ -654,8 +671,7 @@ def test_document_variant_equals_the_truth_when_turned_on_and_off(
                 assert json.loads(got) == json.loads(d["value"]), ident
             else:
                 assert got is None, ident
-        assert set(live) == set(truth)
-        _assert_typed_view_equals_truth(spark, typed, result)
+        assert set(shown) == set(truth)
         location = str(spark.sql(f"DESCRIBE DETAIL {all_rows(view)}").first()["location"])
         assert "variantType" in (DeltaTable(location).protocol().reader_features or [])
         read = {r["key"]: r["doc"] for r in delta_rs.rows(location, ["key", "doc"])}
@@ -742,3 +758,58 @@ def test_the_state_rows_sum_up_the_walks_versions_as_spark_aggregates_them(
     for p, value in zip(PROBABILITIES, summed.times["cas_quantiles"], strict=True):
         rank = sum(1 for c in cas if c <= value) / len(cas)
         assert abs(rank - p) <= 0.01 or (p == 0 and value == cas[0]), (p, rank)
+
+
+def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
+    spark: SparkSession, tmp_path: Path, bucket: str
+) -> None:
+    """``[silver] walk_on_driver_below``: a run of few frames is walked in the driver by the
+    function Spark's workers run; from a fresh state and from the states an apply of half of
+    the files saved (a ``mixed`` capture: several sessions, a rollback, deletions), the rows
+    equal those of Spark's walk; at the bound, Spark walks."""
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, scenario="mixed", seed=9, vbuckets=4, docs=60, ops=240
+    )
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = AppConfig(
+        landing=str(landing), warehouse=str(tmp_path / "wh"), buckets=[BucketConfig(name=bucket)]
+    )
+    files = sorted(result.files)
+    names = BucketTables(bucket)
+
+    def rows(df: DataFrame) -> list[tuple[Any, ...]]:
+        return sorted((tuple(_hashable(v) for v in r) for r in df.collect()), key=repr)
+
+    for half in (files[: len(files) // 2], files[len(files) // 2 :]):
+        for f in half:
+            (landing / f.name).write_bytes(f.read_bytes())
+        ingest_bucket(spark, config, config.buckets[0])
+        states = (
+            state.read_states(spark, names.stream_state)
+            if spark.catalog.tableExists(names.stream_state)
+            else {}
+        )
+        unconsumed = state.unconsumed_frames(spark, names, states)
+        frames = unconsumed.frames.localCheckpoint()
+        count = frames.where(F.col("vb_key").isNotNull()).count()
+
+        walk = functools.partial(
+            state.walk_vbuckets,
+            spark,
+            frames,
+            states,
+            late_after=unconsumed.late_after,
+            read_through=unconsumed.read_through,
+        )
+        on_driver = walk(on_driver_below=count + 1)
+        assert "LocalTableScan" in on_driver._jdf.queryExecution().executedPlan().toString()
+        at_the_bound = walk(on_driver_below=count)
+        assert (
+            "FlatMapGroupsInArrow" in at_the_bound._jdf.queryExecution().executedPlan().toString()
+        )
+        walked = rows(on_driver)
+        assert walked == rows(walk(on_driver_below=0)) == rows(at_the_bound)
+        assert len(walked) > 100 and count > 100
+        apply_bucket(spark, config, config.buckets[0])
+    assert_equal_to_truth(spark, bucket, result)
