@@ -69,9 +69,8 @@ class SilverConfig(ConfigModel):
     walk_on_driver_below: Annotated[int, Field(ge=0)] = 20_000
     """An apply with fewer frames to walk walks them in the driver's Python, by the same
     columnar function Spark's Python workers run, one table of them: no shuffle into the
-    walk's groups, no Arrow streams to and from workers, seconds less for a run of a few
-    thousand frames. From this many frames on, Spark walks them (one job that read the first
-    of them is lost). 0: Spark always walks."""
+    walk's groups, no Arrow streams to and from workers. From this many frames on, Spark
+    walks them (the job that collected the first of them is lost). 0: Spark always walks."""
     deletion_vectors: bool = True
     """Deletion vectors on the ``_all`` tables (set when a table is created): a MERGE then
     marks the rows it replaces in the files it touches instead of rewriting those files, so
