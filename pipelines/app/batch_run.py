@@ -19,11 +19,13 @@ from dcp_cdc.logs import configure_logging_from
 from pipelines.app.demo import DEMO_NODES, demo_capture, demo_simulation, fresh_workdir
 from pipelines.bronze.job import run as ingest
 from pipelines.bronze.landing import check_landing
+from pipelines.bronze.memory import IngestMemory
 from pipelines.catalog.contents import bucket_overview
 from pipelines.lake import delta_io, spark_session
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
 from pipelines.silver.job import run as apply
+from pipelines.silver.memory import ApplyMemory
 from pipelines.tables import BucketTables
 
 
@@ -122,12 +124,16 @@ def run(
         out, next(number), total, f"starting Spark ({config.spark.master}) on {config.warehouse}"
     ):
         spark = spark_session.session_for(config, "dcp-cdc-run")
+    # what ingest wrote, kept for the apply: it finds the run in the log's rows and reads
+    # the run's frames from the files it wrote, not from the tables
+    kept = {name: IngestMemory() for name in buckets}
     with Step(out, next(number), total, "ingesting capture files into bronze"):
-        ingested = ingest(config, bucket, spark=spark)
+        ingested = ingest(config, bucket, spark=spark, memories=kept)
     out.write("".join(_indent(s.render()) + "\n" for s in ingested))
     how = "through the live layer" if config.silver.live_layer else "MERGE per collection"
     with Step(out, next(number), total, f"applying bronze to silver ({how})"):
-        applied = apply(config, bucket, spark=spark)
+        memories = {name: ApplyMemory(ingest=m) for name, m in kept.items()}
+        applied = apply(config, bucket, spark=spark, memories=memories)
     out.write("".join(_indent(s.render()) + "\n" for s in applied))
     with Step(out, next(number), total, "checking data quality"):
         reports = check(config, bucket, spark=spark, screenshot=screenshot)

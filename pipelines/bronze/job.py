@@ -661,9 +661,12 @@ def run(
     *,
     spark: SparkSession | None = None,
     config_file: object = None,
+    memories: Mapping[str, IngestMemory] | None = None,
 ) -> list[IngestSummary]:
     """Ingest every configured bucket (or one); builds the Spark session if none is given.
-    ``config_file``: where ``config`` was read from, named by configuration errors. Each
+    ``config_file``: where ``config`` was read from, named by configuration errors.
+    ``memories``: bucket -> the :class:`IngestMemory` each run keeps what it wrote in (an
+    apply in the same process then finds the run and its files without reading them). Each
     bucket's run pushes its metrics when ``[pushgateway] url`` is set."""
     buckets = config.bucket(bucket)  # a wrong name fails before Spark starts
     check_landing(config, buckets, config_file)  # so does a landing that is not there
@@ -671,7 +674,7 @@ def run(
     summaries = []
     for b in buckets:
         with log_context(bucket=b.name), pushed(config.pushgateway, "ingest", b.name) as report:
-            summary = ingest_bucket(session, config, b)
+            summary = ingest_bucket(session, config, b, memory=(memories or {}).get(b.name))
             report(
                 RunMetrics(
                     steps={"ingest": summary.seconds}, frames=summary.frames, files=summary.files

@@ -28,6 +28,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -487,6 +488,7 @@ def _walk(
             late_after=unconsumed.late_after,
             read_through=unconsumed.read_through,
             on_driver_below=config.silver.walk_on_driver_below,
+            files=unconsumed.files,
         ).cache()
         try:
             controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
@@ -554,15 +556,25 @@ def run(
     collection: str | None = None,
     rebuild: bool = False,
     spark: SparkSession | None = None,
+    memories: Mapping[str, ApplyMemory] | None = None,
 ) -> list[ApplySummary]:
     """Apply every configured bucket (or one); builds the Spark session if none is given.
-    Each bucket's run pushes its metrics when ``[pushgateway] url`` is set."""
+    ``memories``: bucket -> what this process's ingest of it left (:class:`ApplyMemory`),
+    so that the apply reads the run it wrote from its files. Each bucket's run pushes its
+    metrics when ``[pushgateway] url`` is set."""
     buckets = config.bucket(bucket)
     session = spark or session_for(config, "dcp-cdc-silver")
     summaries = []
     for b in buckets:
         with log_context(bucket=b.name), pushed(config.pushgateway, "apply", b.name) as report:
-            summary = apply_bucket(session, config, b, collection=collection, rebuild=rebuild)
+            summary = apply_bucket(
+                session,
+                config,
+                b,
+                collection=collection,
+                rebuild=rebuild,
+                memory=(memories or {}).get(b.name),
+            )
             report(
                 RunMetrics(
                     steps={f"apply_{step}": s for step, s in summary.steps.items()},

@@ -20,15 +20,25 @@ from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
-from pipelines.silver import transforms, walk_columns
+from pipelines.silver import transforms, walk_columns, walk_input
 from pipelines.silver.walk import RowKind, next_position
+from pipelines.silver.walk_input import RunFiles
 from pipelines.tables import BucketTables
+
+
+def small_table_rows(spark: SparkSession, table: str) -> list[dict[str, Any]]:
+    """A small table's rows (the stream state, the registry), none from a table of no file:
+    its Delta log says so (before a bucket's first apply), without the scan's Spark jobs."""
+    if delta_io.table_size(spark, table)[0] == 0:
+        return []
+    return [r.asDict(recursive=True) for r in spark.table(table).collect()]
 
 
 def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
@@ -109,23 +119,28 @@ def save_states(
     now = dt.datetime.now(dt.UTC)
     for row in rows:
         row["updated_at"] = now
-    if not _replace_from_driver(spark, table, rows, mark):
+    if not replace_from_driver(spark, table, rows, schemas.STATE, mark):
         df = spark.createDataFrame(rows, schema=schemas.STATE)
         with_retry(table, lambda: replace_rows(df, table, user_metadata=mark))
     return merged
 
 
-def _replace_from_driver(
-    spark: SparkSession, table: str, rows: list[dict[str, Any]], mark: str | None
+def replace_from_driver(
+    spark: SparkSession,
+    table: str,
+    rows: list[dict[str, Any]],
+    schema: T.StructType,
+    mark: str | None = None,
 ) -> bool:
-    """The stream state's rows written by this process into one Parquet file of the table
-    and committed in place of its files (:func:`file_commits.replace_files`): no Spark job, where
-    an overwrite runs five (the state Delta reconstructs for its scan, the write). False when
-    the table's checksum does not list its files (nothing committed, the file removed)."""
+    """A small table's rows (of ``schema``: the stream state, the registry) written by this
+    process into one Parquet file of the table and committed in place of its files
+    (:func:`file_commits.replace_files`): no Spark job, where an overwrite runs five (the
+    state Delta reconstructs for its scan, the write). False when the table's checksum does
+    not list its files (nothing committed, the file removed)."""
     location = delta_io.table_location(spark, table)
     storage = dict(spark.sparkContext.getConf().getAll())
-    written = write_rows(rows, schemas.arrow_schema(schemas.STATE), location, storage)
-    if file_commits.replace_files(spark, table, written, schemas.STATE, user_metadata=mark):
+    written = write_rows(rows, schemas.arrow_schema(schema), location, storage)
+    if file_commits.replace_files(spark, table, written, schema, user_metadata=mark):
         return True
     remove_written(written, location, storage)
     return False
@@ -142,6 +157,9 @@ class Unconsumed(NamedTuple):
     read_through: int | None
     """The newest run read (its ``run_version``; None: not known without a Spark job): every
     run of a vbucket's from its position up to it is in ``frames``."""
+    files: RunFiles | None = None
+    """The data files ``frames`` are read from, when this process's ingest wrote them all
+    (:mod:`pipelines.silver.walk_input` reads them without Spark); None: read the table."""
 
 
 def unconsumed_frames(
@@ -173,9 +191,10 @@ def unconsumed_frames(
     events = spark.table(names.events)
     run_ids = [s["position_run_id"] for s in states.values()]
     if not states or any(r is None for r in run_ids):
-        newest = max(finished_runs_of(log_rows).values(), default=None) if log_rows else None
+        finished = finished_runs_of(log_rows) if log_rows is not None else None
+        newest = max(finished.values(), default=None) if finished else None
         every = transforms.walk_input(events, _finished(spark, names, log_rows))
-        return Unconsumed(every, None, newest)
+        return Unconsumed(every, None, newest, _run_files(run_files, finished))
     # The runs from the oldest one a vbucket's position is in: the log's rows before it are
     # skipped by their statistics, so the read follows the runs not consumed, not the log's
     # age (until each vbucket was walked once since states kept their run's version, the
@@ -201,16 +220,25 @@ def unconsumed_frames(
     recent = [r for r, v in versions.items() if v >= oldest]
     newest = max((versions[r] for r in recent), default=None)
     if not again:
-        files = run_files(recent) if run_files is not None else None
+        files = _run_files(run_files, {r: versions[r] for r in recent})
         if files is not None:
-            events = _files_frame(spark, files)
-        return Unconsumed(
-            transforms.walk_input(events, versions_df).where(of_runs(recent)), late_after, newest
-        )
+            events = _files_frame(spark, files.paths)
+        frames = transforms.walk_input(events, versions_df).where(of_runs(recent))
+        return Unconsumed(frames, late_after, newest, files)
     # a vbucket walked again starts from its first frame: every finished run
     every_run = _finished(spark, names, log_rows)
     wanted = of_runs(recent) | F.col("vb_key").isin(sorted(again))
     return Unconsumed(transforms.walk_input(events, every_run).where(wanted), late_after, newest)
+
+
+def _run_files(
+    run_files: Callable[[list[str]], list[str] | None] | None, versions: dict[str, int] | None
+) -> RunFiles | None:
+    """The data files of the runs ``versions`` names, when the ingest's memory keeps them."""
+    if run_files is None or versions is None:
+        return None
+    paths = run_files(sorted(versions))
+    return None if paths is None else RunFiles(paths, versions)
 
 
 def _files_frame(spark: SparkSession, paths: list[str]) -> DataFrame:
@@ -293,6 +321,7 @@ def walk_vbuckets(
     late_after: int | None = None,
     read_through: int | None = None,
     on_driver_below: int = 0,
+    files: RunFiles | None = None,
 ) -> DataFrame:
     """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
     the vbuckets in ``again`` start over from a fresh state. ``late_after`` and
@@ -306,10 +335,22 @@ def walk_vbuckets(
     and its Python workers' Arrow streams each way (3,046 frames in a warm session on a
     loaded machine: 7.4-11 s that way, 4.1-7.4 s here; what is left is the read of the
     frames). That many frames or more: the job that found so (it stops at the bound) is
-    lost, and Spark walks them."""
+    lost, and Spark walks them. ``files``: the data files ``frames`` are of
+    (:attr:`Unconsumed.files`): when they hold fewer rows than the bound, they are read here
+    (:func:`pipelines.silver.walk_input.keyed_rows`), with no Spark job."""
     state_rows = [
         (vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again
     ]
+    if on_driver_below > 0 and files is not None and not again:
+        storage = dict(spark.sparkContext.getConf().getAll())
+        if walk_input.row_count(files, storage) < on_driver_below:
+            saved_of = {vb: (state, late) for vb, state, late in state_rows}
+            few = walk_input.keyed_rows(files, saved_of, read_through, storage)
+            if few is not None:
+                walked = walk_columns.walk_vbuckets(
+                    few, schemas.arrow_schema(schemas.WALKED), eager
+                )
+                return spark.createDataFrame(walked, schema=schemas.WALKED)
     saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
     if on_driver_below > 0:
         keyed = transforms.keyed_frames(frames, saved, read_through)

@@ -32,7 +32,7 @@ WALK_OPS = [
     "stream_request_response",
 ]
 
-_WALK_COLUMNS = [
+WALK_COLUMNS = [
     "op",
     "vbucket",
     "status",
@@ -67,6 +67,8 @@ _WALK_COLUMNS = [
     "ingest_run_id",
     "run_version",
 ]
+"""The columns of a frame the walk reads (with ``vb_key``, its saved state and the newest run
+read: :func:`keyed_frames`)."""
 
 
 # --- what the walk reads -------------------------------------------------------------------
@@ -106,7 +108,7 @@ def keyed_frames(frames: DataFrame, saved: DataFrame, read_through: int | None) 
     vbucket's ``saved_state`` and ``late_after`` (``saved``; none: it starts fresh) and the
     newest run read (``read_through``)."""
     return (
-        frames.select(*_WALK_COLUMNS, "vb_key")
+        frames.select(*WALK_COLUMNS, "vb_key")
         .where(F.col("vb_key").isNotNull())
         .join(F.broadcast(saved), on="vb_key", how="left")
         .withColumn("read_through", F.lit(read_through).cast("long"))

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
@@ -25,14 +26,17 @@ from dcp_cdc.errors import DcpError
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines import schemas, tables
 from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.memory import IngestMemory
 from pipelines.errors import CommitConflictError
 from pipelines.lake import delta_io, faults
-from pipelines.silver import live, state, store
+from pipelines.silver import live, state, store, transforms, walk_input
 from pipelines.silver.job import apply_bucket, purge_tombstones
+from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import CHANGE_DATA_FEED
 from pipelines.tables import BucketTables, all_rows
 from tests.support import delta_rs
 from tests.support.silver_runs import drop_all, pipeline
+from tests.support.spark_jobs import counted
 from tests.support.truth import assert_equal_to_truth, silver_live, truth_live
 
 # what a MERGE decides; _applied_at and _ingest_run_id say when and by whom
@@ -766,7 +770,10 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
     """``[silver] walk_on_driver_below``: a run of few frames is walked in the driver by the
     function Spark's workers run; from a fresh state and from the states an apply of half of
     the files saved (a ``mixed`` capture: several sessions, a rollback, deletions), the rows
-    equal those of Spark's walk; at the bound, Spark walks."""
+    equal those of Spark's walk; at the bound, Spark walks. Read from the files the same
+    process's ingest wrote (:mod:`pipelines.silver.walk_input`, as ``dcp-cdc run`` and follow
+    mode do), the walk's input rows equal Spark's read of the table and the walk runs no Spark
+    job; the applies through that memory leave silver equal to the truth."""
     result = simulate(
         tmp_path / "sim", bucket=bucket, scenario="mixed", seed=9, vbuckets=4, docs=60, ops=240
     )
@@ -777,6 +784,8 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
     )
     files = sorted(result.files)
     names = BucketTables(bucket)
+    storage = dict(spark.sparkContext.getConf().getAll())
+    memory = IngestMemory()  # one process's: the first run's files are kept for the second
 
     def rows(df: DataFrame) -> list[tuple[Any, ...]]:
         return sorted((tuple(_hashable(v) for v in r) for r in df.collect()), key=repr)
@@ -784,7 +793,7 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
     for half in (files[: len(files) // 2], files[len(files) // 2 :]):
         for f in half:
             (landing / f.name).write_bytes(f.read_bytes())
-        ingest_bucket(spark, config, config.buckets[0])
+        ingest_bucket(spark, config, config.buckets[0], memory=memory)
         states = (
             state.read_states(spark, names.stream_state)
             if spark.catalog.tableExists(names.stream_state)
@@ -811,5 +820,34 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
         walked = rows(on_driver)
         assert walked == rows(walk(on_driver_below=0)) == rows(at_the_bound)
         assert len(walked) > 100 and count > 100
-        apply_bucket(spark, config, config.buckets[0])
+
+        memory.state(spark, names.ingest_log)  # the log's rows, as the run left them
+        kept = state.unconsumed_frames(
+            spark,
+            names,
+            states,
+            log_rows=memory.rows,
+            run_files=lambda runs: memory.run_files(spark, names.events, runs),
+        )
+        assert kept.files is not None and kept.files.paths
+        saved = {vb: (json.dumps(s["state"]), kept.late_after) for vb, s in states.items()}
+        saved_df = spark.createDataFrame(
+            [(vb, s, late) for vb, (s, late) in saved.items()],
+            "vb_key INT, saved_state STRING, late_after LONG",
+        )
+        from_spark = transforms.keyed_frames(frames, saved_df, kept.read_through).toArrow()
+        with counted(spark) as jobs:
+            from_files = walk_input.keyed_rows(kept.files, saved, kept.read_through, storage)
+            bound = walk_input.row_count(kept.files, storage) + 1  # every op's rows, not read
+            in_driver = walk(on_driver_below=bound, files=kept.files)
+        assert jobs.count == 0, jobs.what
+        assert from_files is not None and from_files.num_rows == count
+        assert from_files.schema.types == from_spark.schema.types  # not nullability
+        assert _arrow_rows(from_files) == _arrow_rows(from_spark)
+        assert rows(in_driver) == walked
+        apply_bucket(spark, config, config.buckets[0], memory=ApplyMemory(ingest=memory))
     assert_equal_to_truth(spark, bucket, result)
+
+
+def _arrow_rows(table: pa.Table) -> list[str]:
+    return sorted(json.dumps(r, sort_keys=True, default=repr) for r in table.to_pylist())

@@ -18,7 +18,7 @@ from pipelines import schemas
 from pipelines.bronze.decode import decode_file
 from pipelines.bronze.job import _file_row
 from pipelines.bronze.landing import list_captures, read_header
-from pipelines.silver.transforms import _WALK_COLUMNS, WALK_OPS
+from pipelines.silver.transforms import WALK_COLUMNS, WALK_OPS
 
 ARROW_BATCH_ROWS = 10_000
 """Rows of a record batch Spark hands a Python function (``maxRecordsPerBatch``'s default)."""
@@ -28,7 +28,7 @@ _TYPES = {f.name: f.type for f in _EVENTS} | {"run_version": pa.int64()}
 GROUP_SCHEMA = pa.schema(
     [
         ("vb_key", pa.int32()),
-        *[(name, _TYPES[name]) for name in _WALK_COLUMNS],
+        *[(name, _TYPES[name]) for name in WALK_COLUMNS],
         ("saved_state", pa.string()),
         ("late_after", pa.int64()),
         ("read_through", pa.int64()),
@@ -97,7 +97,7 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
     }
     columns = [
         vb_key,
-        *[run[name] if name in run else events[name] for name in _WALK_COLUMNS],
+        *[run[name] if name in run else events[name] for name in WALK_COLUMNS],
         pa.nulls(n, pa.string()),
         pa.nulls(n, pa.int64()),
         pa.array(np.ones(n, dtype=np.int64)),  # the one run, the newest read
