@@ -14,6 +14,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
@@ -74,7 +75,10 @@ def read_log(spark: SparkSession, table: str, version: int | None = None) -> Log
 def read_log_rows(
     spark: SparkSession, table: str, version: int | None = None
 ) -> list[dict[str, Any]]:
-    """The ingest log's rows, as it is now or at Delta ``version`` (a Spark job)."""
+    """The ingest log's rows, as it is now or at Delta ``version``: a Spark job, but for a
+    log of no file (a bucket's first run), which its Delta log answers."""
+    if delta_io.table_size(spark, table, version)[0] == 0:
+        return []
     if version is None:
         log = spark.table(table)
     else:
@@ -99,7 +103,8 @@ def log_rows(
         for r in rows
     ]
     now = dt.datetime.now(dt.UTC)
-    if not _append_from_driver(spark, table, [{**r, "logged_at": now} for r in full]):
+    logged = [{**r, "logged_at": now} for r in full]
+    if not append_from_driver(spark, table, logged, schemas.INGEST_LOG):
         df = spark.createDataFrame(full, schema=schemas.INGEST_LOG).withColumn(
             "logged_at", F.current_timestamp()
         )
@@ -107,15 +112,18 @@ def log_rows(
     return [{f.name: r[f.name] for f in schemas.INGEST_LOG.fields} for r in full]
 
 
-def _append_from_driver(spark: SparkSession, table: str, rows: list[dict[str, Any]]) -> bool:
-    """The log's rows written by this process into one Parquet file of the table and
-    appended in one commit (:func:`file_commits.append_files`): no Spark job, where Spark's
-    append runs one (and its commit more). False when the table's columns are not
-    :data:`schemas.INGEST_LOG`'s (nothing committed, the file removed)."""
+def append_from_driver(
+    spark: SparkSession, table: str, rows: list[dict[str, Any]], schema: T.StructType
+) -> bool:
+    """A small table's rows (of ``schema``: the ingest log, the quality results) written by
+    this process into one Parquet file of the table and appended in one commit
+    (:func:`file_commits.append_files`): no Spark job, where Spark's append runs one (and its
+    commit more). False when the table's columns are not ``schema``'s (nothing committed,
+    the file removed)."""
     location = delta_io.table_location(spark, table)
     storage = dict(spark.sparkContext.getConf().getAll())
-    written = write_rows(rows, schemas.arrow_schema(schemas.INGEST_LOG), location, storage)
-    if file_commits.append_files(spark, table, written, schemas.INGEST_LOG):
+    written = write_rows(rows, schemas.arrow_schema(schema), location, storage)
+    if file_commits.append_files(spark, table, written, schema):
         return True
     remove_written(written, location, storage)
     return False

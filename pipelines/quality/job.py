@@ -245,8 +245,8 @@ def _append_results(
     delta_io.ensure_database(spark, table)
     delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, config.tables.properties)
     rows = [{**r, "checked_at": checked_at} for r in reporting.result_rows(report)]
-    df = spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS)
-    delta_io.append(df, table)
+    if not store.append_from_driver(spark, table, rows, schemas.QUALITY_RESULTS):
+        delta_io.append(spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS), table)
 
 
 def _upload(spark: SparkSession, local: Path, target: str) -> None:

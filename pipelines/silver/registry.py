@@ -9,6 +9,7 @@ known by its id until its create event names it, and its tables follow a rename
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from pipelines.errors import CollectionNameError
 from pipelines.lake import delta_io
 from pipelines.lake.delta_io import metric, replace_rows, with_retry
 from pipelines.silver import transforms
+from pipelines.silver.state import replace_from_driver, small_table_rows
 from pipelines.silver.walk import RowKind
 from pipelines.tables import BucketTables
 
@@ -193,10 +195,15 @@ def read_registry(spark: SparkSession, bucket: str) -> Registry:
     table = BucketTables(bucket).registry
     if not spark.catalog.tableExists(table):
         return []
-    return [r.asDict(recursive=True) for r in spark.table(table).collect()]
+    return small_table_rows(spark, table)
 
 
 def _save_registry(spark: SparkSession, table: str, registry: Registry) -> None:
+    now = dt.datetime.now(dt.UTC)
+    if replace_from_driver(
+        spark, table, [{**r, "updated_at": now} for r in registry], schemas.REGISTRY
+    ):
+        return
     df = spark.createDataFrame(
         [{**r, "updated_at": None} for r in registry], schema=schemas.REGISTRY
     ).withColumn("updated_at", F.current_timestamp())
@@ -232,7 +239,7 @@ def update_registry(
     """
     table = BucketTables(bucket).registry
     if stored is None:
-        stored = [r.asDict(recursive=True) for r in spark.table(table).collect()]
+        stored = small_table_rows(spark, table)
     current = {r["collection_id"]: r for r in stored}
     scopes = {0: "_default"}
     for r in current.values():  # a scope's name from its create event wins over its stand-in
