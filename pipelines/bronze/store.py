@@ -15,6 +15,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.types import StructType
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
@@ -49,14 +50,12 @@ Not the default first 32 columns, which include document bodies and miss the run
 
 def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> BucketTables:
     """The bronze tables of ``bucket`` exist (the events table clustered by
-    :data:`EVENTS_CLUSTERING`); returns the bucket's names."""
+    :data:`EVENTS_CLUSTERING`), made or checked at once; returns the bucket's names."""
     names = BucketTables(bucket)
     delta_io.ensure_database(spark, names.events)
-    for table, schema in (
-        (names.events, schemas.EVENTS),
-        (names.quarantine, schemas.QUARANTINE),
-        (names.ingest_log, schemas.INGEST_LOG),
-    ):
+
+    def ensure(made: tuple[str, StructType]) -> None:
+        table, schema = made
         events = table == names.events
         clustering = EVENTS_CLUSTERING if events else ()
         properties = {**config.tables.properties, **(EVENTS_STATS if events else {})}
@@ -64,6 +63,15 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
         # a table made by an earlier version: an ingest log without ``digest``, events
         # without ``stream_flag_names``, ``stream_opaque`` or ``high_seqnos``
         delta_io.add_missing_columns(spark, table, schema)
+
+    delta_io.each_at_once(
+        ensure,
+        [
+            (names.events, schemas.EVENTS),
+            (names.quarantine, schemas.QUARANTINE),
+            (names.ingest_log, schemas.INGEST_LOG),
+        ],
+    )
     return names
 
 

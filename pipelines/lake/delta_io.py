@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -597,3 +598,25 @@ def static_plan_session(spark: SparkSession, *, interpreted: bool = False) -> Sp
     for key, value in (INTERPRETED_CONF if interpreted else {}).items():
         session.conf.set(key, value)
     return session
+
+
+TABLE_THREADS = 4
+"""Tables a step makes or checks at once (bronze's, silver's support tables, a registry
+update's collection tables)."""
+
+
+def each_at_once(ensure: Callable[[_T], None], items: Sequence[_T]) -> None:
+    """``ensure`` each item's table, up to :data:`TABLE_THREADS` at once: a table's CREATE
+    (and a view) are a dozen catalog and Delta log round trips on the driver, which threads
+    overlap (the catalog serialises its own calls): five collection tables and their views
+    took 8.8 s one at a time, 3.5 s four at once (2 cores). Every call ends before an error
+    is raised."""
+    if len(items) <= 1:
+        for item in items:
+            ensure(item)
+        return
+    with ThreadPoolExecutor(min(TABLE_THREADS, len(items)), "delta-tables") as pool:
+        futures = [pool.submit(ensure, item) for item in items]
+        wait(futures)
+        for future in futures:
+            future.result()

@@ -12,11 +12,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -52,7 +51,7 @@ def ensure_support_tables(
         (names.purges, schemas.PURGES),
         *([(names.pending, schemas.PENDING)] if live else []),
     )
-    _each_at_once(lambda made: delta_io.create_table(spark, *made, properties), support)
+    delta_io.each_at_once(lambda made: delta_io.create_table(spark, *made, properties), support)
     # a registry of an earlier version: without ``renamed_from``
     delta_io.add_missing_columns(spark, names.registry, schemas.REGISTRY)
 
@@ -274,7 +273,7 @@ def update_registry(
         and (ensured is None or row["table_name"] not in ensured)
     ]
     made = partial(ensure_collection_table, spark, properties=properties)
-    _each_at_once(
+    delta_io.each_at_once(
         lambda row: made(
             row["table_name"],
             document_variant=document_variant,
@@ -288,28 +287,6 @@ def update_registry(
     if saved:
         _save_registry(spark, table, list(current.values()))
     return list(current.values()), saved
-
-
-TABLE_THREADS = 4
-"""Tables a registry update (or the support tables' check) makes or checks at once."""
-_T = TypeVar("_T")
-
-
-def _each_at_once(ensure: Callable[[_T], None], items: Sequence[_T]) -> None:
-    """``ensure`` each item's table, up to :data:`TABLE_THREADS` at once: a table's CREATE
-    (and a view) are a dozen catalog and Delta log round trips on the driver, which threads
-    overlap (the catalog serialises its own calls): five collection tables and their views
-    took 8.8 s one at a time, 3.5 s four at once (2 cores). Every call ends before an error
-    is raised."""
-    if len(items) <= 1:
-        for item in items:
-            ensure(item)
-        return
-    with ThreadPoolExecutor(min(TABLE_THREADS, len(items)), "silver-tables") as pool:
-        futures = [pool.submit(ensure, item) for item in items]
-        wait(futures)
-        for future in futures:
-            future.result()
 
 
 def _apply_events(

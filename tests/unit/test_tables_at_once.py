@@ -1,4 +1,4 @@
-"""The registry makes a bucket's tables several at once (``registry._each_at_once``): every
+"""A step makes a bucket's tables several at once (``delta_io.each_at_once``): every
 table is made, and a failure of one is raised only after the others ended."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipelines.silver import registry
+from pipelines.lake import delta_io
 
 
 def test_every_item_is_ensured_on_threads_of_its_own() -> None:
@@ -21,15 +21,15 @@ def test_every_item_is_ensured_on_threads_of_its_own() -> None:
             seen[name] = threading.current_thread().name
 
     names = [f"silver.t{i}" for i in range(6)]
-    registry._each_at_once(ensure, names)
+    delta_io.each_at_once(ensure, names)
     assert sorted(seen) == names
-    assert len(set(seen.values())) == registry.TABLE_THREADS
-    assert all(t.startswith("silver-tables") for t in seen.values())
+    assert len(set(seen.values())) == delta_io.TABLE_THREADS
+    assert all(t.startswith("delta-tables") for t in seen.values())
 
 
 def test_one_table_is_made_on_the_callers_thread() -> None:
     seen: list[str] = []
-    registry._each_at_once(lambda name: seen.append(threading.current_thread().name), ["t"])
+    delta_io.each_at_once(lambda name: seen.append(threading.current_thread().name), ["t"])
     assert seen == [threading.current_thread().name]
 
 
@@ -43,5 +43,5 @@ def test_a_failure_is_raised_after_every_other_table_ended() -> None:
         ended.append(name)
 
     with pytest.raises(RuntimeError, match="refused bad"):
-        registry._each_at_once(ensure, ["bad", "a", "b", "c"])
+        delta_io.each_at_once(ensure, ["bad", "a", "b", "c"])
     assert sorted(ended) == ["a", "b", "c"]
