@@ -11,8 +11,8 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig
+from pipelines.lake.delta_rs import plain_types
 from pipelines.lake.spark_session import session_for
-from pipelines.status.tables_read import plain_types
 
 
 class SparkTables:

@@ -23,28 +23,18 @@ take them), else the usual AWS environment. A table that exists but cannot be re
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
 
-from dcp_cdc.agent.s3_store import S3Options
 from dcp_cdc.config import AppConfig, is_uri, metastore_address
 from pipelines.catalog.embedded import METASTORE_DIR_NAME
 from pipelines.catalog.settings import local_default
 from pipelines.errors import TableReadError
-from pipelines.lake.object_storage import on_s3
-
-S3_TIMEOUTS = {
-    "connect_timeout": "5s",
-    "timeout": "30s",
-    "max_retries": "2",
-    "retry_timeout": "30s",
-}
-"""How long a read from S3 may wait: a store that does not answer is an error within
-seconds, not a command that hangs."""
+from pipelines.lake.delta_rs import plain_types, s3_storage_options
+from pipelines.lake.delta_rs import reason as _reason
 
 
 class TableSource(Protocol):
@@ -88,22 +78,7 @@ def storage_options(config: AppConfig) -> dict[str, str]:
     """delta-rs's options for a warehouse on S3, from ``[spark.conf]``'s
     ``spark.hadoop.fs.s3a.*`` (what is not set comes from the AWS environment); none for a
     local warehouse."""
-    if not on_s3(config.warehouse):
-        return {}
-    s3 = S3Options.from_spark_conf(config.spark.conf)
-    found = {
-        "AWS_ENDPOINT_URL": s3.endpoint_url,
-        "AWS_REGION": s3.region,
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-        "AWS_SESSION_TOKEN": s3.session_token,
-    }
-    options = {key: value for key, value in found.items() if value}
-    if s3.endpoint_url and s3.endpoint_url.startswith("http://"):
-        options["AWS_ALLOW_HTTP"] = "true"
-    if s3.path_style is not None:
-        options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(not s3.path_style).lower()
-    return options | S3_TIMEOUTS
+    return s3_storage_options(config.spark.conf, config.warehouse)
 
 
 class DeltaFiles:
@@ -144,26 +119,6 @@ def _has_commits(location: str) -> bool:
         return False
     log = Path(location) / "_delta_log"
     return log.is_dir() and any(f.suffix in (".json", ".parquet") for f in log.iterdir())
-
-
-_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _reason(exc: BaseException) -> str:
-    """delta-rs's error on one line: its chain of causes (one a line, coloured, each below an
-    arrow) joined with colons."""
-    lines = (
-        line.strip().lstrip("\u21b3").strip() for line in _COLOUR.sub("", str(exc)).splitlines()
-    )
-    return f"{type(exc).__name__}: {': '.join(line for line in lines if line) or 'no message'}"
-
-
-def plain_types(table: pa.Table) -> pa.Table:
-    """``table`` with view types (``string_view``, ``binary_view``, as delta-rs's SQL reader
-    returns) cast to the plain ones, which every compute kernel takes."""
-    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
-    schema = pa.schema(f.with_type(plain.get(f.type, f.type)) for f in table.schema)
-    return table.cast(schema) if schema != table.schema else table
 
 
 class WarehouseThenCatalog:

@@ -15,13 +15,12 @@ from deltalake import write_deltalake
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines.errors import TableReadError
+from pipelines.lake.delta_rs import S3_TIMEOUTS, plain_types
 from pipelines.status.read import tables_for
 from pipelines.status.tables_read import (
-    S3_TIMEOUTS,
     DeltaFiles,
     WarehouseThenCatalog,
     own_catalog,
-    plain_types,
     storage_options,
     warehouse_location,
 )

@@ -1,0 +1,142 @@
+"""Delta tables read in the driver's Python through delta-rs (the ``deltalake`` package):
+what a small read costs without a Spark job (``dcp-cdc status``, a small bucket's quality
+check). delta-spark stays the only writer; these reads take a table at a committed version.
+
+delta-rs's SQL reader (``QueryBuilder``) honours deletion vectors and reads only the columns
+asked for (``DeltaTable.to_pyarrow_table`` refuses deletion vectors). A table on S3 is read
+with the ``spark.hadoop.fs.s3a.*`` settings (:func:`s3_storage_options`), else the usual AWS
+environment. A table that cannot be read raises :class:`~pipelines.errors.TableReadError`
+naming it, its location and delta-rs's reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from dcp_cdc.agent.s3_store import S3Options
+from pipelines.errors import TableReadError
+from pipelines.lake.object_storage import on_s3
+
+if TYPE_CHECKING:  # status reads through here without importing Spark
+    from pyspark.sql import SparkSession
+
+S3_TIMEOUTS = {
+    "connect_timeout": "5s",
+    "timeout": "30s",
+    "max_retries": "2",
+    "retry_timeout": "30s",
+}
+"""How long a read from S3 may wait: a store that does not answer is an error within
+seconds, not a command that hangs."""
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def s3_storage_options(conf: Mapping[str, str], location: str) -> dict[str, str]:
+    """delta-rs's options for a table or warehouse at ``location`` from Spark settings
+    ``conf`` (``spark.hadoop.fs.s3a.*``: a config's ``[spark.conf]`` or a running session's);
+    none for a local one."""
+    if not on_s3(location):
+        return {}
+    s3 = S3Options.from_spark_conf(conf)
+    found = {
+        "AWS_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_REGION": s3.region,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "AWS_SESSION_TOKEN": s3.session_token,
+    }
+    options = {key: value for key, value in found.items() if value}
+    if s3.endpoint_url and s3.endpoint_url.startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    if s3.path_style is not None:
+        options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(not s3.path_style).lower()
+    return options | S3_TIMEOUTS
+
+
+def reason(exc: BaseException) -> str:
+    """delta-rs's error on one line: its chain of causes (one a line, coloured, each below an
+    arrow) joined with colons."""
+    lines = (
+        line.strip().lstrip("\u21b3").strip() for line in _COLOUR.sub("", str(exc)).splitlines()
+    )
+    return f"{type(exc).__name__}: {': '.join(line for line in lines if line) or 'no message'}"
+
+
+def plain_types(table: pa.Table) -> pa.Table:
+    """``table`` with view types (``string_view``, ``binary_view``, as delta-rs's SQL reader
+    returns) cast to the plain ones, which every compute kernel takes."""
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    schema = pa.schema(f.with_type(plain.get(f.type, f.type)) for f in table.schema)
+    return table.cast(schema) if schema != table.schema else table
+
+
+def read_columns(
+    location: str,
+    columns: Sequence[str],
+    *,
+    table: str,
+    version: int | None = None,
+    options: Mapping[str, str] | None = None,
+) -> pa.Table:
+    """``columns`` of the Delta table at ``location`` (named ``table`` in errors), at
+    ``version`` (None: its latest)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    path = location
+    if location.startswith("file:"):
+        path = location.removeprefix("file://").removeprefix("file:")
+    names = ", ".join(f'"{c}"' for c in columns)
+    try:
+        delta = DeltaTable(path, version=version, storage_options=dict(options or {}) or None)
+        found = QueryBuilder().register("t", delta).execute(f"SELECT {names} FROM t")
+        return plain_types(pa.table(found.read_all()))
+    except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
+        raise TableReadError(table, location, reason(exc)) from None
+
+
+def read_table(
+    spark: SparkSession, table: str, columns: Sequence[str], version: int | None = None
+) -> pa.Table:
+    """``columns`` of the catalog's Delta table ``table`` at ``version`` (None: its latest),
+    read by delta-rs from the location the table's Delta log gives (no Spark job)."""
+    from pipelines.lake import delta_io
+
+    location = delta_io.table_location(spark, table)
+    conf = dict(spark.sparkContext.getConf().getAll())
+    options = s3_storage_options(conf, location)
+    return read_columns(location, columns, table=table, version=version, options=options)
+
+
+def read_rows(
+    spark: SparkSession, table: str, columns: Sequence[str], at: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """``columns`` of ``table`` at its version in ``at`` (else its latest), as the rows a
+    Spark ``collect()`` gives (:func:`spark_rows`)."""
+    return spark_rows(read_table(spark, table, columns, (at or {}).get(table)))
+
+
+def spark_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table``'s rows as a Spark ``collect()`` gives them (``Row.asDict(recursive=True)``):
+    a timestamp as a naive datetime of the local time zone, a map as a dict."""
+    columns: dict[str, list[Any]] = {}
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_timestamp(field.type):
+            micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+            columns[field.name] = [None if m is None else _local(m) for m in micros]
+        elif pa.types.is_map(field.type):
+            columns[field.name] = [None if m is None else dict(m) for m in column.to_pylist()]
+        else:
+            columns[field.name] = column.to_pylist()
+    names = list(columns)
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+def _local(micros: int) -> dt.datetime:
+    """Spark's ``TimestampType.fromInternal``: local wall time, microseconds kept."""
+    return dt.datetime.fromtimestamp(micros // 1_000_000).replace(microsecond=micros % 1_000_000)
