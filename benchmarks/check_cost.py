@@ -5,8 +5,9 @@ A scenario is simulated (``--scenario``, ``basic``: ``mixed`` holds failovers an
 after which a check reads everything; ``--events`` operations on ``--vbuckets`` vbuckets);
 all its capture files but the last ``--percent`` of its frames are ingested, applied and
 checked (over everything: no state yet); then the rest arrives, is ingested and applied, and
-the check runs twice on the same tables: from the state (``dcp-cdc check``) and over
-everything (``dcp-cdc check --full``, which does not save its state). One Spark session;
+the check runs three times on the same tables: from the state (``dcp-cdc check``), over
+everything (``dcp-cdc check --full``, which does not save its state), and in the driver (a
+small bucket's check, ``quality.on_driver_below_bytes``: its metric frames only). One Spark session;
 each stage's seconds. ``python -m benchmarks.check_cost --events 5000000 --vbuckets 1024``.
 """
 
@@ -33,6 +34,7 @@ def run_once(
     from pipelines.quality import carry
     from pipelines.quality.compute import compute
     from pipelines.quality.job import check_bucket, pinned_versions
+    from pipelines.quality.small.compute import compute_small
     from pipelines.silver.job import apply_bucket
 
     shutil.rmtree(work, ignore_errors=True)
@@ -91,12 +93,17 @@ def run_once(
         )
         t = stage("check since the last", t)
         everything = compute(spark, bucket.name, at, None, full=True)
-        stage("check over everything", t)
+        t = stage("check over everything", t)
+        in_driver = compute_small(spark, bucket.name, at)
+        stage("check in the driver", t)
     finally:
         spark.stop()
-    same = {n: sorted(map(repr, m.rows)) for n, m in since.metrics.items()} == {
-        n: sorted(map(repr, m.rows)) for n, m in everything.metrics.items()
-    }
+
+    def rows(metrics: dict[str, Any]) -> dict[str, list[str]]:
+        return {n: sorted(repr(sorted(r.items())) for r in m.rows) for n, m in metrics.items()}
+
+    same = rows(since.metrics) == rows(everything.metrics)
+    same_in_driver = rows(in_driver.metrics) == rows(everything.metrics)
     return {
         "frames": sim.frames,
         "late_files": len(late),
@@ -106,6 +113,7 @@ def run_once(
         "incremental": since.full_because is None,
         "full_because": since.full_because,
         "same_rows": same,
+        "same_rows_in_driver": same_in_driver,
     }
 
 
@@ -122,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     cases = [
         Case("check over everything", result["frames"], "frames", [full], baseline=True),
         Case("check since the last", result["frames"], "frames", [stages["check since the last"]]),
+        Case("check in the driver", result["frames"], "frames", [stages["check in the driver"]]),
     ]
     report(
         "check_cost",
@@ -131,7 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  since the last / over everything: {stages['check since the last'] / full:.1%}; "
         f"from the state: {result['incremental']} ({result['full_because']}); "
-        f"the same rows: {result['same_rows']}"
+        f"the same rows: {result['same_rows']}; in the driver "
+        f"{stages['check in the driver'] / full:.1%}, the same rows: "
+        f"{result['same_rows_in_driver']}"
     )
 
 

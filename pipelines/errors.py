@@ -111,3 +111,9 @@ class FullCheckNeeded(DcpError):
     """Raised inside a quality check, never out of it: the state the last check carried
     cannot answer this one (the message says why), so it reads all of bronze
     (:mod:`pipelines.quality.compute`)."""
+
+
+class NotOnDriver(DcpError):
+    """A bucket the quality check leaves to Spark rather than compute in the driver
+    (:mod:`pipelines.quality.small`): what it found is outside the rules the driver keeps
+    (a response's opaque beyond an INT, which Spark's cast refuses)."""

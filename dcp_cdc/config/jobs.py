@@ -151,6 +151,13 @@ class QualityConfig(ConfigModel):
     (``quality.<bucket>_check_state``); below it every check reads all of bronze and keeps
     nothing, which costs less on a small table than the state's bookkeeping: 64 MiB is where
     the two costs met in ``benchmarks/check_cost.py`` (docs on quality: what a check reads)."""
+    on_driver_below_bytes: Annotated[int, Field(ge=0)] = 4 * 1024 * 1024
+    """The size of a bucket's bronze events table (from its Delta log) below which a check
+    computes its metric frames in the driver's Python, reading bronze and silver through
+    delta-rs at the versions it pinned: no Spark job, where Spark's check of a small bucket
+    pays for dozens of small jobs and the JVM's compiling of each (docs on quality: what a
+    check reads). Above it (and from ``incremental_from_bytes`` on, whichever is lower)
+    Spark computes them. 0: Spark always does."""
 
     @field_validator("severity")
     @classmethod

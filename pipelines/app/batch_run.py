@@ -20,7 +20,7 @@ from pipelines.app.demo import DEMO_NODES, demo_capture, demo_simulation, fresh_
 from pipelines.bronze.job import run as ingest
 from pipelines.bronze.landing import check_landing
 from pipelines.bronze.memory import IngestMemory
-from pipelines.catalog.contents import bucket_overview
+from pipelines.catalog.contents import bucket_overview, bucket_overview_read
 from pipelines.lake import delta_io, spark_session
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
@@ -144,10 +144,13 @@ def run(
     where += f" --config {config_file}" if config_file else ""
     for name in buckets:
         events = BucketTables(name).events
-        small = not spark.catalog.tableExists(events) or (
-            delta_io.table_size(spark, events)[1] < config.spark.interpreted_below_bytes
-        )
-        overview = bucket_overview(delta_io.static_plan_session(spark, interpreted=small), name)
+        size = delta_io.table_size(spark, events)[1] if spark.catalog.tableExists(events) else 0
+        if size < config.quality.on_driver_below_bytes:
+            overview = bucket_overview_read(spark, name)
+        else:
+            interpreted = size < config.spark.interpreted_below_bytes
+            plain = delta_io.static_plan_session(spark, interpreted=interpreted)
+            overview = bucket_overview(plain, name)
         out.write(f"\n=== bucket {name!r} ===\n\n{overview.render()}\n\n")
         for report in (r for r in reports if r.bucket == name):
             out.write(_verdict(report) + "\n")

@@ -7,15 +7,19 @@ through here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import QueryError, TableNotFoundError
+from pipelines.lake import delta_rs
 from pipelines.silver.live import bucket_rows
+from pipelines.silver.rows_read import bucket_rows as read_bucket_rows
 from pipelines.tables import (
     LAYERS,
     WITH_TABLES,
@@ -172,5 +176,50 @@ def bucket_overview(spark: SparkSession, bucket: str) -> BucketOverview:
             .where(F.col("open_snapshot_start").isNotNull())
             .select("vbucket")
             .collect()
+        )
+    return overview
+
+
+def bucket_overview_read(spark: SparkSession, bucket: str) -> BucketOverview:
+    """:func:`bucket_overview` of a small bucket, read through delta-rs in the driver (the
+    events' ``op`` column counted with Arrow, silver's rows by
+    :func:`pipelines.silver.rows_read.bucket_rows`): no Spark job."""
+    names = BucketTables(bucket)
+    overview = BucketOverview(bucket, events_table=names.events)
+    exists = spark.catalog.tableExists
+    if exists(names.events):
+        ops = delta_rs.read_table(spark, names.events, ["op"]).column("op")
+        counted = pc.value_counts(ops).to_pylist()
+        overview.events_by_op = {c["values"]: c["counts"] for c in counted}
+    if exists(names.quarantine):
+        overview.quarantined = delta_rs.read_table(spark, names.quarantine, ["offset"]).num_rows
+    if exists(names.registry):
+        columns = ("scope", "name", "table_name", "collection_id", "status")
+        registry = [
+            r
+            for r in delta_rs.read_rows(spark, names.registry, columns)
+            if r["status"] in WITH_TABLES
+        ]
+        views = sorted({(r["table_name"], r["collection_id"]) for r in registry})
+        rows = read_bucket_rows(spark, bucket, views, ("_deleted", "_expiry")) if views else []
+        now = int(time.time())
+        tallies: dict[str, list[int]] = {}
+        for r in rows:
+            deleted, expiry = r["_deleted"], r["_expiry"]
+            counts = tallies.setdefault(r["table"], [0, 0, 0])
+            if deleted is False and expiry is not None:
+                counts[0 if expiry == 0 or expiry > now else 2] += 1
+            counts[1] += deleted is True
+        for reg in sorted(registry, key=lambda r: (r["scope"], r["name"])):
+            live, tombstones, expired = tallies.get(reg["table_name"], [0, 0, 0])
+            overview.collections.append(
+                CollectionCount(
+                    f"{reg['scope']}.{reg['name']}", reg["table_name"], live, tombstones, expired
+                )
+            )
+    if exists(names.stream_state):
+        states = delta_rs.read_rows(spark, names.stream_state, ("vbucket", "open_snapshot_start"))
+        overview.open_snapshots = sorted(
+            r["vbucket"] for r in states if r["open_snapshot_start"] is not None
         )
     return overview

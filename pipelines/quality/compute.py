@@ -100,27 +100,38 @@ TABLES = ("events", "quarantine")
 
 @dataclass(frozen=True)
 class Metrics:
-    """A metric frame twice: its rows (for the report and, as a pandas frame, for GE) and a
-    local Spark DataFrame of them (for the frames computed from it)."""
+    """A metric frame: its rows (for the report and, as a pandas frame, for GE), its
+    ``columns`` in order, and, when Spark computed it, a local Spark DataFrame of them (for
+    the frames computed from it)."""
 
     rows: list[dict[str, Any]]
-    df: DataFrame
+    columns: tuple[str, ...]
+    df: DataFrame | None = None
 
     def pandas(self) -> pd.DataFrame:
         """The rows as pandas holds them for GE: every column of Python objects as collected
         (ints stay ints, nulls stay None), so GE's pandas engine reads the values Spark's
         would. Validating a frame of a few hundred rows so takes milliseconds; GE's Spark
         engine ran several Spark jobs per expectation."""
-        names = self.df.columns
         return pd.DataFrame(
-            {n: pd.Series([r[n] for r in self.rows], dtype=object) for n in names},
-            columns=names,
+            {n: pd.Series([r[n] for r in self.rows], dtype=object) for n in self.columns},
+            columns=list(self.columns),
         )
+
+    @property
+    def frame(self) -> DataFrame:
+        """The Spark DataFrame of the rows (computed by Spark)."""
+        assert self.df is not None, "a metric frame computed in the driver has no DataFrame"
+        return self.df
 
 
 def _collect(spark: SparkSession, df: DataFrame) -> Metrics:
     rows = df.collect()
-    return Metrics([r.asDict() for r in rows], spark.createDataFrame(rows, schema=df.schema))
+    return Metrics(
+        [r.asDict() for r in rows],
+        tuple(df.columns),
+        spark.createDataFrame(rows, schema=df.schema),
+    )
 
 
 @dataclass
@@ -398,7 +409,7 @@ class _Run:
         coverage = _collect(
             spark,
             coverage_metrics(
-                streams.df,
+                streams.frame,
                 silver.states,
                 silver_rows,
                 branches,
@@ -450,7 +461,7 @@ class _Run:
             cuts=tails.union_combined(cut_parts(committed), self.carried("cuts"), tails.cuts_of),
             dead=dead_rows,
             files=files,
-            reconciliation=reconciliation.df,
+            reconciliation=reconciliation.frame,
         )
         apart = next(
             (

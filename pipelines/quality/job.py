@@ -29,6 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,16 @@ from dcp_cdc.logs import log_context
 from pipelines import schemas, tables
 from pipelines.bronze import store
 from pipelines.bronze.held_back import held_back_now
-from pipelines.errors import DataQualityError
-from pipelines.lake import delta_io
+from pipelines.bronze.plan import LogState
+from pipelines.errors import DataQualityError, NotOnDriver
+from pipelines.lake import delta_io, delta_rs
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.quality import carry
 from pipelines.quality import report as reporting
 from pipelines.quality.compute import Metrics, compute
 from pipelines.quality.report import OpenSnapshot, QualityReport
+from pipelines.quality.small.compute import compute_small
 from pipelines.quality.suites import SUITES, checks, held_back_rows
 
 # Great Expectations is imported by validate() (import_soon() starts it in a thread while
@@ -64,13 +67,15 @@ UPLOAD_CHUNK_BYTES = 1 << 20
 
 def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     """The current Delta version of every table a check of ``bucket`` reads (for
-    :func:`check_bucket`'s ``at``); taken between two micro-batches."""
+    :func:`check_bucket`'s ``at``); taken between two micro-batches. The registry's rows come
+    through delta-rs (no Spark job)."""
     names = BucketTables(bucket)
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
     wanted += [names.pending, names.purges]
     if spark.catalog.tableExists(names.registry):
         wanted.append(names.registry)
-        for r in spark.table(names.registry).collect():
+        registry = delta_rs.read_table(spark, names.registry, ("status", "table_name"))
+        for r in registry.to_pylist():
             if r["status"] not in tables.WITH_TABLES:
                 continue
             wanted.append(tables.all_rows(r["table_name"]))
@@ -83,18 +88,22 @@ def landing_frame(
     bucket: BucketConfig,
     at: Mapping[str, int] | None = None,
     now: dt.datetime | None = None,
+    *,
+    log_rows: list[dict[str, Any]] | None = None,
 ) -> Metrics:
-    """The ``landing_continuity`` metric frame: the ingest log (at its version in ``at``)
-    against the landing listed now."""
+    """The ``landing_continuity`` metric frame: the ingest log (at its version in ``at``, or
+    ``log_rows`` read there already) against the landing listed now."""
     table = BucketTables(bucket.name).ingest_log
-    state = store.read_log(spark, table, (at or {}).get(table))
+    if log_rows is None:
+        log_rows = store.read_log_rows(spark, table, (at or {}).get(table))
+    state = LogState.of(log_rows)
     rows = held_back_rows(
         {r["session_id"] for r in state.ingested.values()},
         held_back_now(config, bucket, state),
         now=now or dt.datetime.now(dt.UTC),
         after_s=config.quality.held_back_after_s,
     )
-    return Metrics(rows, spark.createDataFrame(rows, schema=schemas.HELD_BACK_METRICS))
+    return Metrics(rows, tuple(schemas.HELD_BACK_METRICS.fieldNames()))
 
 
 def open_snapshots(stream_rows: list[dict[str, Any]]) -> list[OpenSnapshot]:
@@ -168,28 +177,16 @@ def check_bucket(
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     pinned = dict(at) if at is not None else pinned_versions(spark, name)
-    size = delta_io.table_size(spark, events)[1]
-    small = size < config.quality.incremental_from_bytes
-    metric_session = delta_io.static_plan_session(
-        spark, interpreted=size < config.spark.interpreted_below_bytes
-    )
-    computed = compute(
-        metric_session,
-        name,
-        pinned,
-        None if full or small else carry.read(metric_session, name),
-        full=full,
-        save=None
-        if small
-        else lambda s: carry.write(metric_session, name, s, config.tables.properties),
-    )
-    if small and not full:
-        computed.full_because = (
-            f"bronze ({size:,} bytes) is below quality.incremental_from_bytes "
-            f"({config.quality.incremental_from_bytes:,})"
-        )
+    size = delta_io.table_size(spark, events, pinned.get(events))[1]
+    computed = None
+    if size < min(config.quality.on_driver_below_bytes, config.quality.incremental_from_bytes):
+        computed = _on_driver(spark, config, name, pinned, size)
+    if computed is None:
+        computed = _in_spark(spark, config, name, pinned, size, full=full)
     metrics: dict[str, Metrics] = dict(computed.metrics)
-    metrics["landing_continuity"] = landing_frame(spark, config, bucket, pinned, now)
+    metrics["landing_continuity"] = landing_frame(
+        spark, config, bucket, pinned, now, log_rows=computed.log_rows
+    )
     assert set(metrics) == {s.name for s in SUITES}
     target = tables.report_location(config, name)
     local = Path(tempfile.mkdtemp(prefix="dcp-cdc-quality-")) if is_uri(target) else Path(target)
@@ -236,6 +233,68 @@ def check_bucket(
     report.seconds = time.perf_counter() - started
     log.info(report.render(), extra={"run_id": run_id})
     return report
+
+
+@dataclass(frozen=True)
+class _Frames:
+    """A check's metric frames (all but ``landing_continuity``), why it read all of bronze
+    (None: it started from the last check's state) and, when the driver read it, the ingest
+    log's rows at the pinned version."""
+
+    metrics: dict[str, Metrics]
+    full_because: str | None
+    log_rows: list[dict[str, Any]] | None = None
+
+
+def _on_driver(
+    spark: SparkSession, config: AppConfig, bucket: str, pinned: Mapping[str, int], size: int
+) -> _Frames | None:
+    """The metric frames computed in the driver (:mod:`pipelines.quality.small`), or None
+    when the bucket holds what only Spark's check takes."""
+    try:
+        found = compute_small(spark, bucket, pinned)
+    except NotOnDriver as exc:
+        log.info("the quality check of %s runs in Spark: %s", bucket, exc)
+        return None
+    limit = config.quality.on_driver_below_bytes
+    why = (
+        f"bronze ({size:,} bytes) is below quality.on_driver_below_bytes ({limit:,}): "
+        "the driver reads it whole"
+    )
+    return _Frames(found.metrics, why, found.ingest_log)
+
+
+def _in_spark(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: str,
+    pinned: Mapping[str, int],
+    size: int,
+    *,
+    full: bool,
+) -> _Frames:
+    """The metric frames Spark computes (:mod:`pipelines.quality.compute`): from the last
+    check's state from ``quality.incremental_from_bytes`` on, else over all of bronze."""
+    small = size < config.quality.incremental_from_bytes
+    metric_session = delta_io.static_plan_session(
+        spark, interpreted=size < config.spark.interpreted_below_bytes
+    )
+    computed = compute(
+        metric_session,
+        bucket,
+        pinned,
+        None if full or small else carry.read(metric_session, bucket),
+        full=full,
+        save=None
+        if small
+        else lambda s: carry.write(metric_session, bucket, s, config.tables.properties),
+    )
+    if small and not full:
+        computed.full_because = (
+            f"bronze ({size:,} bytes) is below quality.incremental_from_bytes "
+            f"({config.quality.incremental_from_bytes:,})"
+        )
+    return _Frames(dict(computed.metrics), computed.full_because)
 
 
 def _append_results(

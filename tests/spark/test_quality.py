@@ -15,6 +15,7 @@ import contextlib
 import datetime as dt
 import io
 import json
+import random
 import re
 import time
 import uuid
@@ -36,6 +37,7 @@ from pipelines.app import cli
 from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket
+from pipelines.catalog.contents import bucket_overview, bucket_overview_read
 from pipelines.lake import delta_io
 from pipelines.quality.branches import (
     cluster_branches,
@@ -48,9 +50,11 @@ from pipelines.quality.branches import (
 from pipelines.quality.frames import base_frames, stream_frames
 from pipelines.quality.job import check_bucket, prune_results
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
+from pipelines.quality.small.sql import xxhash64
 from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.silver.job import apply_bucket
 from pipelines.tables import BucketTables, all_rows
+from tests.support.spark_jobs import counted
 
 VBUCKETS = 4  # per scenario
 OFFSET = {scenario: VBUCKETS * i for i, scenario in enumerate(SCENARIOS)}
@@ -205,11 +209,48 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
     assert spark.table(table).where(F.col("run_id") == "old").count() == 0
 
 
-def test_a_compiled_check_finds_what_the_interpreted_one_found(
+def _outcome_examples(outcome: Any) -> tuple[str, ...]:
+    return tuple(sorted(json.dumps(e, sort_keys=True, default=str) for e in outcome.examples))
+
+
+def _found(report: QualityReport) -> tuple[Any, ...]:
+    """What a check found: each expectation's outcome, the counts and the open snapshots."""
+    outcomes = {
+        (o.key, o.success, o.observed, o.unexpected_count, o.element_count, _outcome_examples(o))
+        for o in report.outcomes
+    }
+    return outcomes, report.counts, report.open_snapshots, report.resumed_snapshots
+
+
+def _in_spark(config: AppConfig, **spark: Any) -> AppConfig:
+    """``config`` with the check's metric frames computed by Spark, with ``spark`` settings."""
+    return config.model_copy(
+        update={
+            "quality": config.quality.model_copy(update={"on_driver_below_bytes": 0}),
+            "spark": config.spark.model_copy(update=spark),
+        }
+    )
+
+
+def test_the_fixtures_check_ran_in_the_driver_and_runs_no_spark_job(
+    spark: SparkSession, bucket: Bucket
+) -> None:
+    """``quality.on_driver_below_bytes``: a small bucket's check reads bronze and silver with
+    delta-rs and computes its frames in Python; the results are appended from the driver."""
+    assert bucket.clean.full_because is not None
+    assert "on_driver_below_bytes" in bucket.clean.full_because
+    with counted(spark) as jobs:
+        again = check_bucket(spark, bucket.config, bucket.config.buckets[0])
+    assert jobs.count == 0, jobs.what
+    assert _found(again) == _found(bucket.clean)
+
+
+def test_a_compiled_check_in_spark_finds_what_the_driver_found(
     spark: SparkSession, bucket: Bucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``spark.interpreted_below_bytes``: the fixture's check of a small bronze evaluated its
-    queries interpreted; one that compiles them gives the same outcomes, counts and snapshots."""
+    """The fixture's check ran in the driver; Spark's check of the same tables, its queries
+    compiled (``spark.interpreted_below_bytes`` 0), gives the same outcomes, counts and
+    snapshots. (test_quality_incremental.py compares the interpreted ones' metric rows.)"""
     events = BucketTables(bucket.name).events
     assert delta_io.table_size(spark, events)[1] < SparkConfig().interpreted_below_bytes
     chosen: list[bool] = []
@@ -220,23 +261,10 @@ def test_a_compiled_check_finds_what_the_interpreted_one_found(
         return real(session, interpreted=interpreted)
 
     monkeypatch.setattr(delta_io, "static_plan_session", spied)
-    config = bucket.config.model_copy(
-        update={"spark": bucket.config.spark.model_copy(update={"interpreted_below_bytes": 0})}
-    )
+    config = _in_spark(bucket.config, interpreted_below_bytes=0)
     compiled = check_bucket(spark, config, config.buckets[0])
-
-    def examples(outcome: Any) -> tuple[str, ...]:
-        return tuple(sorted(json.dumps(e, sort_keys=True, default=str) for e in outcome.examples))
-
-    def found(report: QualityReport) -> tuple[Any, ...]:
-        outcomes = {
-            (o.key, o.success, o.observed, o.unexpected_count, o.element_count, examples(o))
-            for o in report.outcomes
-        }
-        return outcomes, report.counts, report.open_snapshots, report.resumed_snapshots
-
     assert chosen == [False]
-    assert found(compiled) == found(bucket.clean)
+    assert _found(compiled) == _found(bucket.clean)
 
 
 # --- injected faults ----------------------------------------------------------------------
@@ -760,3 +788,30 @@ def test_on_cluster_branch_of_hand_made_positions(spark: SparkSession) -> None:
         8: (True, None),
         10: (True, None),
     }
+
+
+def test_sparks_xxhash64_is_the_drivers(spark: SparkSession) -> None:
+    """The reconciliation checksum hashes (key, seqno) as Spark's ``xxhash64`` does: keys of
+    every length (each of XXH64's tails and stripes), non-ASCII, and seqnos of any sign."""
+    rng = random.Random(7)
+    alphabet = "ab/_-é€𝄞0123456789"
+    rows = [
+        ("".join(rng.choice(alphabet) for _ in range(n)), rng.randrange(-(1 << 63), 1 << 63))
+        for n in [*range(70), 250]
+    ]
+    rows += [("", 0), ("k", None), (None, 5)]
+    found = spark.createDataFrame(rows, "key STRING, seqno BIGINT").select(
+        "key", "seqno", F.xxhash64("key", "seqno").alias("h")
+    )
+    for r in found.collect():
+        key = None if r["key"] is None else r["key"].encode()
+        assert xxhash64(key, r["seqno"]) == r["h"], (r["key"], r["seqno"])
+
+
+def test_the_overview_read_in_the_driver_is_sparks(spark: SparkSession, bucket: Bucket) -> None:
+    """``dcp-cdc run``'s overview of a small bucket, read through delta-rs, says what Spark's
+    queries of the same tables say: events by type, quarantined frames, documents per
+    collection (live, tombstones, expired) and open snapshots."""
+    read = bucket_overview_read(spark, bucket.name)
+    assert read == bucket_overview(spark, bucket.name)
+    assert sum(c.live for c in read.collections) > 0 and read.events_by_op

@@ -1,5 +1,6 @@
 """A check that starts from the last one's state computes the same metric frames as a check
-over all of bronze, after every run, pass and fail alike.
+over all of bronze, after every run, pass and fail alike; and so does a small bucket's check
+computed in the driver (pipelines/quality/small).
 
 Each group simulates DCP_CDC_CHECK_SEEDS_PER_GROUP seeds (3) of one scenario side by side in
 one bucket (disjoint vbuckets and keys); their capture files arrive shuffled in
@@ -25,6 +26,7 @@ from pipelines.lake import delta_io
 from pipelines.quality import carry
 from pipelines.quality.compute import compute
 from pipelines.quality.job import pinned_versions
+from pipelines.quality.small.compute import compute_small
 from pipelines.silver import live
 from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables, all_rows
@@ -55,9 +57,13 @@ def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
         save=lambda state: carry.write(spark, bucket, state, {}),
     )
     over_all = compute(spark, bucket, at, None, full=True)
+    in_driver = compute_small(spark, bucket, at)
     ours, theirs = _rows(from_state.metrics), _rows(over_all.metrics)
+    small = _rows(in_driver.metrics)
     for name in theirs:
         assert ours[name] == theirs[name], (name, from_state.full_because)
+        assert small[name] == theirs[name], (name, "computed in the driver")
+        assert in_driver.metrics[name].columns == tuple(over_all.metrics[name].columns)
     return from_state.full_because
 
 

@@ -1,0 +1,140 @@
+"""What the small check reads, in the driver: bronze's frames projected as
+:func:`pipelines.quality.frames.base_frames` projects them, and silver's side as
+:func:`pipelines.quality.silver_side.silver_frames` gives it (the stream state, every row of
+the collection tables as their views show them, the collection names), each table through
+delta-rs at the Delta version the check pinned (:mod:`pipelines.lake.delta_rs`): no Spark job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from dcp_cdc.events import UnknownFrame
+from pipelines import tables
+from pipelines.errors import NotOnDriver
+from pipelines.lake.delta_rs import read_rows
+from pipelines.quality.frames import KNOWN_OPCODES, POSITION, REQUIRED
+from pipelines.quality.silver_side import ROWS_COLUMNS
+from pipelines.quality.small.sql import coalesce
+from pipelines.silver.rows_read import bucket_rows
+from pipelines.tables import BucketTables
+
+Row = dict[str, Any]
+_INT_RANGE = range(-(1 << 31), 1 << 31)
+_KNOWN = frozenset(KNOWN_OPCODES)
+_REQUIRED = tuple((c, None if ops is None else frozenset(ops)) for c, ops in REQUIRED.items())
+BASE_COLUMNS = (
+    "vbucket",
+    "op",
+    "status",
+    *POSITION,
+    "file",
+    "ingest_run_id",
+    "seqno",
+    "collection_id",
+    "key",
+    "rev_seqno",
+    "cas",
+    "expiration",
+    "event",
+    "start_seqno",
+    "end_seqno",
+    "snapshot_flags",
+    "oso_flags",
+    "reason_code",
+    "reason",
+    "rollback_seqno",
+    "failover_log",
+    "high_seqnos",
+    "in_snapshot_start",
+    "in_snapshot_end",
+    "in_snapshot_flags",
+    "in_oso",
+    "in_vb_uuid",
+    "null_columns",
+    "unknown_opcode",
+    "opcode",
+)
+"""The columns of :func:`pipelines.quality.frames.base_frames`."""
+_DERIVED = ("vbucket", "seqno", "null_columns", "unknown_opcode")
+_COPIED = tuple(c for c in BASE_COLUMNS if c not in _DERIVED)
+BASE_READ = tuple(
+    dict.fromkeys(
+        [*_COPIED, "vbucket", "opaque", "by_seqno", "commit_seqno", "abort_seqno", *REQUIRED]
+    )
+)
+"""The columns of ``bronze.<bucket>_events`` the small check reads."""
+
+
+def base_frames(events: Sequence[Row]) -> list[Row]:
+    """:func:`pipelines.quality.frames.base_frames` of bronze's rows (:data:`BASE_READ`)."""
+    out = []
+    for e in events:
+        if e["status"] is not None:
+            vbucket = e["opaque"]
+            if vbucket is not None and vbucket not in _INT_RANGE:
+                raise NotOnDriver(f"a response's opaque {vbucket} is beyond an INT")
+        else:
+            vbucket = e["vbucket"]
+        op, opcode = e["op"], e["opcode"]
+        unknown: bool | None = True
+        if op != UnknownFrame.op:
+            unknown = None if opcode is None else opcode not in _KNOWN
+        frame = {c: e[c] for c in _COPIED}
+        frame.update(
+            vbucket=vbucket,
+            seqno=coalesce(e["by_seqno"], e["commit_seqno"], e["abort_seqno"]),
+            null_columns=[c for c, ops in _REQUIRED if e[c] is None and (ops is None or op in ops)],
+            unknown_opcode=unknown,
+        )
+        out.append(frame)
+    return out
+
+
+@dataclass(frozen=True)
+class SilverSide:
+    """:class:`pipelines.quality.silver_side.SilverFrames` as rows."""
+
+    states: list[Row]
+    rows: list[Row]
+    names: list[Row]
+
+
+_STATE = ("vbucket", "consistent_seqno", "last_applied_seqno", "vb_uuid", "failover_log")
+
+
+def silver_side(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SilverSide:
+    """Silver's side of ``bucket`` at ``at``: the registry's tables (not retired), each
+    overlaid with the live layer's pending rows as :func:`pipelines.silver.live.bucket_rows`
+    does; a table the registry names that is missing is left out."""
+    names = BucketTables(bucket)
+    exists = spark.catalog.tableExists
+    states = read_rows(spark, names.stream_state, _STATE, at) if exists(names.stream_state) else []
+    if not exists(names.registry):
+        return SilverSide(states, [], [])
+    registry = read_rows(
+        spark, names.registry, ("collection_id", "scope", "name", "table_name", "status"), at
+    )
+    known = [
+        {
+            "collection_id": r["collection_id"],
+            "name": ".".join(p for p in (r["scope"], r["name"]) if p is not None),
+        }
+        for r in registry
+    ]
+    views = sorted(
+        {
+            (r["table_name"], r["collection_id"])
+            for r in registry
+            if r["status"] in tables.WITH_TABLES
+        }
+    )
+    sources = [(view, cid) for view, cid in views if exists(tables.all_rows(view)) and exists(view)]
+    if not sources:
+        return SilverSide(states, [], known)
+    rows = bucket_rows(spark, bucket, sources, ROWS_COLUMNS, at)
+    return SilverSide(states, rows, known)
