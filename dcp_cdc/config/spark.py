@@ -85,10 +85,11 @@ class SparkConfig(ConfigModel):
     packages, built once per content) or empty (the executors' Python has the package)."""
     interpreted_below_bytes: Annotated[int, Field(ge=0)] = 2 * 1024 * 1024
     """The size of a bucket's bronze events table (from its Delta log) below which the quality
-    check and ``dcp-cdc run``'s overview evaluate Spark's expressions interpreted instead of
-    generating and compiling Java code for each query (``spark.sql.codegen.factoryMode`` and
-    ``wholeStage``): on a small bucket the compiling costs more than the rows. 0: always
-    compiled."""
+    check and ``dcp-cdc run``'s overview, where Spark computes them (from
+    ``quality.on_driver_below_bytes`` on: below it the driver does, without Spark), evaluate
+    Spark's expressions interpreted instead of generating and compiling Java code for each
+    query (``spark.sql.codegen.factoryMode`` and ``wholeStage``): on a small bucket the
+    compiling costs more than the rows. 0: always compiled."""
     jars_dir: str | None = None
     """The folder of the Delta Lake jars. Default: ``$DCP_CDC_JARS_DIR``, else the checkout's
     ``.cache/jars`` (``make setup``) when running from one."""

@@ -118,44 +118,54 @@ def unknown_opcode() -> Column:
     return (F.col("op") == UnknownFrame.op) | ~F.col("opcode").isin(*KNOWN_OPCODES)
 
 
+BASE_COLUMNS = (
+    "vbucket",
+    "op",
+    "status",
+    *POSITION,
+    "file",
+    "ingest_run_id",
+    "seqno",
+    "collection_id",
+    "key",
+    "rev_seqno",
+    "cas",
+    "expiration",
+    "event",
+    "start_seqno",
+    "end_seqno",
+    "snapshot_flags",
+    "oso_flags",
+    "reason_code",
+    "reason",
+    "rollback_seqno",
+    "failover_log",
+    "high_seqnos",
+    "in_snapshot_start",
+    "in_snapshot_end",
+    "in_snapshot_flags",
+    "in_oso",
+    "in_vb_uuid",
+    "null_columns",
+    "unknown_opcode",
+    "opcode",
+)
+"""The columns of :func:`base_frames`: bronze's own, but for the four derived there."""
+
+
 def base_frames(events: DataFrame) -> DataFrame:
     """The projection of ``bronze.<bucket>_events`` every metric derives from (persist it).
 
     ``vbucket`` is the stream a frame belongs to: the vbucket of a request, the opaque of a
     response (bronze's rule); ``seqno`` is a history item's seqno (by, commit or abort seqno).
     """
-    return events.select(
-        vb_key().alias("vbucket"),
-        "op",
-        "status",
-        *POSITION,
-        "file",
-        "ingest_run_id",
-        F.coalesce("by_seqno", "commit_seqno", "abort_seqno").alias("seqno"),
-        "collection_id",
-        "key",
-        "rev_seqno",
-        "cas",
-        "expiration",
-        "event",
-        "start_seqno",
-        "end_seqno",
-        "snapshot_flags",
-        "oso_flags",
-        "reason_code",
-        "reason",
-        "rollback_seqno",
-        "failover_log",
-        "high_seqnos",
-        "in_snapshot_start",
-        "in_snapshot_end",
-        "in_snapshot_flags",
-        "in_oso",
-        "in_vb_uuid",
-        null_columns().alias("null_columns"),
-        unknown_opcode().alias("unknown_opcode"),
-        "opcode",
-    )
+    derived = {
+        "vbucket": vb_key(),
+        "seqno": F.coalesce("by_seqno", "commit_seqno", "abort_seqno"),
+        "null_columns": null_columns(),
+        "unknown_opcode": unknown_opcode(),
+    }
+    return events.select(*[derived[c].alias(c) if c in derived else c for c in BASE_COLUMNS])
 
 
 SEED_COLUMNS = (

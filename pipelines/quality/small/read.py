@@ -17,7 +17,7 @@ from dcp_cdc.events import UnknownFrame
 from pipelines import tables
 from pipelines.errors import NotOnDriver
 from pipelines.lake.delta_rs import read_rows
-from pipelines.quality.frames import KNOWN_OPCODES, POSITION, REQUIRED
+from pipelines.quality.frames import BASE_COLUMNS, KNOWN_OPCODES, REQUIRED
 from pipelines.quality.silver_side import ROWS_COLUMNS
 from pipelines.quality.small.sql import coalesce
 from pipelines.silver.rows_read import bucket_rows
@@ -27,39 +27,6 @@ Row = dict[str, Any]
 _INT_RANGE = range(-(1 << 31), 1 << 31)
 _KNOWN = frozenset(KNOWN_OPCODES)
 _REQUIRED = tuple((c, None if ops is None else frozenset(ops)) for c, ops in REQUIRED.items())
-BASE_COLUMNS = (
-    "vbucket",
-    "op",
-    "status",
-    *POSITION,
-    "file",
-    "ingest_run_id",
-    "seqno",
-    "collection_id",
-    "key",
-    "rev_seqno",
-    "cas",
-    "expiration",
-    "event",
-    "start_seqno",
-    "end_seqno",
-    "snapshot_flags",
-    "oso_flags",
-    "reason_code",
-    "reason",
-    "rollback_seqno",
-    "failover_log",
-    "high_seqnos",
-    "in_snapshot_start",
-    "in_snapshot_end",
-    "in_snapshot_flags",
-    "in_oso",
-    "in_vb_uuid",
-    "null_columns",
-    "unknown_opcode",
-    "opcode",
-)
-"""The columns of :func:`pipelines.quality.frames.base_frames`."""
 _DERIVED = ("vbucket", "seqno", "null_columns", "unknown_opcode")
 _COPIED = tuple(c for c in BASE_COLUMNS if c not in _DERIVED)
 BASE_READ = tuple(
