@@ -24,6 +24,7 @@ from pipelines.catalog.contents import bucket_overview, bucket_overview_read
 from pipelines.lake import delta_io, spark_session
 from pipelines.quality.job import run as check
 from pipelines.quality.report import QualityReport
+from pipelines.quality.validate import import_soon
 from pipelines.silver.job import run as apply
 from pipelines.silver.memory import ApplyMemory
 from pipelines.tables import BucketTables
@@ -120,6 +121,7 @@ def run(
     buckets = [b.name for b in config.bucket(bucket)]
 
     check_landing(config, config.bucket(bucket), config_file)  # before Spark starts
+    import_soon()  # Great Expectations' seconds of import, while the JVM starts and works
     with Step(
         out, next(number), total, f"starting Spark ({config.spark.master}) on {config.warehouse}"
     ):

@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -423,21 +424,44 @@ def _typed_conflicts(action: Callable[[], _T]) -> _T:
         raise
 
 
-def _delta_log(spark: SparkSession, table: str) -> Any:
+_JAVA_CLASSES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def java_class(spark: SparkSession, name: str) -> Any:
+    """The JVM class ``name`` (``org.apache.spark.sql.delta.DeltaLog``), looked up once per
+    JVM gateway: py4j resolves each package of a dotted name with a call into the JVM."""
     jvm: Any = spark._jvm
+    known = _JAVA_CLASSES.setdefault(jvm, {})
+    found = known.get(name)
+    if found is None:
+        found = jvm
+        for part in name.split("."):
+            found = getattr(found, part)
+        known[name] = found
+    return found
+
+
+def _nothing(spark: SparkSession) -> Any:
+    """Scala's ``None`` (``Option.empty()``)."""
+    return java_class(spark, "scala.Option").empty()
+
+
+def _delta_log(spark: SparkSession, table: str) -> Any:
     db, _, name = table.partition(".")
-    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(name, jvm.scala.Some(db))
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, ident)
+    some = java_class(spark, "scala.Some")(db)
+    ident = java_class(spark, "org.apache.spark.sql.catalyst.TableIdentifier")(name, some)
+    delta_log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog")
+    return delta_log.forTable(spark._jsparkSession, ident)
 
 
 def location_and_properties(spark: SparkSession, table: str) -> tuple[str, dict[str, str]]:
     """The Delta table ``table``'s location (a URI) and its table properties, from its log:
     no Spark job (``DESCRIBE DETAIL`` reconstructs the state for its counts)."""
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     delta_log = _delta_log(spark, table)
     configuration = delta_log.update(False, nothing, nothing).metadata().configuration()
-    properties = jvm.scala.jdk.javaapi.CollectionConverters.asJava(configuration)
+    converters = java_class(spark, "scala.jdk.javaapi.CollectionConverters")
+    properties = converters.asJava(configuration)
     return str(delta_log.dataPath().toString()), {str(k): str(v) for k, v in properties.items()}
 
 
@@ -446,8 +470,7 @@ def committed_version(spark: SparkSession, table: str, app_id: str) -> int | Non
     (the version :func:`append_once` skips at and below), or None if none did: what tells a
     resumed run whether its killed attempt's write committed. Read from the table's snapshot
     (its log's transaction actions), as Delta does before an idempotent write."""
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     return _app_version(_delta_log(spark, table).update(False, nothing, nothing), app_id)
 
 
@@ -457,8 +480,7 @@ def committed_version_at(
     """:func:`committed_version` as of the table's Delta ``version`` (None: its latest)."""
     if version is None:
         return committed_version(spark, table, app_id)
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     snapshot = _delta_log(spark, table).getSnapshotAt(version, nothing, nothing, False)
     return _app_version(snapshot, app_id)
 
@@ -500,8 +522,7 @@ def foreign_commits(
     data, e.g. OPTIMIZE, is not one). Read from the log, no Spark job."""
     if upto <= after:
         return []
-    jvm: Any = spark._jvm
-    changes = _delta_log(spark, table).getChanges(after + 1, upto, jvm.scala.Option.empty(), False)
+    changes = _delta_log(spark, table).getChanges(after + 1, upto, _nothing(spark), False)
     foreign = []
     while changes.hasNext():
         commit = changes.next()
@@ -522,24 +543,20 @@ def foreign_commits(
 def table_version(spark: SparkSession, table: str) -> int:
     """The latest committed version of the Delta table ``table`` (``DB.NAME``), from its log
     (no Spark job)."""
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     return int(_delta_log(spark, table).update(False, nothing, nothing).version())
 
 
 def last_commit_metadata(spark: SparkSession, table: str) -> str | None:
     """The ``userMetadata`` of the latest commit of the Delta table ``table``, or None when
     it has none: one read of that commit's file in the table's log (no Spark job)."""
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     delta_log = _delta_log(spark, table)
     version = delta_log.update(False, nothing, nothing).version()
-    commit = jvm.org.apache.spark.sql.delta.util.FileNames.unsafeDeltaFile(
-        delta_log.logPath(), version
-    )
-    info = jvm.org.apache.spark.sql.delta.DeltaHistoryManager.getCommitInfoOpt(
-        delta_log.store(), commit, delta_log.newDeltaHadoopConf()
-    )
+    names = java_class(spark, "org.apache.spark.sql.delta.util.FileNames")
+    commit = names.unsafeDeltaFile(delta_log.logPath(), version)
+    history = java_class(spark, "org.apache.spark.sql.delta.DeltaHistoryManager")
+    info = history.getCommitInfoOpt(delta_log.store(), commit, delta_log.newDeltaHadoopConf())
     if not info.isDefined() or not info.get().userMetadata().isDefined():
         return None
     return str(info.get().userMetadata().get())
@@ -550,8 +567,7 @@ def table_size(spark: SparkSession, table: str, version: int | None = None) -> t
     from its log: its checksum file when there is one (no Spark job; a snapshot's
     ``numOfFiles`` and ``sizeInBytes`` reconstruct its state, Spark jobs, although the
     checksum has them)."""
-    jvm: Any = spark._jvm
-    nothing = jvm.scala.Option.empty()
+    nothing = _nothing(spark)
     delta_log = _delta_log(spark, table)
     if version is None:
         snapshot = delta_log.update(False, nothing, nothing)

@@ -108,8 +108,9 @@ def read_table(
     from pipelines.lake import delta_io
 
     location = delta_io.table_location(spark, table)
-    conf = dict(spark.sparkContext.getConf().getAll())
-    options = s3_storage_options(conf, location)
+    options = {}
+    if on_s3(location):  # the session's settings cross from the JVM: only when needed
+        options = s3_storage_options(dict(spark.sparkContext.getConf().getAll()), location)
     return read_columns(location, columns, table=table, version=version, options=options)
 
 

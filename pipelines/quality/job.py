@@ -354,6 +354,7 @@ def run(
     Each bucket's check pushes its metrics when ``[pushgateway] url`` is set."""
     checks(config.quality)  # unknown severity overrides fail before Spark starts
     buckets = config.bucket(bucket)
+    import_soon()  # while the JVM starts
     session = spark or session_for(config, "dcp-cdc-quality")
     reports = []
     for b in buckets:
