@@ -6,7 +6,7 @@ equal the Spark check's row for row only if each step keeps these rules.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
@@ -59,11 +59,6 @@ def any_true(values: Iterable[bool | None]) -> bool | None:
     return largest(values)
 
 
-def count_true(values: Iterable[bool | None]) -> int:
-    """``count(when(condition, 1))``: the rows whose condition is true (not null)."""
-    return sum(1 for v in values if v is True)
-
-
 def greatest(*values: Any) -> Any:
     """``greatest``: the largest non-null argument, null when all are."""
     return largest(values)
@@ -96,15 +91,6 @@ def both(a: bool | None, b: bool | None) -> bool | None:
     return True
 
 
-def either(a: bool | None, b: bool | None) -> bool | None:
-    """Three-valued OR."""
-    if a is True or b is True:
-        return True
-    if a is None or b is None:
-        return None
-    return False
-
-
 def negate(a: bool | None) -> bool | None:
     return None if a is None else not a
 
@@ -120,10 +106,6 @@ def group(rows: Iterable[_T], key: Callable[[_T], Any]) -> dict[Any, list[_T]]:
     for row in rows:
         groups.setdefault(key(row), []).append(row)
     return groups
-
-
-def sorted_rows(rows: Sequence[_T], key: Callable[[_T], Any]) -> list[_T]:
-    return sorted(rows, key=lambda r: order_key(key(r)))
 
 
 # --- xxhash64 ---------------------------------------------------------------------------------
