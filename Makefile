@@ -108,9 +108,10 @@ test-unit: setup
 # CI runs this: lint and types first (seconds), then every test on two workers, a file at a
 # time per worker (--dist loadfile: a module's fixtures, e.g. test_run's demo, are made once),
 # each worker with its own Spark session; the Spark driver waits on py4j and the planner much of
-# the time, so two overlap on two cores.
+# the time, so two overlap on two cores. The 30 slowest tests close the output: what to look at
+# when the run nears its 25 minutes.
 test: setup lint typecheck
-	$(PY) -m pytest -n 2 --dist loadfile -m "not long" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile -m "not long" --durations=30 $(PYTEST_ARGS)
 
 check: test
 
