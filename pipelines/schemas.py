@@ -298,9 +298,14 @@ SILVER_VARIANT = T.StructType([*SILVER.fields, T.StructField(DOCUMENT_VARIANT, T
 PENDING = T.StructType([*SILVER.fields, T.StructField("_batch", T.LongType(), False)])
 """``silver.<bucket>__pending``, the live layer (``[silver] live_layer``): the rows the applies
 since the last compaction chose for every collection of the bucket (the collection is
-``_collection_id``), each with the version of the pending table its append read
-(``_batch``): a key's newest row there, if newer than its row in the collection table, is
-what the collection's view shows."""
+``_collection_id``), each with its append's random 63-bit stamp (``_batch``): a key's newest
+row there, if newer than its row in the collection table, is what the collection's view
+shows."""
+
+PENDING_PARTITIONS = ("_batch",)
+"""The pending table is partitioned by its appends' stamps: an append writes a partition of its
+own, and a compaction removes the partitions it merged (a DELETE of whole files), which no
+append committed meanwhile conflicts with."""
 
 REGISTRY = T.StructType(
     [

@@ -138,14 +138,18 @@ def create_table(
     properties: Mapping[str, str],
     *,
     cluster_by: Iterable[str] = (),
+    partitioned_by: Iterable[str] = (),
 ) -> None:
     """Create ``table`` with ``schema`` unless it exists (:func:`create_race_safe`);
-    ``properties`` are its Delta table properties, ``cluster_by`` its liquid clustering keys."""
+    ``properties`` are its Delta table properties, ``cluster_by`` its liquid clustering keys,
+    ``partitioned_by`` its partition columns."""
     if spark.catalog.tableExists(table):
         return
     builder = DeltaTable.createIfNotExists(spark).tableName(table).addColumns(schema)
     if cluster_by:
         builder = builder.clusterBy(*cluster_by)
+    if partitioned_by:
+        builder = builder.partitionedBy(*partitioned_by)
     for key, value in properties.items():
         builder = builder.property(key, value)
     location = managed_location(spark, table)

@@ -11,8 +11,9 @@ collection tables on its own cadence.
   idempotent, so a read between a compaction's MERGEs and its removal of the rows is right.
 - :func:`compact`: the pending rows as of one version MERGEd into their tables (the MERGE of
   :func:`pipelines.silver.store.merge_rows`), then exactly those rows removed from the pending
-  table. A compaction killed anywhere is finished by the next one (a MERGE of rows the table
-  holds changes nothing). :func:`compaction_due`: when the pending table holds
+  table (the partitions of the appends it read: a DELETE that no append committed meanwhile
+  conflicts with). A compaction killed anywhere is finished by the next one (a MERGE of rows
+  the table holds changes nothing). :func:`compaction_due`: when the pending table holds
   ``[silver] compact_files`` files (an append writes one) or ``compact_bytes``.
 
 What needs the collection tables complete runs after a compaction, in the same apply
@@ -23,6 +24,7 @@ retire, history tables, a backfill.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 
 from delta.tables import DeltaTable
@@ -39,17 +41,14 @@ from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
 
-_IDENTITY = (
-    "p._collection_id = s._collection_id AND p.key = s.key AND p._seqno = s._seqno "
-    "AND p._batch = s._batch"
-)
-
 
 def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> None:
     """Append ``rows`` (silver rows, the newest per collection and key of an apply:
-    :func:`transforms.silver_rows`) to the pending table in one commit, one file."""
+    :func:`transforms.silver_rows`) to the pending table in one commit, one file, in a
+    partition of its own: the append's stamp (``_batch``), random, so that two applies at once
+    never share one."""
     table = BucketTables(bucket).pending
-    stamped = rows.withColumn("_batch", F.lit(delta_io.table_version(spark, table) + 1))
+    stamped = rows.withColumn("_batch", F.lit(secrets.randbits(63)))
     with_retry(table, lambda: delta_io.append(stamped.coalesce(1), table))
 
 
@@ -130,15 +129,13 @@ def compact(
     version = delta_io.table_version(spark, table)
     pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
     newest = transforms.newest_rows(pinned).drop("_batch")
-    cids = [r["_collection_id"] for r in pinned.select("_collection_id").distinct().collect()]
+    parts = pinned.select("_collection_id", "_batch").distinct().collect()
+    cids = sorted({r["_collection_id"] for r in parts})
     merged = store.merge_rows(spark, bucket, registry, newest, cids, overlap=overlap)
-    done = pinned.select("_collection_id", "key", "_seqno", "_batch")
-
-    def remove() -> DataFrame:
-        target = DeltaTable.forName(spark, table).alias("p")
-        return target.merge(done.alias("s"), _IDENTITY).whenMatchedDelete().execute()
-
-    with_retry(table, remove)
+    # The appends of that version, by their partitions: whole files removed, and an append
+    # committed meanwhile (a partition of its own) is not what the DELETE read.
+    done = F.col("_batch").isin(sorted({r["_batch"] for r in parts}))
+    with_retry(table, lambda: DeltaTable.forName(spark, table).delete(done))
     log.info("silver: compacted the pending rows of version %d of %s: %s", version, table, merged)
     return merged
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from dcp_cdc.config import AppConfig, ProjectionConfig
 from pipelines import schemas, tables
@@ -51,7 +52,13 @@ def ensure_support_tables(
         (names.purges, schemas.PURGES),
         *([(names.pending, schemas.PENDING)] if live else []),
     )
-    delta_io.each_at_once(lambda made: delta_io.create_table(spark, *made, properties), support)
+
+    def create(made: tuple[str, StructType]) -> None:
+        table, schema = made
+        by = schemas.PENDING_PARTITIONS if table == names.pending else ()
+        delta_io.create_table(spark, table, schema, properties, partitioned_by=by)
+
+    delta_io.each_at_once(create, support)
     # a registry of an earlier version: without ``renamed_from``
     delta_io.add_missing_columns(spark, names.registry, schemas.REGISTRY)
 

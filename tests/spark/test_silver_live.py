@@ -3,10 +3,12 @@ the views overlay it on the collection tables, a compaction MERGEs it into them.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig, SilverConfig
@@ -311,3 +313,52 @@ def test_turning_the_live_layer_off_compacts_what_it_left(
     assert_equal_to_truth(spark, bucket, result, compacted=True)
     view = read_registry(spark, bucket)[0]["table_name"]
     assert BucketTables(bucket).pending not in (delta_io.view_text(spark, view) or "")
+
+
+def test_a_compaction_beside_appends_removes_only_the_rows_it_merged(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Follow mode compacts in a thread while its micro-batches append. Here a thread appends
+    again and again while compactions run: no compaction meets a commit conflict, an append
+    committed during a compaction's removal stays pending, and the views equal the truth;
+    a last compaction leaves nothing pending and the tables alone equal it."""
+    result, files, landing = _simulated(tmp_path, bucket, seed=7, docs=40, ops=120)
+    config = _config(landing, spark_warehouse, bucket)
+    land(landing, files)
+    ingest_and_apply(spark, config)
+    pending = BucketTables(bucket).pending
+    # rows the views show already: appended again, they change no view
+    again = spark.table(pending).drop("_batch").localCheckpoint()
+    stop, failed = threading.Event(), []
+
+    def appending() -> None:
+        while not stop.is_set():
+            try:
+                live.append_pending(spark, bucket, again)
+            except BaseException as exc:  # checked below
+                failed.append(exc)
+                return
+
+    thread = threading.Thread(target=appending)
+    thread.start()
+    try:
+        for _ in range(12):
+            live.compact(spark, bucket, read_registry(spark, bucket))
+            if _removals_beside_appends(spark, pending):
+                break
+    finally:
+        stop.set()
+        thread.join()
+    assert not failed, failed
+    assert _removals_beside_appends(spark, pending), "no append committed during a removal"
+    assert_equal_to_truth(spark, bucket, result)
+    live.compact(spark, bucket, read_registry(spark, bucket))
+    assert delta_io.table_size(spark, pending)[0] == 0
+    assert_equal_to_truth(spark, bucket, result, compacted=True)
+
+
+def _removals_beside_appends(spark: SparkSession, table: str) -> int:
+    """The compactions' removals (DELETE commits) of ``table`` during which another commit
+    landed: their version is beyond the one after the version they read."""
+    history = DeltaTable.forName(spark, table).history().where("operation = 'DELETE'")
+    return history.where("version > readVersion + 1").count()
