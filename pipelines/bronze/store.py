@@ -58,7 +58,11 @@ def ensure_tables(spark: SparkSession, config: AppConfig, bucket: str) -> Bucket
         table, schema = made
         events = table == names.events
         clustering = EVENTS_CLUSTERING if events else ()
-        properties = {**config.tables.properties, **(EVENTS_STATS if events else {})}
+        properties = {
+            **delta_io.FREQUENT_COMMITS,
+            **config.tables.properties,
+            **(EVENTS_STATS if events else {}),
+        }
         delta_io.create_table(spark, table, schema, properties, cluster_by=clustering)
         # a table made by an earlier version: an ingest log without ``digest``, events
         # without ``stream_flag_names``, ``stream_opaque`` or ``high_seqnos``

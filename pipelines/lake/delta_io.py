@@ -29,6 +29,15 @@ from pipelines.lake import faults
 from pipelines.tables import database
 
 MAX_COMMIT_ATTEMPTS = 5
+
+FREQUENT_COMMITS = {"delta.checkpointInterval": "100"}
+"""Properties of the small tables every run and micro-batch commits to (bronze's, silver's
+stream state, registry, purge marks and pending rows), under ``[tables] properties``. Delta
+writes a checkpoint every 10 commits by default, inside the commit that reaches it: 6 Spark
+jobs, 1.1-3 s on 2 cores for a table of a few rows where a commit takes 0.3 s; those commits
+set follow mode's freshness p95. Every 100 commits a table's reads cost the same in a running
+process (it replays the log from its last snapshot) and 0.15 s more in a fresh one."""
+
 _T = TypeVar("_T")
 _NON_EMPTY = "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
 _FIRST_COMMIT = f"{0:020d}.json"

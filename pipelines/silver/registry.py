@@ -56,7 +56,8 @@ def ensure_support_tables(
     def create(made: tuple[str, StructType]) -> None:
         table, schema = made
         by = schemas.PENDING_PARTITIONS if table == names.pending else ()
-        delta_io.create_table(spark, table, schema, properties, partitioned_by=by)
+        made_with = {**delta_io.FREQUENT_COMMITS, **properties}
+        delta_io.create_table(spark, table, schema, made_with, partitioned_by=by)
 
     delta_io.each_at_once(create, support)
     # a registry of an earlier version: without ``renamed_from``

@@ -362,3 +362,34 @@ def _removals_beside_appends(spark: SparkSession, table: str) -> int:
     landed: their version is beyond the one after the version they read."""
     history = DeltaTable.forName(spark, table).history().where("operation = 'DELETE'")
     return history.where("version > readVersion + 1").count()
+
+
+def test_the_tables_each_batch_commits_to_checkpoint_every_100_commits_unless_set(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
+) -> None:
+    """Bronze's tables and silver's support tables (the pending table partitioned by its
+    appends' stamps) get ``delta.checkpointInterval = 100``; a value in ``[tables]
+    properties`` wins."""
+    from pipelines.bronze.store import ensure_tables
+    from pipelines.silver.registry import ensure_support_tables
+
+    config = _config(tmp_path / "landing", spark_warehouse, bucket)
+    names = ensure_tables(spark, config, bucket)
+    ensure_support_tables(spark, bucket, config.tables.properties, live=True)
+    frequent = [*names.bronze.values(), names.stream_state, names.registry, names.purges]
+    for table in [*frequent, names.pending]:
+        detail = spark.sql(f"DESCRIBE DETAIL {table}").first()
+        assert detail is not None
+        assert detail["properties"].get("delta.checkpointInterval") == "100", table
+    assert spark.sql(f"DESCRIBE DETAIL {names.pending}").first()["partitionColumns"] == [  # type: ignore[index]
+        "_batch"
+    ]
+
+    other = f"{bucket}_set"
+    try:
+        properties = {**config.tables.properties, "delta.checkpointInterval": "7"}
+        ensure_support_tables(spark, other, properties)
+        detail = spark.sql(f"DESCRIBE DETAIL {BucketTables(other).stream_state}").first()
+        assert detail is not None and detail["properties"]["delta.checkpointInterval"] == "7"
+    finally:
+        drop_all(spark, other)
