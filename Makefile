@@ -191,7 +191,7 @@ run: setup
 
 # benchmarks/__main__.py if there is one, else each benchmarks/*.py that has a __main__ block,
 # run as a module (python -m benchmarks.NAME) so it imports like the tests do.
-bench: setup
+bench: setup setup-s3
 	@if [ -f benchmarks/__main__.py ]; then \
 		$(PY) -m benchmarks $(ARGS); \
 	elif compgen -G 'benchmarks/*.py' > /dev/null; then \

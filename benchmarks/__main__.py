@@ -25,6 +25,7 @@ BENCHMARKS = [
     "e2e",
     "check-cost",
     "freshness",
+    "dag-run",
 ]
 
 
