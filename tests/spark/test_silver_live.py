@@ -195,7 +195,9 @@ def _simulated(
 @pytest.mark.parametrize(
     "scenario",
     [
-        "rollback",
+        # 4-5 minutes in make test's two workers: make test's rollback through the layer is
+        # test_a_rollback_with_nothing_to_retract_appends_and_one_with_rows_merges
+        pytest.param("rollback", marks=pytest.mark.long),
         pytest.param("collection-lifecycle", marks=pytest.mark.long),
         pytest.param("mixed", marks=pytest.mark.long),
     ],
