@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="measured runs")
     parser.add_argument("--vbuckets", type=int, default=1024, help="1,024: Couchbase's")
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the run's folder (Airflow's task logs) and say where",
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="dcp-cdc-dag-run-"))
     work.chmod(0o755)  # the postgres OS user enters it
@@ -64,7 +69,10 @@ def main(argv: list[str] | None = None) -> None:
                 deployed.producer.control("truth")
                 runs.append(_timed_run(deployed, work, f"run {n + 1}"))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"  kept {work} (task logs under stack/)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     cases = [Case("initial load (set-up)", args.docs, "documents", [load["span"]], extra=load)]
     cases.append(
         Case(
