@@ -4,15 +4,16 @@ that silver equals the cluster's truth once the restarted run has caught up.
 
     python -m benchmarks.follow_kill_trials --trials 20 [--rate 300] [--seed 1]
 
-The test producer (``python -m dcp_cdc.simulator.server``, 2 data nodes, 64 vbuckets, the
-``mixed`` scenario's initial load) runs in a process of its own for all trials, as in
+The test producer (``python -m dcp_cdc.simulator.server``, 2 data nodes, ``--vbuckets`` 64,
+the ``mixed`` scenario's initial load in ``--collections`` 4 beside ``_default``) runs in a process of its own for all trials, as in
 :mod:`benchmarks.freshness`. Each trial:
 
 1. a steady workload of ``--rate`` changes a second starts;
 2. follow mode starts (:class:`pipelines.follow.loop.Follower` with its capture agent, in a
    process group of its own) and is killed with ``SIGKILL`` at a seeded random instant between
-   ``--min-s`` and ``--max-s`` after its start: during Spark's start-up, an ingest, an apply or
-   the wait between micro-batches;
+   ``--min-s`` and ``--max-s`` after its start: during Spark's start-up, an ingest, an apply,
+   the wait between micro-batches or a compaction of the live layer (its thread runs beside
+   the micro-batches: a trial says when the kill landed in one);
 3. follow mode starts again; after its first micro-batch the workload halts, the restarted run
    takes what the agent still lands, is stopped with ``SIGTERM`` (its batch finishes), runs a
    last ingest and apply, and compares silver with the producer's truth at the halt: every
@@ -140,6 +141,18 @@ class Run:
         return code
 
 
+def _compacting(log: Path) -> bool:
+    """Whether the run whose log (stderr) is ``log`` was compacting when it ended: a
+    compaction it began had not ended (:func:`pipelines.silver.live.compact` logs both)."""
+    began = ended = 0
+    for n, line in enumerate(log.read_text(errors="replace").splitlines()):
+        if "silver: compacting the pending rows" in line:
+            began = n + 1
+        elif "silver: compacted the pending rows" in line:
+            ended = n + 1
+    return began > ended
+
+
 def trial(
     i: int, producer: Producer, work: Path, rate: int, kill_at: float, logs: Path
 ) -> dict[str, Any]:
@@ -151,6 +164,8 @@ def trial(
     phase = "start-up" if not any("STARTED" in x for x in killed.lines) else "follow"
     last = [x.strip() for x in killed.lines if re.search(r": batch \d+", x)]
     killed.kill()
+    if phase == "follow" and _compacting(logs / f"trial{i:02d}-killed.log"):
+        phase = "follow, during a compaction"
     restarted = Run(work, logs / f"trial{i:02d}-restarted.log")
     restarted.wait_for_batches(1, timeout=600)
     producer.ask("halt")
@@ -180,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-s", type=float, default=5.0, help="earliest kill after start")
     parser.add_argument("--max-s", type=float, default=100.0, help="latest kill after start")
+    parser.add_argument("--vbuckets", type=int, default=64)
+    parser.add_argument("--collections", type=int, default=4, help="beside _default")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # follow mode, here
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -189,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = work / "logs"
     logs.mkdir(parents=True)
     rng = random.Random(args.seed)
-    producer = Producer(work)
+    producer = Producer(work, args.vbuckets, args.collections)
     results: list[dict[str, Any]] = []
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "follow_kill_trials.json"

@@ -127,6 +127,7 @@ def compact(
     if not has_pending(spark, bucket):
         return {}
     version = delta_io.table_version(spark, table)
+    log.info("silver: compacting the pending rows of version %d of %s", version, table)
     pinned = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
     newest = transforms.newest_rows(pinned).drop("_batch")
     parts = pinned.select("_collection_id", "_batch").distinct().collect()
