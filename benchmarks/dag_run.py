@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import eventlog
 from benchmarks.common import Case, report
 from tests.support.rehearsal import TASKS, Rehearsal, rehearsal, run_dag, silver, task_times, truth
 
@@ -54,14 +55,25 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="keep the run's folder (Airflow's task logs) and say where",
     )
+    parser.add_argument(
+        "--event-log",
+        action="store_true",
+        help="keep each task's Spark event log in the run's folder (benchmarks/eventlog.py "
+        "reads it) and log at INFO; implies --keep",
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="dcp-cdc-dag-run-"))
     work.chmod(0o755)  # the postgres OS user enters it
+    spark_conf = {}
+    if args.event_log:
+        args.keep = True
+        spark_conf = eventlog.conf(work / "spark-events")
     runs: list[dict[str, float]] = []
     started = time.monotonic()
     try:
         options = {"nodes": args.nodes, "vbuckets": args.vbuckets, "docs": args.docs, "ops": 0}
-        with rehearsal(work, seed=11, **options) as deployed:
+        level = "INFO" if args.event_log else "WARNING"
+        with rehearsal(work, spark_conf, level, seed=11, **options) as deployed:
             print(f"  deployment up in {time.monotonic() - started:.0f} s", flush=True)
             load = _timed_run(deployed, work, "initial load")
             for n in range(args.rounds):

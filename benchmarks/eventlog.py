@@ -29,6 +29,16 @@ _METRICS = (
 )
 
 
+def conf(folder: Path) -> dict[str, str]:
+    """The Spark settings that keep a run's event log in ``folder`` (made here), uncompressed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.as_uri(),
+        "spark.eventLog.compress": "false",
+    }
+
+
 def events(path: Path) -> Iterator[dict[str, Any]]:
     files = sorted(path.glob("events_*")) if path.is_dir() else [path]
     for file in files:

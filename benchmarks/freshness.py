@@ -50,6 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from benchmarks import eventlog
 from benchmarks.common import RESULTS, machine
 
 DATA = Path(__file__).resolve().parent / ".data" / "freshness"
@@ -383,7 +384,7 @@ def run_one(
         warehouse=str(work / "warehouse"),
         buckets=[BucketConfig(name=BUCKET)],
         silver=SilverConfig(live_layer=live_layer),
-        spark=SparkConfig(conf=_event_log(work) if event_log else {}),
+        spark=SparkConfig(conf=eventlog.conf(work / "spark-events") if event_log else {}),
     )
     producer = Producer(work, vbuckets, collections)
     side: Side | None = None
@@ -411,16 +412,6 @@ def run_one(
         if side is not None:
             side.close()
         producer.close()
-
-
-def _event_log(work: Path) -> dict[str, str]:
-    """Spark's event log in ``work/spark-events`` (``python -m benchmarks.eventlog`` reads it)."""
-    (work / "spark-events").mkdir(parents=True, exist_ok=True)
-    return {
-        "spark.eventLog.enabled": "true",
-        "spark.eventLog.dir": (work / "spark-events").as_uri(),
-        "spark.eventLog.compress": "false",
-    }
 
 
 def _measure(

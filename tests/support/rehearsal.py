@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +43,22 @@ class Rehearsal:
     database: Path
 
 
-def write_config(work: Path, s3: MotoS3Server, connection_string: str, metastore: str) -> Path:
+def write_config(
+    work: Path,
+    s3: MotoS3Server,
+    connection_string: str,
+    metastore: str,
+    spark_conf: Mapping[str, str] = {},
+) -> Path:
     """The deployment's configuration: landing and warehouse on S3 without the keys (those
-    come from the AWS environment), the shared catalog, the DAG's jobs sized for the stack."""
+    come from the AWS environment), the shared catalog, the DAG's jobs sized for the stack
+    (plus ``spark_conf``)."""
     from tests.support.capture_harness import PASSWORD_ENV, USER
 
     capture = {"connection_string": connection_string, "username": USER}
     capture["password_env"] = PASSWORD_ENV
     s3_conf = {k: v for k, v in s3.spark_conf().items() if not k.endswith("key")}
+    s3_conf |= spark_conf
     path = work / "dcp-cdc.toml"
     path.write_text(f"""
 landing = "s3a://{LAKE}/landing"
@@ -78,9 +86,15 @@ def cli(env: dict[str, str], *args: str, timeout: float = 1800) -> subprocess.Co
 
 
 @contextmanager
-def rehearsal(work: Path, **producer_options: Any) -> Iterator[Rehearsal]:
-    """Every server of the deployment, up and ready, with the DAG parsed; all stopped at the
-    end (the catalog's ``dcp-cdc metastore stop`` must answer ``stopped``)."""
+def rehearsal(
+    work: Path,
+    spark_conf: Mapping[str, str] = {},
+    log_level: str = "WARNING",
+    **producer_options: Any,
+) -> Iterator[Rehearsal]:
+    """Every server of the deployment, up and ready, with the DAG parsed (its jobs get
+    ``spark_conf`` too, and log at ``log_level``); all stopped at the end (the catalog's
+    ``dcp-cdc metastore stop`` must answer ``stopped``)."""
     from tests.support.capture_harness import PASSWORD, PASSWORD_ENV, producer
 
     database = work / "catalog" / "metastore_db"
@@ -88,9 +102,9 @@ def rehearsal(work: Path, **producer_options: Any) -> Iterator[Rehearsal]:
     with MotoS3Server() as s3, producer(work, bucket=BUCKET, **producer_options) as prod:
         s3.create_bucket(LAKE)
         prod.wait_workload()
-        config = write_config(work, s3, prod.info["connection_string"], metastore)
+        config = write_config(work, s3, prod.info["connection_string"], metastore, spark_conf)
         env = {k: v for k, v in os.environ.items() if k != "DCP_CDC_CONFIG"}
-        env |= {PASSWORD_ENV: PASSWORD, "PYTHONPATH": str(ROOT), "DCP_CDC_LOG_LEVEL": "WARNING"}
+        env |= {PASSWORD_ENV: PASSWORD, "PYTHONPATH": str(ROOT), "DCP_CDC_LOG_LEVEL": log_level}
         env |= s3.credentials
         begun = cli(env, "metastore", "start", "--config", str(config), timeout=120)
         assert begun.returncode == 0, begun.stderr
