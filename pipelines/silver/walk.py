@@ -377,7 +377,13 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     Row by row: every frame becomes a dict and goes through :func:`walk`. This is the reference
     the columnar walk (:func:`pipelines.silver.walk_columns.walk_group`) must equal.
     """
-    rows = table.to_pylist()
+    return pa.Table.from_pylist(walked_rows(table.to_pylist(), out_schema.names, eager), out_schema)
+
+
+def walked_rows(rows: list[dict[str, Any]], names: list[str], eager: bool) -> list[dict[str, Any]]:
+    """:func:`walk_group_rows` over one vbucket's frames as dicts (``rows``, sorted here), its
+    output rows as dicts of the columns ``names`` (and fewer: the table built from them fills
+    the rest with nulls)."""
     vb = rows[0]["vb_key"]
     saved = json.loads(rows[0]["saved_state"]) if rows[0]["saved_state"] else None
     state = VbState.from_json(saved) if saved else VbState(vb)
@@ -403,7 +409,7 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
         for c in rows_of_kind:
             out.append(
                 {
-                    **{k: c.get(k) for k in out_schema.names},
+                    **{k: c.get(k) for k in names},
                     "kind": kind.value,
                     "vbucket": vb,
                     "state": None,
@@ -412,7 +418,7 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
     for e in events:
         out.append(
             {
-                **{k: e.get(k) for k in out_schema.names},
+                **{k: e.get(k) for k in names},
                 "kind": RowKind.SYSTEM_EVENT.value,
                 "event": e["kind"],
                 "vbucket": vb,
@@ -447,4 +453,4 @@ def walk_group_rows(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.T
             "late": late,
         }
     )
-    return pa.Table.from_pylist(out, schema=out_schema)
+    return out

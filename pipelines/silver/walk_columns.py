@@ -44,6 +44,7 @@ from pipelines.silver.walk import (
     record_event,
     retract,
     walk_group_rows,
+    walked_rows,
 )
 from pipelines.silver.walk_summary import summarize
 
@@ -442,19 +443,36 @@ long)."""
 
 def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     """The frames of several vbuckets (a group of :func:`pipelines.silver.transforms.walk_frames`,
-    its grouping column dropped) walked one vbucket at a time (:func:`walk_group`), each
-    vbucket's rows summed up on its ``state`` row (:func:`walk_summary.summarize`, once for
-    all). A group of some vbuckets, not one, saves Spark's cost per group (an Arrow stream
-    each way) where a run brings a few frames to each of many vbuckets."""
+    its grouping column dropped) walked one vbucket at a time, as :func:`walk_group` walks
+    each, each vbucket's rows summed up on its ``state`` row (:func:`walk_summary.summarize`,
+    once for all). A group of some vbuckets, not one, saves Spark's cost per group (an Arrow
+    stream each way) where a run brings a few frames to each of many vbuckets.
+
+    The vbuckets of fewer than :data:`SMALL_GROUP` frames share their Arrow calls: their
+    frames become dicts in one call, and their rows one table (with 1,024 vbuckets of some
+    ten frames each, a table in and one out per vbucket cost twice the walk itself)."""
     if not table.num_rows:
         return out_schema.empty_table()
     keys = table.column("vb_key").to_numpy()
     order = np.argsort(keys, kind="stable")
     table = table.take(order)  # one copy, each vbucket's rows then a slice of it
     starts = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), table.num_rows]
-    walked = [
-        walk_group(table.slice(a, b - a), out_schema, eager) for a, b in itertools.pairwise(starts)
-    ]
+    bounds = list(itertools.pairwise(starts))
+    small = [(a, b) for a, b in bounds if b - a < SMALL_GROUP]
+    picked = np.concatenate([np.arange(a, b) for a, b in small] or [np.zeros(0, np.int64)])
+    frames = iter(table.take(pa.array(picked, pa.int64())).to_pylist())
+    walked: list[pa.Table] = []
+    rows: list[dict[str, Any]] = []  # the small vbuckets' rows since the last large one
+    for a, b in bounds:
+        if b - a < SMALL_GROUP:
+            rows += walked_rows(list(itertools.islice(frames, b - a)), out_schema.names, eager)
+            continue
+        if rows:
+            walked.append(pa.Table.from_pylist(rows, out_schema))
+            rows = []
+        walked.append(walk_group_columns(table.slice(a, b - a), out_schema, eager))
+    if rows:
+        walked.append(pa.Table.from_pylist(rows, out_schema))
     return summarize(pa.concat_tables(walked))
 
 

@@ -373,6 +373,33 @@ def test_a_group_of_several_vbuckets_in_any_order_walks_each_as_its_own_group(
     assert walk_vbuckets(together.slice(0, 0), OUT, False).num_rows == 0
 
 
+@pytest.mark.parametrize("eager", [False, True])
+def test_many_small_vbuckets_beside_large_ones_walk_as_each_alone(
+    simulated: list[pa.Table], tmp_path: Path, eager: bool
+) -> None:
+    """``walk_vbuckets`` walks the vbuckets of fewer than SMALL_GROUP frames together (one
+    table in, one out): with large vbuckets between them, each vbucket's rows are still those
+    its own walk gives, in vbucket order."""
+    result = simulate(tmp_path / "sim", scenario="mixed", seed=8, vbuckets=48, docs=60, ops=300)
+    small = groups_from_captures(Path(result.out) / "landing")
+    large = [  # the 4-vbucket simulation's groups, as vbuckets 100 and on
+        t.set_column(
+            t.schema.get_field_index("vb_key"),
+            "vb_key",
+            pa.array([100 + i] * t.num_rows, pa.int32()),
+        )
+        for i, t in enumerate(simulated)
+    ]
+    sizes = [t.num_rows for t in small + large]
+    assert min(sizes) < SMALL_GROUP <= max(sizes), sizes
+    groups = sorted(small + large, key=lambda t: t["vb_key"][0].as_py())
+    together = pa.concat_tables([g.cast(groups[0].schema) for g in groups])
+    shuffled = together.take(np.random.default_rng(9).permutation(together.num_rows))
+    got = walk_vbuckets(shuffled, OUT, eager)
+    expected = pa.concat_tables([summarize(walk_group(t, OUT, eager)) for t in groups])
+    assert got.to_pylist() == expected.to_pylist()
+
+
 def test_silver_walks_a_small_group_row_by_row_and_a_larger_one_by_columns(
     simulated: list[pa.Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:
