@@ -2,7 +2,9 @@
 each vbucket's group, without Spark: the columnar walk
 (``pipelines.silver.walk_columns.walk_group_columns``) against the row walk it is tested
 against (``pipelines.silver.walk.walk_group_rows``, a dict per frame through ``walk.walk``),
-and silver's ``walk_group``, which takes the row walk for groups below ``SMALL_GROUP`` frames.
+and silver's ``walk_group``, which takes the row walk for groups below ``SMALL_GROUP`` frames;
+then every vbucket in one table through ``walk_vbuckets``, as the driver walks a run's frames
+(the vbuckets below ``SMALL_GROUP`` frames share one table in and one out).
 
 The input is the ``mixed`` simulation (``--events`` operations on ``--vbuckets`` vbuckets,
 64 and 1024 unless told: groups of some 2,000 frames and of some 140; backfills, live
@@ -164,6 +166,29 @@ WALKS = {
     "columns": "walk (columns)",
     "silver": "silver's walk_group",
 }
+TOGETHER = "silver's walk_vbuckets (one table)"
+
+
+def together(
+    tables: list[pa.Table], out_schema: pa.Schema, runs: int, walked: list[pa.Table]
+) -> tuple[Case, bool]:
+    """Every vbucket in one table through ``walk_vbuckets`` (what the driver walks, and each
+    of Spark's walk groups): its case, and whether its table equals the groups' ``walked``
+    one by one, each summed up."""
+    from pipelines.silver.walk_columns import walk_vbuckets
+    from pipelines.silver.walk_summary import summarize
+
+    table = pa.concat_tables([t.cast(tables[0].schema) for t in tables])
+    wall, cpu = [], []
+    for _ in range(runs):
+        started, started_cpu = time.perf_counter(), time.process_time()
+        got = walk_vbuckets(table, out_schema, False)
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    same = got.equals(pa.concat_tables([summarize(t) for t in walked]))
+    extra = {"cpu_s": cpu, "cpu_median_s": statistics.median(cpu)}
+    print(f"{TOGETHER}: CPU {statistics.median(cpu):.3f} s (median), table equal: {same}")
+    return Case(TOGETHER, table.num_rows, "frames", wall, extra=extra), same
 
 
 def run_size(events: int, vbuckets: int, runs: int, profile_walk: str | None) -> bool:
@@ -221,6 +246,9 @@ def run_size(events: int, vbuckets: int, runs: int, profile_walk: str | None) ->
         print(f"one pass of the {name} walk, step by step (CPU):")
         for step, seconds in spent.items():
             print(f"  {step:<18}{seconds:8.3f} s {100 * seconds / total:5.0f} %")
+    one_table, one_same = together(tables, out_schema, runs, walked["silver"])
+    cases.append(one_table)
+    same = same and one_same
     if profile_walk:
         profile(walkers[profile_walk], tables, out_schema)
     params = {"events": events, "vbuckets": vbuckets, "runs": runs, "small_group": SMALL_GROUP}
