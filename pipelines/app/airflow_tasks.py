@@ -38,6 +38,9 @@ MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
 BACKFILL_PARAM = "backfill"
 INGEST_ENTRY = "bronze/job.py"
 """The ingest entry point: its JVM runs ingest alone (``[ingest] jvm_jit``)."""
+CHECK_ENTRY = "quality/job.py"
+"""The quality check's entry point: a small bucket's check runs no Spark job, so its executors
+start on demand (:func:`pipelines.lake.spark_session.executors_on_demand`)."""
 BACKFILL_PATTERN = r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$"
 
 
@@ -103,13 +106,20 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
         # here, in the task, not at the top: the DAG file parses with Airflow, the standard
         # library and dcp_cdc.config alone (Airflow's rule for what a DAG file imports)
         from pipelines.lake.shipping import py_files_for
-        from pipelines.lake.spark_session import ingest_jvm_conf, launch_conf, merge_conf
+        from pipelines.lake.spark_session import (
+            executors_on_demand,
+            ingest_jvm_conf,
+            launch_conf,
+            merge_conf,
+        )
 
         config = load_config(self.config_path)
         master = connection_master(self.spark_conn_id)
         conf = launch_conf(config, self.name, master=master)
         if str(self.application).endswith(INGEST_ENTRY):  # a JVM for ingest alone
             conf = merge_conf(conf, ingest_jvm_conf(config))
+        if str(self.application).endswith(CHECK_ENTRY):  # the configuration's settings win
+            conf = merge_conf(executors_on_demand(master), conf)
         conf.pop("spark.master", None)  # the connection's --master decides
         if self.driver_memory_override:
             conf["spark.driver.memory"] = self.driver_memory_override

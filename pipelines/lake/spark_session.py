@@ -260,6 +260,24 @@ def ingest_jvm_conf(config: AppConfig) -> dict[str, str]:
     return {_DRIVER_JAVA_OPTIONS: C1_ONLY, _EXECUTOR_JAVA_OPTIONS: C1_ONLY}
 
 
+EXECUTORS_ON_DEMAND = {
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.initialExecutors": "0",
+    "spark.dynamicAllocation.minExecutors": "0",
+}
+"""Executors started when a Spark job asks for them, none before (dynamic allocation from
+zero, shuffle files tracked so that no external shuffle service is needed)."""
+
+
+def executors_on_demand(master: str) -> dict[str, str]:
+    """The settings of an application that often runs no Spark job (a small bucket's quality
+    check reads in the driver) on the cluster ``master``: :data:`EXECUTORS_ON_DEMAND`, so that
+    it holds no cores and its driver starts with no executor JVMs beside it; none for a local
+    master, whose tasks run in the driver."""
+    return {} if master.startswith("local") else dict(EXECUTORS_ON_DEMAND)
+
+
 def class_archive_conf() -> dict[str, str]:
     """The driver JVM options that map the class-data archive (:mod:`.jvm_archive`), for a
     local JVM this process starts with Spark's own class path (no
