@@ -450,7 +450,7 @@ def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Tab
 
     The vbuckets of fewer than :data:`SMALL_GROUP` frames share their Arrow calls: their
     frames become dicts in one call, and their rows one table (with 1,024 vbuckets of some
-    ten frames each, a table in and one out per vbucket cost twice the walk itself)."""
+    ten frames each, a table in and one out per vbucket would cost more than the walk)."""
     if not table.num_rows:
         return out_schema.empty_table()
     keys = table.column("vb_key").to_numpy()
@@ -459,8 +459,11 @@ def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Tab
     starts = [0, *(np.flatnonzero(np.diff(keys[order])) + 1).tolist(), table.num_rows]
     bounds = list(itertools.pairwise(starts))
     small = [(a, b) for a, b in bounds if b - a < SMALL_GROUP]
-    picked = np.concatenate([np.arange(a, b) for a, b in small] or [np.zeros(0, np.int64)])
-    frames = iter(table.take(pa.array(picked, pa.int64())).to_pylist())
+    if len(small) < len(bounds):  # the small vbuckets' rows only
+        picked = np.concatenate([np.arange(a, b) for a, b in small] or [np.zeros(0, np.int64)])
+        frames = iter(table.take(pa.array(picked, pa.int64())).to_pylist())
+    else:
+        frames = iter(table.to_pylist())
     walked: list[pa.Table] = []
     rows: list[dict[str, Any]] = []  # the small vbuckets' rows since the last large one
     for a, b in bounds:

@@ -398,6 +398,10 @@ def test_many_small_vbuckets_beside_large_ones_walk_as_each_alone(
     got = walk_vbuckets(shuffled, OUT, eager)
     expected = pa.concat_tables([summarize(walk_group(t, OUT, eager)) for t in groups])
     assert got.to_pylist() == expected.to_pylist()
+    # every vbucket a small one
+    alone = [summarize(walk_group(t, OUT, eager)) for t in small]
+    only_small = pa.concat_tables([t.cast(small[0].schema) for t in small])
+    assert walk_vbuckets(only_small, OUT, eager).to_pylist() == pa.concat_tables(alone).to_pylist()
 
 
 def test_silver_walks_a_small_group_row_by_row_and_a_larger_one_by_columns(
