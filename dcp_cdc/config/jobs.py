@@ -25,6 +25,12 @@ class IngestConfig(ConfigModel):
     """Raw bytes kept per quarantined record."""
     max_files_per_run: Annotated[int, Field(ge=0)] = 0
     """0 = every new file."""
+    on_driver_below_bytes: Annotated[int, Field(ge=0)] = 32 << 20
+    """A run whose capture files hold fewer bytes than this is scanned, decoded and written in
+    the driver's Python, by the same functions Spark's tasks run, one after the other: no
+    Spark job (a scheduled small run starts no executor for its ingest), where the tasks'
+    way costs two jobs and the Python workers they start. From this many bytes on, Spark's
+    tasks do it, in parallel. 0: Spark always does."""
     writer: Literal["arrow", "spark"] = "arrow"
     """Who writes the events' Parquet files: ``arrow``, the decode tasks themselves (pyarrow,
     columnar; the driver commits them in one Delta transaction), or ``spark``, Spark's Delta

@@ -588,14 +588,17 @@ def decode_files(
     done: FileDone | None = None,
     storage: Mapping[str, str] | None = None,
     planned_digests: Mapping[str, str] | None = None,
+    worker: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: rows of file descriptors in, frames out.
     ``planned_digests``: by path, the digest each file's planned bytes must have.
 
-    The Python worker keeps its freed memory for the next buffer
+    A Python ``worker`` keeps its freed memory for the next buffer
     (:func:`dcp_cdc.columnar.keep_freed_memory`): each 64 MiB chunk is decoded into memory
-    the chunk before it used, with no page fault (0.44 s a file without, 0.37 s with)."""
-    keep_freed_memory()
+    the chunk before it used, with no page fault (0.44 s a file without, 0.37 s with). The
+    driver (``worker`` False: a small run decoded there) does not: it would keep its peak."""
+    if worker:
+        keep_freed_memory()
     for batch in batches:
         for file in batch.to_pylist():
             yield from decode_file(
@@ -624,12 +627,14 @@ def scan_files(
     planned_digests: Mapping[str, str] | None = None,
     growth: bool = True,
     done: ScanDone | None = None,
+    worker: bool = True,
 ) -> Iterator[pa.RecordBatch]:
     """The scan's ``mapInArrow`` function: rows of file descriptors in; out, per file and
     stream it sets the state of, what its last state-setting frames set (``schemas.SCAN``).
     ``done`` is told each file's scan (its digest and problem, :func:`scan_file`; compared
     with ``planned_digests``, by path, when a file has one)."""
-    keep_freed_memory()  # as decode_files does
+    if worker:
+        keep_freed_memory()  # as decode_files does
     for batch in batches:
         for file in batch.to_pylist():
             scan = scan_file(

@@ -39,24 +39,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.logs import log_context
 from pipelines import schemas
-from pipelines.bronze import store, transforms, writer
-from pipelines.bronze.decode import FileScan, decode_files, scan_files
+from pipelines.bronze import store, tasks, transforms, writer
+from pipelines.bronze.decode import FileScan, scan_files
 from pipelines.bronze.landing import (
     CaptureFile,
     Problem,
@@ -72,7 +70,6 @@ from pipelines.bronze.plan import (
     problems_of,
     settle,
     stream_states,
-    task_groups,
 )
 from pipelines.errors import LandingChangedError
 from pipelines.lake import delta_io, file_commits
@@ -81,20 +78,6 @@ from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.bronze")
-
-
-class ByFile:
-    """Accumulator of ``{file: value}`` from the tasks (counts, scan outcomes). A file's value
-    is set, not added: a task that runs again for the same file sets the same value."""
-
-    def zero(self, value: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def addInPlace(  # pyspark's AccumulatorParam protocol
-        self, total: dict[str, Any], more: dict[str, Any]
-    ) -> dict[str, Any]:
-        total.update(more)
-        return total
 
 
 Hook = Callable[[str], None]
@@ -370,6 +353,11 @@ class _Run:
 
     # --- the steps ---------------------------------------------------------------------
 
+    def on_driver(self, files: list[CaptureFile]) -> bool:
+        """Whether ``files`` are few bytes enough for the driver to scan, decode and write
+        them itself (``[ingest] on_driver_below_bytes``), with no Spark job."""
+        return sum(f.size for f in files) < self.config.ingest.on_driver_below_bytes
+
     def scan(
         self,
         files: list[CaptureFile],
@@ -384,25 +372,33 @@ class _Run:
             return {}
         scan_schema = schemas.arrow_schema(schemas.SCAN)
         chunk, storage = self.config.ingest.chunk_bytes, self.storage
-        outcomes = _by_file(self.spark)
-        rows = (
-            _files(self.spark, [_file_row(f) for f in files], self.config.ingest.chunk_bytes)
-            .mapInArrow(
-                lambda b: scan_files(
-                    b,
-                    scan_schema,
-                    chunk_bytes=chunk,
-                    storage=storage,
-                    planned_digests=digests,
-                    growth=growth,
-                    done=lambda path, scan: outcomes.add(
-                        {path: (scan.digest, scan.problem, scan.missing, scan.grew)}
-                    ),
+        outcomes = tasks.by_file(self.spark)
+        worker = not self.on_driver(files)
+
+        def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return scan_files(
+                batches,
+                scan_schema,
+                chunk_bytes=chunk,
+                storage=storage,
+                planned_digests=digests,
+                growth=growth,
+                done=lambda path, scan: outcomes.add(
+                    {path: (scan.digest, scan.problem, scan.missing, scan.grew)}
                 ),
-                schemas.SCAN,
+                worker=worker,
             )
-            .collect()
-        )
+
+        file_rows = [tasks.file_row(f) for f in files]
+        if worker:
+            rows = [
+                r.asDict()
+                for r in tasks.files_frame(self.spark, file_rows, chunk)
+                .mapInArrow(task, schemas.SCAN)
+                .collect()
+            ]
+        else:
+            rows = tasks.in_driver(file_rows, task)
         scans: dict[str, FileScan] = {}
         for f in files:
             digest, problem, missing, grew = outcomes.value[f.path]
@@ -437,15 +433,20 @@ class _Run:
         summary.run_version, summary.run_id, summary.files = version, run_id, len(files)
         log.info("run %s: ingesting %d files of bucket %s", version, len(files), summary.bucket)
         chunk = self.config.ingest.chunk_bytes
-        file_rows = [_file_row(f, carries[f.path]) for f in files]
-        counts = _by_file(spark)
-        decoded = _decoder(self.config, schemas.DECODED_EVENTS, digests, counts, errors=False)
+        file_rows = [tasks.file_row(f, carries[f.path]) for f in files]
+        counts = tasks.by_file(spark)
+        worker = not self.on_driver(files)
+        decoded = tasks.decoder(
+            self.config, schemas.DECODED_EVENTS, digests, counts, errors=False, worker=worker
+        )
 
         if self.config.ingest.writer == "arrow":
-            self.write_events(version, run_id, file_rows, decoded)
+            self.write_events(version, run_id, file_rows, decoded, on_driver=not worker)
         else:
-            events = _files(spark, file_rows, chunk).mapInArrow(decoded, schemas.DECODED_EVENTS)
-            _relay_landing_changes(
+            events = tasks.files_frame(spark, file_rows, chunk).mapInArrow(
+                decoded, schemas.DECODED_EVENTS
+            )
+            tasks.relay_landing_changes(
                 lambda: delta_io.append_once(
                     transforms.events(events, run_id, F.current_timestamp()),
                     names.events,
@@ -480,12 +481,15 @@ class _Run:
         version: int,
         run_id: str,
         file_rows: list[dict[str, Any]],
-        decoded: Decoder,
+        decoded: tasks.Decoder,
+        *,
+        on_driver: bool = False,
     ) -> None:
-        """The ``arrow`` writer: each decode task writes its events' Parquet file into the
-        events table's folder (:mod:`pipelines.bronze.writer`) and the driver commits all
-        of them as run ``version``, unless an earlier attempt of the run committed (then
-        nothing is decoded, as when Spark's idempotent append skips)."""
+        """The ``arrow`` writer: each decode task (the driver itself, ``on_driver``) writes its
+        events' Parquet file into the events table's folder (:mod:`pipelines.bronze.writer`)
+        and the driver commits all of them as run ``version``, unless an earlier attempt of
+        the run committed (then nothing is decoded, as when Spark's idempotent append
+        skips)."""
         spark, table = self.spark, self.names.events
         if _at_least(delta_io.committed_version(spark, table, store.TXN_APP_ID), version):
             return
@@ -507,12 +511,20 @@ class _Run:
             yield pa.RecordBatch.from_pylist(rows, schema=written_schema)
 
         chunk = self.config.ingest.chunk_bytes
-        written = _relay_landing_changes(
-            lambda: _files(spark, file_rows, chunk).mapInArrow(task, schemas.WRITTEN).collect()
-        )
+        if on_driver:
+            written = tasks.in_driver(file_rows, task)
+        else:
+            written = tasks.relay_landing_changes(
+                lambda: [
+                    r.asDict()
+                    for r in tasks.files_frame(spark, file_rows, chunk)
+                    .mapInArrow(task, schemas.WRITTEN)
+                    .collect()
+                ]
+            )
         self.hook("written")
         committed = file_commits.commit_files(
-            spark, table, [r.asDict() for r in written], app_id=store.TXN_APP_ID, version=version
+            spark, table, written, app_id=store.TXN_APP_ID, version=version
         )
         if committed and self.memory is not None:
             paths = [f"{location.rstrip('/')}/{r['path']}" for r in written]
@@ -526,18 +538,18 @@ class _Run:
         if not files:
             return {}
         spark, chunk = self.spark, self.config.ingest.chunk_bytes
-        counts = _by_file(spark)
+        counts = tasks.by_file(spark)
         errors = (
-            _files(spark, [_file_row(f) for f in files], chunk)
+            tasks.files_frame(spark, [tasks.file_row(f) for f in files], chunk)
             .mapInArrow(
-                _decoder(self.config, schemas.DECODE_OUTPUT, digests, counts, frames=False),
+                tasks.decoder(self.config, schemas.DECODE_OUTPUT, digests, counts, frames=False),
                 schemas.DECODE_OUTPUT,
             )
             .persist(StorageLevel.MEMORY_AND_DISK)  # only malformed frames: small
         )
         try:
             # every file decoded once, so every file counted
-            if _relay_landing_changes(errors.count):
+            if tasks.relay_landing_changes(errors.count):
                 delta_io.append_once(
                     transforms.quarantine(errors, run_id, F.current_timestamp()),
                     self.names.quarantine,
@@ -563,93 +575,8 @@ class _Run:
         self.summary.errors = sum(r["errors"] or 0 for r in done)
 
 
-Decoder = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-
-
-def _decoder(
-    config: AppConfig,
-    schema: T.StructType,
-    digests: Mapping[str, str],
-    counts: Any,
-    *,
-    frames: bool = True,
-    errors: bool = True,
-) -> Decoder:
-    """The ``mapInArrow`` function that decodes a run's files in their tasks
-    (:func:`decode_files`): ``schema``'s rows of every frame (``frames``) and of the malformed
-    ones (``errors``), reading exactly the bytes ``digests`` planned; each file's ``(frames,
-    errors)`` goes to ``counts`` (a :func:`_by_file` accumulator)."""
-    arrow_schema = schemas.arrow_schema(schema)
-    chunk, raw_limit = config.ingest.chunk_bytes, config.ingest.quarantine_raw_bytes
-    storage = config.spark.conf  # what the landing filesystem is built from, in the tasks
-
-    def decoded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return decode_files(
-            batches,
-            arrow_schema,
-            chunk_bytes=chunk,
-            raw_limit=raw_limit,
-            frames=frames,
-            errors=errors,
-            done=lambda path, found, bad: counts.add({path: (found, bad)}),
-            storage=storage,
-            planned_digests=digests,
-        )
-
-    return decoded
-
-
-def _by_file(spark: SparkSession) -> Any:
-    """An accumulator of ``{file: value}`` from the tasks (:class:`ByFile`)."""
-    return spark.sparkContext.accumulator({}, ByFile())  # type: ignore[arg-type]
-
-
 def _at_least(committed: int | None, version: int) -> bool:
     return committed is not None and committed >= version
-
-
-_T = TypeVar("_T")
-
-
-def _relay_landing_changes(write: Callable[[], _T]) -> _T:
-    """Run a Spark action whose decode tasks may fail with :class:`LandingChangedError` (a
-    planned file changed under them): the driver raises it again, typed."""
-    try:
-        return write()
-    except Exception as exc:
-        relayed = re.search(rf"{LandingChangedError.__name__}: ([^\n]+)", str(exc))
-        if relayed is None:
-            raise
-        raise LandingChangedError(relayed.group(1)) from exc
-
-
-def _file_row(f: CaptureFile, carry: str | None = None) -> dict[str, Any]:
-    """A file's row for the scan and decode tasks (``schemas.FILES``)."""
-    return {
-        "path": f.path,
-        "bucket": f.bucket,
-        "session_started_at": f.started_at,
-        "session_id": f.session_id,
-        "file_sequence": f.file_sequence,
-        "collections": f.collections,
-        "header_length": f.header_length,
-        "size": f.size,
-        "carry": carry,
-    }
-
-
-def _files(spark: SparkSession, file_rows: list[dict[str, Any]], target_bytes: int) -> DataFrame:
-    """The run's files, grouped into decode tasks (:func:`task_groups`), one partition each."""
-    groups = task_groups(
-        [r["size"] for r in file_rows],
-        target_bytes=target_bytes,
-        parallelism=spark.sparkContext.defaultParallelism,
-    )
-    fields = schemas.FILES.fieldNames()
-    tasks = [[tuple(file_rows[i][f] for f in fields) for i in g] for g in groups]
-    # one element per slice: each group is exactly one partition, with no shuffle
-    rdd = spark.sparkContext.parallelize(tasks, max(len(tasks), 1)).flatMap(lambda g: g)
-    return spark.createDataFrame(rdd, schema=schemas.FILES)
 
 
 # --- entry point -------------------------------------------------------------------------

@@ -10,7 +10,9 @@ once :func:`pipelines.bronze.held_back.held_back_now` says it holds files back.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -23,7 +25,7 @@ from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import HeldBack, LogState, lost_row
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.errors import LandingSkipError
-from pipelines.lake import delta_io, file_commits
+from pipelines.lake import delta_io, delta_rs, file_commits
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"
@@ -87,15 +89,25 @@ def read_log(spark: SparkSession, table: str, version: int | None = None) -> Log
 def read_log_rows(
     spark: SparkSession, table: str, version: int | None = None
 ) -> list[dict[str, Any]]:
-    """The ingest log's rows, as it is now or at Delta ``version``: a Spark job, but for a
-    log of no file (a bucket's first run), which its Delta log answers."""
-    if delta_io.table_size(spark, table, version)[0] == 0:
-        return []
-    if version is None:
-        log = spark.table(table)
-    else:
-        log = spark.sql(f"SELECT * FROM {table} VERSION AS OF {version}")
-    return [r.asDict() for r in log.collect()]
+    """The ingest log's rows, as it is now or at Delta ``version``, read without Spark jobs
+    while the log is small (:func:`pipelines.lake.delta_rs.small_rows`)."""
+    return delta_rs.small_rows(spark, table, schemas.INGEST_LOG.fieldNames(), version)
+
+
+def run_files(spark: SparkSession, table: str, versions: Mapping[str, int]) -> list[str] | None:
+    """The data files (full paths) of the events table ``table`` holding the frames of the
+    ingest runs ``versions`` (run id -> run version), as the runs' commits added them
+    (:func:`file_commits.files_of_app_versions`: a look at the table's latest commits, no
+    Spark job); None when those commits do not say (the table is read then)."""
+    added = file_commits.files_of_app_versions(spark, table, TXN_APP_ID, versions.values())
+    if added is None:
+        return None
+    location = delta_io.table_location(spark, table).rstrip("/")
+    return [
+        path if "://" in path or path.startswith("/") else f"{location}/{unquote(path)}"
+        for version in sorted(added)
+        for path in added[version]
+    ]
 
 
 def log_rows(

@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipelines.bronze.landing import filesystem
@@ -193,6 +194,8 @@ def write_files(
     nothing when no batch had a row. A failure removes the file (a retried task writes a new
     one under another name) and is raised again."""
     fs, root = filesystem(target.location, target.storage)
+    if isinstance(fs, pafs.LocalFileSystem):  # a partition's folder, made by its first file
+        fs.create_dir(root, recursive=True)
     name = f"part-{uuid.uuid4()}.snappy.parquet"
     path = f"{root.rstrip('/')}/{name}"
     stats = FileStats(target.schema, target.stats_columns)
@@ -258,9 +261,14 @@ def write_rows(
     of: what a small table's write from the driver commits
     (:func:`pipelines.lake.file_commits.append_files`, ``replace_files``) instead of a Spark job.
     Its row of ``schemas.WRITTEN`` (none for no rows)."""
-    stats = tuple(f.name for f in schema if _kind(f.type))
-    target = Target(location, schema, stats, storage)
-    return list(write_files([pa.RecordBatch.from_pylist(list(rows), schema=schema)], target))
+    return write_table(pa.Table.from_pylist(list(rows), schema=schema), location, storage)
+
+
+def write_table(table: pa.Table, location: str, storage: Mapping[str, str]) -> list[dict[str, Any]]:
+    """:func:`write_rows` of an Arrow ``table``."""
+    stats = tuple(f.name for f in table.schema if _kind(f.type))
+    target = Target(location, table.schema, stats, storage)
+    return list(write_files(table.to_batches(), target))
 
 
 def remove_written(

@@ -34,6 +34,12 @@ S3_TIMEOUTS = {
 """How long a read from S3 may wait: a store that does not answer is an error within
 seconds, not a command that hangs."""
 
+DRIVER_READ_BELOW_BYTES = 64 * 2**20
+"""A support table (the stream state, the registry, the ingest log) of fewer bytes than this is
+read here, in the driver (:func:`small_rows`); a larger one by Spark. Read by Spark, a table
+costs the jobs that rebuild its state and scan it: 10-14 s on a task's executors before they
+are warm (the DAG's first read of each task), 0.1-0.5 s once they are."""
+
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -120,6 +126,37 @@ def read_rows(
     """``columns`` of ``table`` at its version in ``at`` (else its latest), as the rows a
     Spark ``collect()`` gives (:func:`spark_rows`)."""
     return spark_rows(read_table(spark, table, columns, (at or {}).get(table)))
+
+
+def rows_if_small(
+    spark: SparkSession, table: str, columns: Sequence[str], version: int | None = None
+) -> list[dict[str, Any]] | None:
+    """``columns`` of ``table`` at ``version`` (None: its latest) as the rows a Spark
+    ``collect()`` gives, read here while the table is below :data:`DRIVER_READ_BELOW_BYTES`
+    (none from a table of no file); None for a larger one. The size comes from the table's
+    checksum, as do the location and the version: no Spark job."""
+    from pipelines.lake import delta_io
+
+    files, size = delta_io.table_size(spark, table, version)
+    if files == 0:
+        return []
+    if size >= DRIVER_READ_BELOW_BYTES:
+        return None
+    return read_rows(spark, table, columns, None if version is None else {table: version})
+
+
+def small_rows(
+    spark: SparkSession, table: str, columns: Sequence[str], version: int | None = None
+) -> list[dict[str, Any]]:
+    """:func:`rows_if_small`, else Spark's read of the table (a larger one)."""
+    found = rows_if_small(spark, table, columns, version)
+    if found is not None:
+        return found
+    at = "" if version is None else f" VERSION AS OF {int(version)}"
+    names = ", ".join(f"`{c}`" for c in columns)
+    return [
+        r.asDict(recursive=True) for r in spark.sql(f"SELECT {names} FROM {table}{at}").collect()
+    ]
 
 
 def spark_rows(table: pa.Table) -> list[dict[str, Any]]:

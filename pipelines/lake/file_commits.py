@@ -19,6 +19,7 @@ from pipelines.lake.delta_io import (
     _app_version,
     _checksum,
     _delta_log,
+    _nothing,
     _typed_conflicts,
     with_retry,
 )
@@ -93,18 +94,29 @@ def replace_files(
 
 
 def append_files(
-    spark: SparkSession, table: str, files: Iterable[Mapping[str, Any]], schema: StructType
+    spark: SparkSession,
+    table: str,
+    files: Iterable[Mapping[str, Any]],
+    schema: StructType,
+    partitions: Mapping[str, str] | None = None,
 ) -> bool:
     """Append Parquet files already in ``table``'s folder (rows of ``schemas.WRITTEN``) in
     one commit, without a Spark job (Spark's append runs one, and its commit more). False,
-    and nothing committed, when the table's columns are not ``schema``'s (the files') or it
-    maps column names: then :func:`append` is the way."""
-    adds = [json.dumps({"add": _add(f)}) for f in files]
+    and nothing committed, when the table's columns are not ``schema``'s (the files' and
+    the ``partitions`` columns'), it is not partitioned by the columns of ``partitions``
+    (each partition column's value, as the files' paths name it) or it maps column names:
+    then :func:`append` is the way."""
+    values = dict(partitions or {})
+    adds = [json.dumps({"add": _add(f) | {"partitionValues": values}}) for f in files]
     jvm: Any = spark._jvm
 
     def commit() -> bool:
         transaction = _delta_log(spark, table).startTransaction()
-        if not _writable_as(transaction.snapshot(), schema):
+        snapshot = transaction.snapshot()
+        columns = snapshot.metadata().partitionColumns()
+        if [str(columns.apply(i)) for i in range(columns.size())] != list(values):
+            return False
+        if not _writable_as(snapshot, schema):
             return False
         _commit(jvm, transaction, [], adds, overwrite=False)
         return True
@@ -176,3 +188,73 @@ def _txn_version(transaction: Any, app_id: str) -> int:
     transaction.readTxn().addOne(app_id)
     found = _app_version(transaction.snapshot(), app_id)
     return -1 if found is None else found
+
+
+LOOK_BACK = (4, 32, 256)
+"""How many of a table's latest commits :func:`files_of_app_versions` reads, window after
+window (each window one read of the log), before it gives up."""
+
+
+def files_of_app_versions(
+    spark: SparkSession, table: str, app_id: str, versions: Iterable[int]
+) -> dict[int, list[str]] | None:
+    """The data files (paths relative to the table) that the commits of ``app_id`` at
+    ``versions`` (``txn`` versions: :func:`commit_files`, an idempotent append) added to
+    ``table``, read from its latest commits back (no Spark job). None when they are not all
+    there as added: a commit since the oldest of them removed files (an OPTIMIZE may have
+    rewritten theirs) or is another writer's data change, or one is older than
+    :data:`LOOK_BACK` commits (the table is then read as a whole)."""
+    wanted = set(versions)
+    if not wanted:
+        return {}
+    delta_log = _delta_log(spark, table)
+    latest = int(delta_log.update(False, _nothing(spark), _nothing(spark)).version())
+    found: dict[int, list[str]] = {}
+    upto = latest
+    for span in LOOK_BACK:
+        start = max(latest - span + 1, 0)
+        if start > upto:
+            continue
+        changes = delta_log.getChanges(start, upto, _nothing(spark), False)
+        commits = {}
+        while changes.hasNext():
+            commit = changes.next()
+            commits[int(commit._1())] = list(_iterate(commit._2().iterator()))
+        if sorted(commits) != list(range(start, upto + 1)):
+            return None  # a commit's file is gone from the log (its retention)
+        for _, actions in sorted(commits.items(), reverse=True):
+            added = _app_adds(actions, app_id)
+            if added is None:
+                return None
+            version, paths = added
+            if version in wanted:
+                found[version] = paths
+            if version is not None and version <= min(wanted):
+                return found if wanted <= found.keys() else None
+        upto = start - 1
+        if upto < 0:
+            break
+    return None
+
+
+def _iterate(iterator: Any) -> Iterable[Any]:
+    while iterator.hasNext():
+        yield iterator.next()
+
+
+def _app_adds(actions: list[Any], app_id: str) -> tuple[int | None, list[str]] | None:
+    """A commit's ``txn`` version of ``app_id`` (None: none) and the files it added; None
+    when it removed files, or changed data without a ``txn`` of ``app_id``."""
+    version, adds, changes_data = None, [], False
+    for action in actions:
+        kind = action.getClass().getSimpleName()
+        if kind == "SetTransaction" and action.appId() == app_id:
+            version = int(action.version())
+        elif kind == "AddFile":
+            adds.append(str(action.path()))
+            changes_data |= bool(action.dataChange())
+        elif kind in ("RemoveFile", "AddCDCFile"):
+            return None
+    if changes_data and version is None:
+        return None
+    return version, adds

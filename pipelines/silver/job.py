@@ -24,6 +24,7 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import threading
@@ -32,19 +33,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.errors import ConfigError
 from dcp_cdc.logs import log_context
-from pipelines import tables
+from pipelines import schemas, tables
 from pipelines.errors import CommitConflictError
+from pipelines.lake import delta_rs
 from pipelines.lake.delta_io import vanished_table
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.observe.freshness import ChangeTimes
-from pipelines.silver import live, state, store, transforms, walk_summary
+from pipelines.silver import arrow_rows, live, state, store, transforms, walk_summary
 from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
@@ -198,7 +202,7 @@ def _apply(
         spark, names, states, log_rows=log_rows, run_files=recall.run_files
     )
     at = summary.step("unconsumed", at)
-    walked, rows, read_through = _walk(spark, config, names, states, unconsumed, log_rows)
+    walked, table, rows, read_through = _walk(spark, config, names, states, unconsumed, log_rows)
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
@@ -211,7 +215,7 @@ def _apply(
         summary.walked(found)
         registry = recall.update_registry(config, found.controls, found.change_cids)
         at = summary.step("registry", at)
-        batch = _Batch.of(found, registry, walked, None if rebuild else collection)
+        batch = _Batch.of(found, registry, walked, None if rebuild else collection, table)
         retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
         if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
@@ -323,13 +327,21 @@ class _Batch:
     versions: DataFrame
     change_cids: set[int]
     version_cids: set[int]
+    table: pa.Table | None = None
+    """The walked rows as the driver's walk gave them (an Arrow table), when it did and the
+    batch is of every collection; None: ``changes`` alone has them."""
 
     @classmethod
     def of(
-        cls, found: Found, registry: Registry, walked: DataFrame, collection: str | None
+        cls,
+        found: Found,
+        registry: Registry,
+        walked: DataFrame,
+        collection: str | None,
+        table: pa.Table | None = None,
     ) -> _Batch:
-        """The batch of ``walked``; with ``collection`` (``SCOPE.NAME``), of that collection
-        alone."""
+        """The batch of ``walked`` (``table``: the same rows in Arrow, when the driver walked
+        them); with ``collection`` (``SCOPE.NAME``), of that collection alone."""
         change_cids, version_cids = found.change_cids, set(found.version_cids)
         changes = walked.where(F.col("kind") == RowKind.CHANGE.value)
         versions = walked.where(F.col("kind").isin(*VERSION_KINDS))
@@ -342,7 +354,8 @@ class _Batch:
             versions = versions.where(F.col("collection_id").isin(keep))
             change_cids &= set(keep)
             version_cids &= set(keep)
-        return cls(found, registry, changes, versions, change_cids, version_cids)
+            table = None
+        return cls(found, registry, changes, versions, change_cids, version_cids, table)
 
     @property
     def overlap(self) -> int:
@@ -388,7 +401,7 @@ def _append_to_live_layer(
     a compaction when one is due and the run compacts (``compaction.in_run``); returns the
     time the last step ended."""
     name, registry = summary.bucket, batch.registry
-    summary.tables = _append_pending(spark, name, registry, batch.changes, batch.found.keys)
+    summary.tables = _append_pending(spark, name, registry, batch)
     summary.changes = sum(summary.tables.values())
     at = summary.step("append", at)
     summary.change_times = ChangeTimes.from_row(batch.found.times, committed_at=time.time())
@@ -442,15 +455,13 @@ def _write_tables(
 
 
 def _append_pending(
-    spark: SparkSession,
-    bucket: str,
-    registry: Registry,
-    changes: DataFrame,
-    keys: dict[int, int],
+    spark: SparkSession, bucket: str, registry: Registry, batch: _Batch
 ) -> dict[str, int]:
-    """The newest change per key of ``changes`` (walked rows) of each collection with a
-    table, appended to the live layer in one commit; returns rows appended per view (the
-    collection's changed ``keys``, which the walk's job counted)."""
+    """The newest change per key of the batch's changes (walked rows) of each collection with
+    a table, appended to the live layer in one commit: from the driver when it walked them
+    (:func:`live.append_from_driver`, no Spark job), else by Spark; returns rows appended per
+    view (the collection's changed keys, which the walk counted)."""
+    keys = batch.found.keys
     views = {
         r["collection_id"]: r["table_name"]
         for r in registry
@@ -458,8 +469,12 @@ def _append_pending(
     }
     if not views:
         return {}
-    rows = transforms.silver_rows(changes).where(F.col("_collection_id").isin(sorted(views)))
-    live.append_pending(spark, bucket, rows)
+    local = None
+    if batch.table is not None:
+        local = arrow_rows.silver_rows(batch.table, views, dt.datetime.now(dt.UTC))
+    if local is None or not live.append_from_driver(spark, bucket, local):
+        rows = transforms.silver_rows(batch.changes)
+        live.append_pending(spark, bucket, rows.where(F.col("_collection_id").isin(sorted(views))))
     return {views[cid]: keys[cid] for cid in sorted(views)}
 
 
@@ -470,39 +485,70 @@ def _walk(
     states: dict[int, dict[str, Any]],
     unconsumed: state.Unconsumed,
     log_rows: list[dict[str, Any]] | None = None,
-) -> tuple[DataFrame, list[dict[str, Any]], int | None]:
-    """The vbuckets walked (cached) and, in one job, the rows :class:`Found` reads: the control
-    rows, the ``state`` rows with their vbucket's versions summed up; and the newest run read
+) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]], int | None]:
+    """The vbuckets walked (cached, or in Arrow too when the driver walked them) and, in one
+    job (none when the driver walked), the rows :class:`Found` reads: the control rows, the
+    ``state`` rows with their vbucket's versions summed up; and the newest run read
     (:attr:`state.Unconsumed.read_through`). A vbucket whose walk met
     frames of an older session that arrived late (:func:`state.late_vbuckets`) is walked again
     from its start, with the others, until none is late (once, unless a run finishes in
     between)."""
     again: set[int] = set()
     while True:
-        walked = state.walk_vbuckets(
-            spark,
-            unconsumed.frames,
-            states,
-            again,
-            eager=config.silver.eager_apply,
-            late_after=unconsumed.late_after,
-            read_through=unconsumed.read_through,
-            on_driver_below=config.silver.walk_on_driver_below,
-            files=unconsumed.files,
-        ).cache()
+        walked, table, found = _walked(spark, config, states, again, unconsumed)
         try:
-            controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
-            found = [r.asDict(recursive=True) for r in controls.collect()]
+            if found is None:
+                controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
+                found = [r.asDict(recursive=True) for r in controls.collect()]
         except BaseException:
             walked.unpersist()
             raise
         late = state.late_vbuckets(found)
         if not late:
-            return walked, found, unconsumed.read_through
+            return walked, table, found, unconsumed.read_through
         walked.unpersist()
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
         unconsumed = state.unconsumed_frames(spark, names, states, again, log_rows=log_rows)
+
+
+def _walked(
+    spark: SparkSession,
+    config: AppConfig,
+    states: dict[int, dict[str, Any]],
+    again: set[int],
+    unconsumed: state.Unconsumed,
+) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]] | None]:
+    """The vbuckets walked (:func:`state.walk_vbuckets`), and, when the driver walked them
+    from the runs' files, the same rows in Arrow and their control rows (read from that
+    table: no Spark job; None: collect them)."""
+    late_after, read_through = unconsumed.late_after, unconsumed.read_through
+    eager, below = config.silver.eager_apply, config.silver.walk_on_driver_below
+    if unconsumed.files is not None and not again:
+        table = state.walked_from_files(
+            spark,
+            unconsumed.files,
+            states,
+            eager=eager,
+            late_after=late_after,
+            read_through=read_through,
+            on_driver_below=below,
+        )
+        if table is not None:
+            controls = table.filter(pc.invert(pc.is_in(table["kind"], pa.array(VERSION_KINDS))))
+            walked = spark.createDataFrame(table, schema=schemas.WALKED)
+            return walked, table, delta_rs.spark_rows(controls)
+    walked = state.walk_vbuckets(
+        spark,
+        unconsumed.frames,
+        states,
+        again,
+        eager=eager,
+        late_after=late_after,
+        read_through=read_through,
+        on_driver_below=below,
+    )
+    return walked.cache(), None, None
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

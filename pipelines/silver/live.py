@@ -27,13 +27,15 @@ import logging
 import secrets
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dcp_cdc.config import SilverConfig
-from pipelines import tables
-from pipelines.lake import delta_io
+from pipelines import schemas, tables
+from pipelines.bronze.writer import remove_written, write_table
+from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import with_retry
 from pipelines.silver import store, transforms
 from pipelines.silver.registry import Registry
@@ -50,6 +52,27 @@ def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> None:
     table = BucketTables(bucket).pending
     stamped = rows.withColumn("_batch", F.lit(secrets.randbits(63)))
     with_retry(table, lambda: delta_io.append(stamped.coalesce(1), table))
+
+
+def append_from_driver(spark: SparkSession, bucket: str, rows: pa.Table) -> bool:
+    """:func:`append_pending` of ``rows`` (silver rows as an Arrow table:
+    :func:`pipelines.silver.arrow_rows.silver_rows`) written by this process into one Parquet
+    file of a partition of its own and committed by it: no Spark job, where Spark's append
+    runs two. False when the pending table is not of :data:`schemas.PENDING`'s columns and
+    partitions (nothing committed, the file removed): then :func:`append_pending` is the
+    way."""
+    table = BucketTables(bucket).pending
+    stamp = secrets.randbits(63)
+    folder = f"{schemas.PENDING_PARTITIONS[0]}={stamp}"
+    location = f"{delta_io.table_location(spark, table).rstrip('/')}/{folder}"
+    storage = dict(spark.sparkContext.getConf().getAll())
+    written = write_table(rows, location, storage)
+    files = [{**f, "path": f"{folder}/{f['path']}"} for f in written]
+    partition = {schemas.PENDING_PARTITIONS[0]: str(stamp)}
+    appended = file_commits.append_files(spark, table, files, schemas.PENDING, partition)
+    if not appended:
+        remove_written(written, location, storage)
+    return appended
 
 
 def compaction_due(spark: SparkSession, bucket: str, settings: SilverConfig) -> bool:

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
 
 from dcp_cdc.config import AppConfig
+from pipelines import schemas
+from pipelines.bronze import store
 from pipelines.bronze.memory import IngestMemory
+from pipelines.lake import delta_rs
 from pipelines.lake.delta_io import table_version
 from pipelines.silver import state
 from pipelines.silver.registry import Registry, collection_properties, update_registry
@@ -107,20 +111,25 @@ class Recall:
         return self.memory is not None and self.memory.support_ready
 
     def log_rows(self) -> list[dict[str, Any]] | None:
-        """The ingest log's rows now, from the ingest's memory (read again only when another
-        writer moved the log); None without one (a batch run: the apply reads the log)."""
+        """The ingest log's rows now: from the ingest's memory (read again only when another
+        writer moved the log); without one (a batch run), read in the driver while the log is
+        small (:func:`pipelines.lake.delta_rs.rows_if_small`); None for a larger one (the
+        apply reads what it needs of it with Spark)."""
         if self.memory is None or self.memory.ingest is None:
-            return None
+            columns = schemas.INGEST_LOG.fieldNames()
+            return delta_rs.rows_if_small(self.spark, self.names.ingest_log, columns)
         self.memory.ingest.state(self.spark, self.names.ingest_log)
         return self.memory.ingest.rows
 
-    def run_files(self, run_ids: list[str]) -> list[str] | None:
-        """The events table's data files holding the frames of ``run_ids``, as the ingest's
-        memory keeps them (:meth:`IngestMemory.run_files`); None when it does not keep them
-        all (the apply reads the table)."""
+    def run_files(self, versions: Mapping[str, int]) -> list[str] | None:
+        """The events table's data files holding the frames of the ingest runs ``versions``
+        (run id -> run version): as the ingest's memory keeps them
+        (:meth:`IngestMemory.run_files`), else, without one (a batch run), as the table's
+        latest commits added them (:func:`pipelines.bronze.store.run_files`). None when
+        neither has them all (the apply reads the table)."""
         if self.memory is None or self.memory.ingest is None:
-            return None
-        return self.memory.ingest.run_files(self.spark, self.names.events, run_ids)
+            return store.run_files(self.spark, self.names.events, versions)
+        return self.memory.ingest.run_files(self.spark, self.names.events, sorted(versions))
 
     def mark_support_ready(self) -> None:
         if self.memory is not None:

@@ -202,7 +202,7 @@ def read_registry(spark: SparkSession, bucket: str) -> Registry:
     table = BucketTables(bucket).registry
     if not spark.catalog.tableExists(table):
         return []
-    return small_table_rows(spark, table)
+    return small_table_rows(spark, table, schemas.REGISTRY)
 
 
 def _save_registry(spark: SparkSession, table: str, registry: Registry) -> None:
@@ -246,7 +246,7 @@ def update_registry(
     """
     table = BucketTables(bucket).registry
     if stored is None:
-        stored = small_table_rows(spark, table)
+        stored = small_table_rows(spark, table, schemas.REGISTRY)
     current = {r["collection_id"]: r for r in stored}
     scopes = {0: "_default"}
     for r in current.values():  # a scope's name from its create event wins over its stand-in

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -25,7 +26,7 @@ from pyspark.sql import types as T
 from dcp_cdc.config import AppConfig, BucketConfig
 from pipelines import schemas
 from pipelines.bronze.writer import remove_written, write_rows
-from pipelines.lake import delta_io, file_commits
+from pipelines.lake import delta_io, delta_rs, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
 from pipelines.silver import transforms, walk_columns, walk_input
 from pipelines.silver.walk import RowKind, next_position
@@ -33,22 +34,19 @@ from pipelines.silver.walk_input import RunFiles
 from pipelines.tables import BucketTables
 
 
-def small_table_rows(spark: SparkSession, table: str) -> list[dict[str, Any]]:
-    """A small table's rows (the stream state, the registry), none from a table of no file:
-    its Delta log says so (before a bucket's first apply), without the scan's Spark jobs."""
-    if delta_io.table_size(spark, table)[0] == 0:
-        return []
-    return [r.asDict(recursive=True) for r in spark.table(table).collect()]
+def small_table_rows(spark: SparkSession, table: str, schema: T.StructType) -> list[dict[str, Any]]:
+    """A small table's rows (of ``schema``: the stream state, the registry), none from a table
+    of no file (before a bucket's first apply), without Spark jobs
+    (:func:`pipelines.lake.delta_rs.small_rows`)."""
+    return delta_rs.small_rows(spark, table, schema.fieldNames())
 
 
 def read_states(spark: SparkSession, table: str) -> dict[int, dict[str, Any]]:
     """vbucket → its saved state and position run; none from a table of no file (before the
-    first apply: its Delta log says so, without the scan's Spark jobs)."""
-    if delta_io.table_size(spark, table)[0] == 0:
-        return {}
+    first apply), without Spark jobs (:func:`pipelines.lake.delta_rs.small_rows`)."""
     return {
         r["vbucket"]: {"state": json.loads(r["state"]), "position_run_id": r["position_run_id"]}
-        for r in spark.table(table).select("vbucket", "state", "position_run_id").collect()
+        for r in delta_rs.small_rows(spark, table, ("vbucket", "state", "position_run_id"))
     }
 
 
@@ -169,7 +167,7 @@ def unconsumed_frames(
     again: set[int] | frozenset[int] = frozenset(),
     *,
     log_rows: list[dict[str, Any]] | None = None,
-    run_files: Callable[[list[str]], list[str] | None] | None = None,
+    run_files: Callable[[dict[str, int]], list[str] | None] | None = None,
 ) -> Unconsumed:
     """Bronze frames that may hold frames no silver run has consumed yet (with the
     ``run_version`` of their ingest run): the finished runs from the oldest vbucket's
@@ -177,9 +175,10 @@ def unconsumed_frames(
     the vbuckets in ``again`` (walked again from their start). ``log_rows``: the ingest log's
     rows as follow mode's ingest keeps them (:class:`pipelines.bronze.memory.IngestMemory`),
     read instead of the log (no Spark job finds the runs); None: the log is read.
-    ``run_files``: the events table's data files of some runs when the ingest's memory keeps
-    them (:meth:`pipelines.silver.memory.Recall.run_files`): the runs' frames are read from
-    those files, without Delta's jobs that find them in the table.
+    ``run_files``: the events table's data files of some runs (run id -> run version), when
+    the ingest's memory keeps them or the table's latest commits say
+    (:meth:`pipelines.silver.memory.Recall.run_files`): the runs' frames are read from those
+    files, without Delta's jobs that find them in the table.
 
     A frame is late when it belongs to files of an older session that arrived after a newer
     session was applied. The walk finds them as it reads (:func:`late_vbuckets`): the late
@@ -232,12 +231,12 @@ def unconsumed_frames(
 
 
 def _run_files(
-    run_files: Callable[[list[str]], list[str] | None] | None, versions: dict[str, int] | None
+    run_files: Callable[[dict[str, int]], list[str] | None] | None, versions: dict[str, int] | None
 ) -> RunFiles | None:
     """The data files of the runs ``versions`` names, when the ingest's memory keeps them."""
     if run_files is None or versions is None:
         return None
-    paths = run_files(sorted(versions))
+    paths = run_files(versions)
     return None if paths is None else RunFiles(paths, versions)
 
 
@@ -321,7 +320,6 @@ def walk_vbuckets(
     late_after: int | None = None,
     read_through: int | None = None,
     on_driver_below: int = 0,
-    files: RunFiles | None = None,
 ) -> DataFrame:
     """Each vbucket's frames walked from its saved state (:func:`transforms.walk_frames`);
     the vbuckets in ``again`` start over from a fresh state. ``late_after`` and
@@ -335,22 +333,10 @@ def walk_vbuckets(
     and its Python workers' Arrow streams each way (3,046 frames in a warm session on a
     loaded machine: 7.4-11 s that way, 4.1-7.4 s here; what is left is the read of the
     frames). That many frames or more: the job that found so (it stops at the bound) is
-    lost, and Spark walks them. ``files``: the data files ``frames`` are of
-    (:attr:`Unconsumed.files`): when they hold fewer rows than the bound, they are read here
-    (:func:`pipelines.silver.walk_input.keyed_rows`), with no Spark job."""
-    state_rows = [
-        (vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again
-    ]
-    if on_driver_below > 0 and files is not None and not again:
-        storage = dict(spark.sparkContext.getConf().getAll())
-        if walk_input.row_count(files, storage) < on_driver_below:
-            saved_of = {vb: (state, late) for vb, state, late in state_rows}
-            few = walk_input.keyed_rows(files, saved_of, read_through, storage)
-            if few is not None:
-                walked = walk_columns.walk_vbuckets(
-                    few, schemas.arrow_schema(schemas.WALKED), eager
-                )
-                return spark.createDataFrame(walked, schema=schemas.WALKED)
+    lost, and Spark walks them. When the data files of ``frames`` are known
+    (:attr:`Unconsumed.files`), :func:`walked_from_files` walks them in the driver with no
+    Spark job at all."""
+    state_rows = _state_rows(states, again, late_after)
     saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
     if on_driver_below > 0:
         keyed = transforms.keyed_frames(frames, saved, read_through)
@@ -359,3 +345,37 @@ def walk_vbuckets(
             walked = walk_columns.walk_vbuckets(few, schemas.arrow_schema(schemas.WALKED), eager)
             return spark.createDataFrame(walked, schema=schemas.WALKED)
     return transforms.walk_frames(frames, saved, eager=eager, read_through=read_through)
+
+
+def walked_from_files(
+    spark: SparkSession,
+    files: RunFiles,
+    states: dict[int, dict[str, Any]],
+    *,
+    eager: bool,
+    late_after: int | None,
+    read_through: int | None,
+    on_driver_below: int,
+) -> pa.Table | None:
+    """The walk of :func:`walk_vbuckets` in the driver, over ``files`` read here
+    (:func:`pipelines.silver.walk_input.keyed_rows`): no Spark job. None when the files hold
+    ``on_driver_below`` rows or more (or 0 is set), or their rows are not for this way."""
+    if on_driver_below <= 0:
+        return None
+    storage = dict(spark.sparkContext.getConf().getAll())
+    if walk_input.row_count(files, storage) >= on_driver_below:
+        return None
+    saved_of = {vb: (state, late) for vb, state, late in _state_rows(states, (), late_after)}
+    few = walk_input.keyed_rows(files, saved_of, read_through, storage)
+    if few is None:
+        return None
+    return walk_columns.walk_vbuckets(few, schemas.arrow_schema(schemas.WALKED), eager)
+
+
+def _state_rows(
+    states: dict[int, dict[str, Any]],
+    again: set[int] | frozenset[int] | tuple[()],
+    late_after: int | None,
+) -> list[tuple[int, str, int | None]]:
+    """``(vbucket, saved state JSON, late_after)`` of each vbucket not walked ``again``."""
+    return [(vb, json.dumps(s["state"]), late_after) for vb, s in states.items() if vb not in again]

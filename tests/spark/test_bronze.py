@@ -18,6 +18,7 @@ from dcp_cdc.decoder import decode_frame
 from dcp_cdc.simulator import simulate
 from pipelines.bronze.job import IngestSummary, ingest_bucket
 from pipelines.tables import BucketTables
+from tests.support.spark_jobs import counted
 
 
 class Killed(RuntimeError):
@@ -261,7 +262,13 @@ def test_the_arrow_writer_gives_the_rows_and_statistics_of_sparks_writer(
     run_columns = ("ingest_run_id", "ingested_at")
     rows, stats = {}, {}
     for writer in ("arrow", "spark"):
-        config = _config(tmp_path / "sim" / "landing", spark_warehouse, bucket, writer=writer)
+        config = _config(
+            tmp_path / "sim" / "landing",
+            spark_warehouse,
+            bucket,
+            writer=writer,
+            on_driver_below_bytes=0,  # the decode tasks: a file each group, as Spark's writer
+        )
         assert _ingest(spark, config).frames > 0
         table = BucketTables(bucket).events
         rows[writer] = Counter(
@@ -282,3 +289,84 @@ def test_the_arrow_writer_gives_the_rows_and_statistics_of_sparks_writer(
             spark.sql(f"DROP TABLE {name}")
     assert rows["arrow"] == rows["spark"] and rows["arrow"].total() > 300
     assert stats["arrow"] == stats["spark"] and stats["arrow"].total() > 1
+
+
+def _bronze_rows(spark: SparkSession, names: BucketTables) -> dict[str, Counter[str]]:
+    """Each bronze table's rows but for what names the run and when it logged."""
+    dropped = ("ingest_run_id", "ingested_at", "logged_at", "run_version")
+    return {
+        table: Counter(
+            json.dumps(r.asDict(recursive=True), default=repr, sort_keys=True)
+            for r in spark.table(table).drop(*dropped).collect()
+        )
+        for table in (names.events, names.quarantine, names.ingest_log)
+    }
+
+
+def test_a_run_ingested_in_the_driver_equals_the_tasks_run(
+    spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
+) -> None:
+    """Below ``[ingest] on_driver_below_bytes`` the driver scans, decodes and writes the run
+    itself: the same events, quarantine records and ingest log as Spark's tasks give."""
+    simulate(
+        tmp_path / "sim",
+        scenario="mixed",
+        seed=8,
+        bucket=bucket,
+        vbuckets=4,
+        docs=80,
+        ops=300,
+        inject_malformed=1,
+        max_file_bytes=30_000,
+    )
+    names = BucketTables(bucket)
+    seen = {}
+    for below in (0, 1 << 30):
+        config = _config(
+            tmp_path / "sim" / "landing", spark_warehouse, bucket, on_driver_below_bytes=below
+        )
+        assert _ingest(spark, config).frames > 300
+        seen[below] = _bronze_rows(spark, names)
+        for name in names.bronze.values():
+            spark.sql(f"DROP TABLE {name}")
+    assert seen[0] == seen[1 << 30]
+    assert sum(seen[0][names.quarantine].values()) > 0  # malformed frames met both ways
+
+
+def test_a_small_run_ingested_in_the_driver_runs_no_spark_job(
+    spark: SparkSession, bucket: str, tmp_path: Path, spark_warehouse: Path
+) -> None:
+    """A run of few bytes (its tables made by an earlier run) runs no Spark job: the ingest
+    log read by delta-rs, the files scanned, decoded and written in the driver, the commits
+    the driver's own. With ``on_driver_below_bytes = 0``, Spark's tasks do it."""
+    simulate(
+        tmp_path / "sim",
+        scenario="basic",
+        seed=4,
+        bucket=bucket,
+        vbuckets=4,
+        docs=40,
+        ops=120,
+        max_file_bytes=8_000,
+    )
+    files = sorted((tmp_path / "sim" / "landing").iterdir())
+    half = len(files) // 2
+    assert half >= 2
+    for below in (1 << 30, 0):
+        landing = tmp_path / f"landing-{below}"
+        landing.mkdir()
+        config = _config(landing, spark_warehouse, bucket, on_driver_below_bytes=below)
+        for f in files[:half]:
+            shutil.copy(f, landing)
+        assert _ingest(spark, config).files == half
+        for f in files[half:]:
+            shutil.copy(f, landing)
+        with counted(spark) as jobs:
+            summary = _ingest(spark, config)
+        assert summary.files == len(files) - half and summary.frames > 0
+        if below:
+            assert jobs.count == 0, jobs.what
+        else:
+            assert jobs.count > 0  # the tasks' way: the count sees them
+        for name in BucketTables(bucket).bronze.values():
+            spark.sql(f"DROP TABLE {name}")

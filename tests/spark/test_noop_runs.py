@@ -78,10 +78,8 @@ def test_a_micro_batch_with_nothing_new_runs_no_spark_job(
     for path in files[half:]:
         shutil.copy(path, landing)
     assert ingest_bucket(spark, config, b).files == len(files) - half
-    with counted(spark) as reread:
-        batch = follower.micro_batch(progress)
+    batch = follower.micro_batch(progress)
     assert batch.files == 0  # what the other writer ingested is known, not ingested again
-    assert reread.count > 0
     assert memory.version == table_version(spark, names.ingest_log)
     assert _without_times(memory.rows) == _without_times(
         store.read_log_rows(spark, names.ingest_log)
@@ -124,15 +122,15 @@ def test_an_apply_with_nothing_new_runs_no_spark_job(
 
     with pytest.raises(KeyboardInterrupt):
         ingest_bucket(spark, config, b, hook=stop)
-    with counted(spark) as unfinished:
-        assert apply_bucket(spark, config, b).changes == 0
-    assert unfinished.count > 0
+    saved = BucketTables(bucket).stream_state
+    before = table_version(spark, saved)
+    assert apply_bucket(spark, config, b).changes == 0
+    assert table_version(spark, saved) == before + 1  # it did its work: the log's mark saved
     with counted(spark) as idle:
         apply_bucket(spark, config, b)
     assert idle.count == 0, idle.what
+    assert table_version(spark, saved) == before + 1  # nothing new: nothing saved
 
     assert ingest_bucket(spark, config, b).resumed  # finishes the run
-    with counted(spark) as applying:
-        assert apply_bucket(spark, config, b).frames
-    assert applying.count > 0
+    assert apply_bucket(spark, config, b).frames
     assert_equal_to_truth(spark, bucket, result)

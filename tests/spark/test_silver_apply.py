@@ -3,6 +3,7 @@ tombstone purge without resurrection, eager apply, and two runs at once."""
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import functools
 import json
@@ -29,7 +30,7 @@ from pipelines.bronze.job import ingest_bucket
 from pipelines.bronze.memory import IngestMemory
 from pipelines.errors import CommitConflictError
 from pipelines.lake import delta_io, faults
-from pipelines.silver import live, state, store, transforms, walk_input
+from pipelines.silver import arrow_rows, live, state, store, transforms, walk_input
 from pipelines.silver.job import apply_bucket, purge_tombstones
 from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import CHANGE_DATA_FEED
@@ -145,6 +146,28 @@ def test_merge_batches_in_any_order_and_some_twice_give_the_same_tables(
 
 
 # --- tombstone purge -----------------------------------------------------------------------
+
+
+def test_the_drivers_silver_rows_are_sparks(spark: SparkSession, walked_changes: Any) -> None:
+    """The live layer's append from the driver makes its rows by the rule Spark's
+    ``silver_rows`` follows (deletions, expirations, xattrs, binary bodies): the same rows,
+    but for the time they are stamped applied."""
+    changes, registry, _, _ = walked_changes
+    cids = {r["collection_id"] for r in registry}
+    now = dt.datetime.now(dt.UTC)
+    arrow = arrow_rows.silver_rows(changes.toArrow(), cids, now)
+    assert arrow is not None and arrow.num_rows > 50
+    by_spark = transforms.silver_rows(changes).where(F.col("_collection_id").isin(sorted(cids)))
+    by_arrow = spark.createDataFrame(arrow, schema=schemas.SILVER)
+    columns = [c for c in schemas.SILVER.fieldNames() if c != "_applied_at"]
+
+    def rows(df: DataFrame) -> list[tuple[Any, ...]]:
+        return sorted(
+            (tuple(_hashable(v) for v in r) for r in df.select(*columns).collect()), key=repr
+        )
+
+    assert rows(by_arrow) == rows(by_spark)
+    assert {p.as_py() for p in arrow["_applied_at"].unique()} == {now}
 
 
 def _replay_old_mutations(spark: SparkSession, bucket: str, keys: list[str]) -> DataFrame:
@@ -827,7 +850,7 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
             names,
             states,
             log_rows=memory.rows,
-            run_files=lambda runs: memory.run_files(spark, names.events, runs),
+            run_files=lambda runs: memory.run_files(spark, names.events, sorted(runs)),
         )
         assert kept.files is not None and kept.files.paths
         saved = {vb: (json.dumps(s["state"]), kept.late_after) for vb, s in states.items()}
@@ -839,12 +862,21 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
         with counted(spark) as jobs:
             from_files = walk_input.keyed_rows(kept.files, saved, kept.read_through, storage)
             bound = walk_input.row_count(kept.files, storage) + 1  # every op's rows, not read
-            in_driver = walk(on_driver_below=bound, files=kept.files)
+            in_driver = state.walked_from_files(
+                spark,
+                kept.files,
+                states,
+                eager=False,
+                late_after=unconsumed.late_after,
+                read_through=unconsumed.read_through,
+                on_driver_below=bound,
+            )
         assert jobs.count == 0, jobs.what
+        assert in_driver is not None
         assert from_files is not None and from_files.num_rows == count
         assert from_files.schema.types == from_spark.schema.types  # not nullability
         assert _arrow_rows(from_files) == _arrow_rows(from_spark)
-        assert rows(in_driver) == walked
+        assert rows(spark.createDataFrame(in_driver, schema=schemas.WALKED)) == walked
         apply_bucket(spark, config, config.buckets[0], memory=ApplyMemory(ingest=memory))
     assert_equal_to_truth(spark, bucket, result)
 

@@ -4,13 +4,17 @@ rows written down here (never computed by the code under test)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines import schemas
 from pipelines.quality.branches import bronze_live_documents, collection_cuts
 from pipelines.quality.streams import duplicate_seqnos
+from pipelines.silver import arrow_rows
 from pipelines.silver.transforms import history_fixes, rolled_back_keys, silver_rows
 
 CHANGES = (
@@ -36,10 +40,13 @@ def change(
     collection: int = 0,
     is_json: bool = True,
     xattrs: dict[str, str] | None = None,
+    cas: int | None = None,
 ) -> tuple[Any, ...]:
     """A walked change of ``key`` at ``seqno`` in vbucket 0 (vb uuid 100), its rev seqno
-    ``seqno`` and its CAS ``1000 + seqno``, flags and expiry 0, of run ``run-1``."""
-    vbucket, vb_uuid, rev_seqno, cas, flags, expiry = 0, 100, seqno, 1000 + seqno, 0, 0
+    ``seqno`` and its CAS ``cas`` (else ``1000 + seqno``), flags and expiry 0, of run
+    ``run-1``."""
+    vbucket, vb_uuid, rev_seqno, flags, expiry = 0, 100, seqno, 0, 0
+    cas = 1000 + seqno if cas is None else cas
     return (
         *(op, key.encode(), value, is_json, xattrs, collection, vbucket, vb_uuid, seqno),
         *(rev_seqno, cas, flags, expiry, "run-1"),
@@ -49,8 +56,21 @@ def change(
 # --- silver: the current state ------------------------------------------------------------
 
 
+def silver_of(spark: SparkSession, changes: DataFrame, way: str) -> DataFrame:
+    """:func:`silver_rows` of ``changes``, by Spark or (``arrow``) by the driver's rule
+    (:func:`pipelines.silver.arrow_rows.silver_rows`, over the same rows in Arrow)."""
+    if way == "spark":
+        return silver_rows(changes)
+    walked = changes.withColumn("kind", F.lit("change")).toArrow()
+    cids = {r[0] for r in changes.select("collection_id").distinct().collect()}
+    found = arrow_rows.silver_rows(walked, cids, dt.datetime.now(dt.UTC))
+    assert found is not None
+    return spark.createDataFrame(found, schema=schemas.SILVER)
+
+
+@pytest.mark.parametrize("way", ["spark", "arrow"])
 def test_the_newest_change_of_each_key_wins_and_a_deletion_leaves_a_deleted_row(
-    spark: SparkSession,
+    spark: SparkSession, way: str
 ) -> None:
     changes = spark.createDataFrame(
         [
@@ -63,7 +83,8 @@ def test_the_newest_change_of_each_key_wins_and_a_deletion_leaves_a_deleted_row(
         CHANGES,
     )
     assert rows(
-        silver_rows(changes), "_collection_id", "key", "doc", "_seqno", "_deleted", "_change"
+        silver_of(spark, changes, way),
+        *("_collection_id", "key", "doc", "_seqno", "_deleted", "_change"),
     ) == [
         (0, "a", '{"v":2}', 5, False, "upsert"),
         (0, "b", None, 6, True, "delete"),
@@ -71,16 +92,53 @@ def test_the_newest_change_of_each_key_wins_and_a_deletion_leaves_a_deleted_row(
     ]
 
 
+@pytest.mark.parametrize("way", ["spark", "arrow"])
 def test_a_binary_body_goes_to_doc_binary_and_system_xattrs_are_dropped(
-    spark: SparkSession,
+    spark: SparkSession, way: str
 ) -> None:
     xattrs = {"_sync": "{}", "owner": '"ann"'}
     changes = spark.createDataFrame(
         [change("mutation", "k", 4, b"\x00\x01", is_json=False, xattrs=xattrs)], CHANGES
     )
-    assert rows(silver_rows(changes), "key", "doc", "doc_binary", "xattrs") == [
+    assert rows(silver_of(spark, changes, way), "key", "doc", "doc_binary", "xattrs") == [
         ("k", None, bytearray(b"\x00\x01"), {"owner": '"ann"'})
     ]
+
+
+@pytest.mark.parametrize("way", ["spark", "arrow"])
+def test_a_change_is_dated_by_its_cas_clock_and_a_cas_of_0_or_past_2262_has_no_date(
+    spark: SparkSession, way: str
+) -> None:
+    """The CAS's nanoseconds with the counter's 16 bits masked off, to the microsecond."""
+    cases = (0, -7, 1700039999999971892)
+    changes = spark.createDataFrame(
+        [change("mutation", f"k{i}", 1, b"{}", cas=cas) for i, cas in enumerate(cases)], CHANGES
+    )
+    dated = silver_of(spark, changes, way).select(
+        "key", "_cas", F.unix_micros("_modified_at").alias("micros"), "_expiry", "_flags"
+    )
+    assert rows(dated, "key", "_cas", "micros", "_expiry", "_flags") == [
+        ("k0", 0, None, 0, 0),
+        ("k1", -7, None, 0, 0),
+        ("k2", 1700039999999971892, 1700039999999967, 0, 0),
+    ]
+
+
+def test_a_key_or_json_body_that_is_not_utf8_leaves_the_rows_to_spark(
+    spark: SparkSession,
+) -> None:
+    """Arrow's cast to a string checks UTF-8 where Spark's takes the bytes as they are: the
+    driver's rule gives no rows then (its caller appends Spark's), for a key or a JSON body
+    that is not UTF-8, and only then."""
+    now = dt.datetime.now(dt.UTC)
+    bad = b'{"a":"\xff"}'
+    op, _, *rest = change("mutation", "k", 1, b"{}")
+    for row in (change("mutation", "k", 1, bad), (op, b"k\xff", *rest)):
+        walked = spark.createDataFrame([row], CHANGES).withColumn("kind", F.lit("change"))
+        assert arrow_rows.silver_rows(walked.toArrow(), {0}, now) is None
+    binary = spark.createDataFrame([change("mutation", "k", 1, bad, is_json=False)], CHANGES)
+    kept = arrow_rows.silver_rows(binary.withColumn("kind", F.lit("change")).toArrow(), {0}, now)
+    assert kept is not None and kept["doc_binary"].to_pylist() == [bad]
 
 
 # --- silver: rollbacks ----------------------------------------------------------------------

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 
 from pipelines import schemas
 from pipelines.bronze.decode import decode_file
-from pipelines.bronze.job import _file_row
 from pipelines.bronze.landing import list_captures, read_header
+from pipelines.bronze.tasks import file_row
 from pipelines.silver.transforms import WALK_COLUMNS, WALK_OPS
 
 ARROW_BATCH_ROWS = 10_000
@@ -83,7 +83,7 @@ def groups_from_captures(landing: Path, run_id: str = "run-1") -> list[pa.Table]
     batches: list[pa.RecordBatch] = []
     for f in files:
         batches.extend(
-            decode_file(_file_row(f), _EVENTS, chunk_bytes=64 << 20, raw_limit=256, errors=False)
+            decode_file(file_row(f), _EVENTS, chunk_bytes=64 << 20, raw_limit=256, errors=False)
         )
     events = pa.Table.from_batches(batches, schema=_EVENTS)
     events = events.filter(pc.is_in(events["op"], pa.array(WALK_OPS)))
