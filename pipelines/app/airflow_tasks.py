@@ -38,9 +38,12 @@ MAINTENANCE_DAG_ID = "dcp_cdc_maintenance"
 BACKFILL_PARAM = "backfill"
 INGEST_ENTRY = "bronze/job.py"
 """The ingest entry point: its JVM runs ingest alone (``[ingest] jvm_jit``)."""
+APPLY_ENTRY = "silver/job.py"
 CHECK_ENTRY = "quality/job.py"
-"""The quality check's entry point: a small bucket's check runs no Spark job, so its executors
-start on demand (:func:`pipelines.lake.spark_session.executors_on_demand`)."""
+ON_DEMAND_ENTRIES = (INGEST_ENTRY, APPLY_ENTRY, CHECK_ENTRY)
+"""The entry points of a scheduled run's Spark tasks: a small run's ingest, apply and check run
+no Spark job (the driver does their work), so their executors start on demand
+(:func:`pipelines.lake.spark_session.executors_on_demand`)."""
 BACKFILL_PATTERN = r"^$|^bucket$|^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$"
 
 
@@ -118,7 +121,7 @@ class DcpSparkSubmitOperator(SparkSubmitOperator):
         conf = launch_conf(config, self.name, master=master)
         if str(self.application).endswith(INGEST_ENTRY):  # a JVM for ingest alone
             conf = merge_conf(conf, ingest_jvm_conf(config))
-        if str(self.application).endswith(CHECK_ENTRY):  # the configuration's settings win
+        if str(self.application).endswith(ON_DEMAND_ENTRIES):  # the configuration's win
             conf = merge_conf(executors_on_demand(master), conf)
         conf.pop("spark.master", None)  # the connection's --master decides
         if self.driver_memory_override:

@@ -184,12 +184,12 @@ def test_spark_submit_command_has_the_delta_jars_and_the_backfill_flags(
         backfill.resolve("no dot")
 
 
-def test_on_a_cluster_the_check_starts_its_executors_only_for_a_spark_job(
+def test_on_a_cluster_a_runs_tasks_start_their_executors_only_for_a_spark_job(
     config_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A small bucket's check runs in the driver: on a cluster master its application asks
-    for executors only when a job needs them; ingest and apply keep theirs from the start, and
-    the configuration's own dynamic allocation settings win."""
+    """A small run's ingest, apply and check run in the driver: on a cluster master their
+    applications ask for executors only when a job needs them; the maintenance task keeps its
+    own from the start, and the configuration's own dynamic allocation settings win."""
     from pipelines.lake.spark_session import EXECUTORS_ON_DEMAND, executors_on_demand
     from tests.dags.conftest import SPARK_CONN
 
@@ -198,18 +198,19 @@ def test_on_a_cluster_the_check_starts_its_executors_only_for_a_spark_job(
     monkeypatch.setenv(SPARK_CONN, json.dumps(cluster))
     text = 'landing = "l"\nwarehouse = "w"\n[[buckets]]\nname = "orders"\n'
 
-    def conf_of(task_id: str) -> dict[str, str]:
-        task = _dagbag().dags["dcp_cdc__orders"].get_task(task_id)
+    def conf_of(task_id: str, dag_id: str = "dcp_cdc__orders") -> dict[str, str]:
+        task = _dagbag().dags[dag_id].get_task(task_id)
         task.prepare({"params": {}})
         command = task._get_hook()._build_spark_submit_command(task.application)
         assert command[command.index("--master") + 1] == "spark://127.0.0.1:7077"
         return dict(command[i + 1].split("=", 1) for i, a in enumerate(command) if a == "--conf")
 
     _config(config_file, text)
-    check = conf_of("check_quality")
-    assert {k: check[k] for k in EXECUTORS_ON_DEMAND} == EXECUTORS_ON_DEMAND
-    for task_id in ("ingest_bronze", "apply_silver"):
-        assert not any(k.startswith("spark.dynamicAllocation.") for k in conf_of(task_id))
+    for task_id in ("ingest_bronze", "apply_silver", "check_quality"):
+        conf = conf_of(task_id)
+        assert {k: conf[k] for k in EXECUTORS_ON_DEMAND} == EXECUTORS_ON_DEMAND
+    maintain = conf_of("maintain__orders", "dcp_cdc_maintenance")
+    assert not any(k.startswith("spark.dynamicAllocation.") for k in maintain)
     _config(config_file, text + '[spark.conf]\n"spark.dynamicAllocation.enabled" = "false"\n')
     assert conf_of("check_quality")["spark.dynamicAllocation.enabled"] == "false"
 
