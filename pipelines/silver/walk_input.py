@@ -75,11 +75,11 @@ def keyed_rows(
     read = [_read(path, columns, storage) for path in files.paths]
     table = pa.concat_tables(read) if read else schemas.arrow_schema(schemas.EVENTS).empty_table()
     table = table.select(columns)
-    runs = sorted(files.versions)
+    runs = pa.array(sorted(files.versions), pa.string())  # typed: there may be none
     table = table.filter(
         pc.and_(
             pc.is_in(table["op"], pa.array(WALK_OPS)),
-            pc.is_in(table["ingest_run_id"], pa.array(runs, pa.string())),
+            pc.is_in(table["ingest_run_id"], runs),
         )
     )
     responses = pc.is_valid(table["status"])
@@ -91,8 +91,8 @@ def keyed_rows(
     vb_key = pc.if_else(responses, opaques, table["vbucket"])
     table = table.filter(pc.is_valid(vb_key))
     vb_key = pc.drop_null(vb_key)
-    version_of = pa.array([files.versions[r] for r in runs], pa.int64())
-    run_version = pc.take(version_of, pc.index_in(table["ingest_run_id"], pa.array(runs)))
+    version_of = pa.array([files.versions[r] for r in runs.to_pylist()], pa.int64())
+    run_version = pc.take(version_of, pc.index_in(table["ingest_run_id"], runs))
     keys = vb_key.to_pylist()
     states = [saved.get(k) for k in keys]
     out = {
