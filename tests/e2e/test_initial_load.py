@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dcp_cdc.config import AppConfig
+
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = ("capture", "capture tail", "ingest", "apply", "check")
@@ -43,6 +45,10 @@ def test_the_initial_load_benchmark_at_a_tiny_size(tmp_path: Path) -> None:
     for name in ("ingest", "apply", "check"):
         assert stages[name]["seconds"] > 0
         assert stages[name]["peak_rss_mb"]["jvm"] > 100 and stages[name]["cpu_s"]["jvm"] > 0
-    assert stages["ingest"]["peak_rss_mb"]["workers"] > 0  # the decode tasks' Python workers
+    # so few bytes are below [ingest] on_driver_below_bytes: the driver decodes them, not the
+    # decode tasks' Python workers
+    landing = result["disk_bytes"]["landing"]
+    assert 0 < landing < AppConfig.model_fields["ingest"].default.on_driver_below_bytes
+    assert stages["ingest"]["cpu_s"]["driver"] > stages["ingest"]["cpu_s"]["workers"]
     assert all(result["disk_bytes"][layer] > 0 for layer in ("landing", "bronze", "silver"))
     assert "silver equals the truth: True" in done.stdout
