@@ -1,7 +1,8 @@
 """End to end: simulate → ingest → apply → check for about 1M events, each stage timed.
 
-One Spark session serves the three Spark stages (as ``dcp-cdc run`` does); its start-up is
-reported as a stage of its own. The simulated bucket is the ``mixed`` scenario. With
+One Spark session serves the three Spark stages, as ``dcp-cdc run`` does (the apply reads
+the run's frames from the files the ingest wrote); its start-up is reported as a stage of its
+own. 1,024 vbuckets by default (Couchbase's). The simulated bucket is the ``mixed`` scenario. With
 ``--history`` every collection also keeps a history table (``[[buckets]] history = true``):
 the apply stage then shows what history costs.
 """
@@ -23,9 +24,11 @@ def run_once(events: int, vbuckets: int, work: Path, *, history: bool = False) -
     from dcp_cdc.config import AppConfig, BucketConfig
     from dcp_cdc.simulator import simulate
     from pipelines.bronze.job import ingest_bucket
+    from pipelines.bronze.memory import IngestMemory
     from pipelines.lake.spark_session import build_spark_session
     from pipelines.quality.job import check_bucket
     from pipelines.silver.job import apply_bucket
+    from pipelines.silver.memory import ApplyMemory
 
     shutil.rmtree(work, ignore_errors=True)
     stages = Stages(12)
@@ -51,9 +54,10 @@ def run_once(events: int, vbuckets: int, work: Path, *, history: bool = False) -
     spark = build_spark_session("dcp-cdc-bench-e2e", config.warehouse)
     try:
         t = stage("spark start", t)
-        ingest_bucket(spark, config, config.buckets[0])
+        memory = IngestMemory()
+        ingest_bucket(spark, config, config.buckets[0], memory=memory)
         t = stage("ingest", t)
-        applied = apply_bucket(spark, config, config.buckets[0])
+        applied = apply_bucket(spark, config, config.buckets[0], memory=ApplyMemory(ingest=memory))
         t = stage("apply", t)
         quality = check_bucket(spark, config, config.buckets[0])
         stage("check", t)
@@ -72,7 +76,7 @@ def run_once(events: int, vbuckets: int, work: Path, *, history: bool = False) -
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000, help="simulated operations")
-    parser.add_argument("--vbuckets", type=int, default=64)
+    parser.add_argument("--vbuckets", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--history", action="store_true", help="history tables on")
     args = parser.parse_args(argv)

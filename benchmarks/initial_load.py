@@ -8,7 +8,8 @@ Snappy-compressed, ~10 % with XATTRs, ~2 % binary, in four collections of two sc
 ``--sim-docs`` simulated ones, and a light live workload of ``--live-rate`` changes a second
 runs during the load. The agent, ``dcp-cdc capture --until now``, captures the load; the
 workload then halts and a second ``--until now`` captures its tail (``capture tail``). One
-Spark session in this process ingests, applies and checks.
+Spark session in this process ingests, applies and checks, as ``dcp-cdc run`` does: the apply
+reads the run's frames from the files the ingest wrote.
 
 Per stage: wall seconds, CPU seconds and peak RSS of the agent (its own process, from
 ``wait4``), or of the driver (this process), its JVM and the JVM's Python workers (sampled
@@ -337,9 +338,11 @@ def run_once(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def _spark_stages(config: Any, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from pipelines.bronze.job import ingest_bucket
+    from pipelines.bronze.memory import IngestMemory
     from pipelines.lake.spark_session import build_spark_session
     from pipelines.quality.job import check_bucket
     from pipelines.silver.job import apply_bucket
+    from pipelines.silver.memory import ApplyMemory
 
     sampler = Sampler()
     sampler.start()
@@ -348,10 +351,11 @@ def _spark_stages(config: Any, stages: dict[str, dict[str, Any]]) -> dict[str, A
         with sampler.stage(stages, "spark start"):
             spark = build_spark_session("dcp-cdc-bench-initial-load", config.warehouse)
         try:
+            memory = IngestMemory()  # as dcp-cdc run: the apply reads the run's own files
             with sampler.stage(stages, "ingest"):
-                ingested = ingest_bucket(spark, config, bucket)
+                ingested = ingest_bucket(spark, config, bucket, memory=memory)
             with sampler.stage(stages, "apply"):
-                applied = apply_bucket(spark, config, bucket)
+                applied = apply_bucket(spark, config, bucket, memory=ApplyMemory(ingest=memory))
             with sampler.stage(stages, "check"):
                 quality = check_bucket(spark, config, bucket)
             with sampler.stage(stages, "silver digest"):

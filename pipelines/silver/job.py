@@ -48,7 +48,7 @@ from pipelines.lake.delta_io import vanished_table
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.observe.freshness import ChangeTimes
-from pipelines.silver import arrow_rows, live, state, store, transforms, walk_summary
+from pipelines.silver import arrow_rows, live, state, store, transforms, walk_staged, walk_summary
 from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
@@ -202,7 +202,9 @@ def _apply(
         spark, names, states, log_rows=log_rows, run_files=recall.run_files
     )
     at = summary.step("unconsumed", at)
-    walked, table, rows, read_through = _walk(spark, config, names, states, unconsumed, log_rows)
+    walked, table, rows, read_through, staged = _walk(
+        spark, config, names, states, unconsumed, log_rows
+    )
     held: list[threading.Lock] = []
     try:
         at = summary.step("walk", at)
@@ -215,7 +217,10 @@ def _apply(
         summary.walked(found)
         registry = recall.update_registry(config, found.controls, found.change_cids)
         at = summary.step("registry", at)
-        batch = _Batch.of(found, registry, walked, None if rebuild else collection, table)
+        scope = None if rebuild else collection
+        batch = _Batch.of(found, registry, walked, scope, table)
+        if staged is not None and scope is None:
+            batch.pending = staged.pending
         retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
         if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
@@ -233,6 +238,8 @@ def _apply(
         at = summary.step("save_states", at)
     finally:
         walked.unpersist()
+        if staged is not None:
+            staged.discard()
         for lock in held:
             lock.release()
     summary.seconds = time.perf_counter() - started
@@ -330,6 +337,10 @@ class _Batch:
     table: pa.Table | None = None
     """The walked rows as the driver's walk gave them (an Arrow table), when it did and the
     batch is of every collection; None: ``changes`` alone has them."""
+    pending: walk_staged.PendingFiles | None = None
+    """The silver rows of the batch's changes already written into a partition of the
+    pending table, not committed, when the driver walked it in chunks
+    (:mod:`pipelines.silver.walk_staged`) and the batch is of every collection."""
 
     @classmethod
     def of(
@@ -458,9 +469,11 @@ def _append_pending(
     spark: SparkSession, bucket: str, registry: Registry, batch: _Batch
 ) -> dict[str, int]:
     """The newest change per key of the batch's changes (walked rows) of each collection with
-    a table, appended to the live layer in one commit: from the driver when it walked them
-    (:func:`live.append_from_driver`, no Spark job), else by Spark; returns rows appended per
-    view (the collection's changed keys, which the walk counted)."""
+    a table, appended to the live layer in one commit: the files the driver's walk in chunks
+    wrote (:func:`live.append_staged`) when they hold those collections, from the driver when
+    it walked them (:func:`live.append_from_driver`), in both cases no Spark job; else by
+    Spark. Returns rows appended per view (the collection's changed keys, which the walk
+    counted)."""
     keys = batch.found.keys
     views = {
         r["collection_id"]: r["table_name"]
@@ -469,12 +482,17 @@ def _append_pending(
     }
     if not views:
         return {}
+    staged = batch.pending
+    whole = staged is not None and staged.collections == set(views)
+    if whole and staged is not None and live.append_staged(spark, bucket, staged):
+        return {views[cid]: keys[cid] for cid in sorted(views)}
     local = None
     if batch.table is not None:
         local = arrow_rows.silver_rows(batch.table, views, dt.datetime.now(dt.UTC))
     if local is None or not live.append_from_driver(spark, bucket, local):
         rows = transforms.silver_rows(batch.changes)
-        live.append_pending(spark, bucket, rows.where(F.col("_collection_id").isin(sorted(views))))
+        wanted = rows.where(F.col("_collection_id").isin(sorted(views)))
+        live.append_pending(spark, bucket, wanted, sum(keys[cid] for cid in views))
     return {views[cid]: keys[cid] for cid in sorted(views)}
 
 
@@ -485,28 +503,37 @@ def _walk(
     states: dict[int, dict[str, Any]],
     unconsumed: state.Unconsumed,
     log_rows: list[dict[str, Any]] | None = None,
-) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]], int | None]:
+) -> tuple[
+    DataFrame, pa.Table | None, list[dict[str, Any]], int | None, walk_staged.StagedWalk | None
+]:
     """The vbuckets walked (cached, or in Arrow too when the driver walked them) and, in one
     job (none when the driver walked), the rows :class:`Found` reads: the control rows, the
-    ``state`` rows with their vbucket's versions summed up; and the newest run read
-    (:attr:`state.Unconsumed.read_through`). A vbucket whose walk met
+    ``state`` rows with their vbucket's versions summed up; the newest run read
+    (:attr:`state.Unconsumed.read_through`); and the staged walk when the driver walked them
+    in chunks (its files are the caller's to discard). A vbucket whose walk met
     frames of an older session that arrived late (:func:`state.late_vbuckets`) is walked again
     from its start, with the others, until none is late (once, unless a run finishes in
     between)."""
     again: set[int] = set()
     while True:
-        walked, table, found = _walked(spark, config, states, again, unconsumed)
+        walked, table, found, staged = _walked(
+            spark, config, names.bucket, states, again, unconsumed
+        )
         try:
             if found is None:
                 controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
                 found = [r.asDict(recursive=True) for r in controls.collect()]
         except BaseException:
             walked.unpersist()
+            if staged is not None:
+                staged.discard()
             raise
         late = state.late_vbuckets(found)
         if not late:
-            return walked, table, found, unconsumed.read_through
+            return walked, table, found, unconsumed.read_through, staged
         walked.unpersist()
+        if staged is not None:
+            staged.discard()
         again |= late
         log.info("vbuckets %s got frames of an older session late: walked again", sorted(again))
         unconsumed = state.unconsumed_frames(spark, names, states, again, log_rows=log_rows)
@@ -515,13 +542,18 @@ def _walk(
 def _walked(
     spark: SparkSession,
     config: AppConfig,
+    bucket: str,
     states: dict[int, dict[str, Any]],
     again: set[int],
     unconsumed: state.Unconsumed,
-) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]] | None]:
+) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]] | None, walk_staged.StagedWalk | None]:
     """The vbuckets walked (:func:`state.walk_vbuckets`), and, when the driver walked them
     from the runs' files, the same rows in Arrow and their control rows (read from that
-    table: no Spark job; None: collect them)."""
+    table: no Spark job; None: collect them). From the runs' files, a walk of
+    ``walk_on_driver_below`` frames or more is the driver's too, in chunks
+    (:func:`state.walked_in_chunks`), unless ``[silver] walk_in_chunks`` is off; when the
+    driver does not walk them (or their rows are not for its way), Spark walks them without
+    counting them again."""
     late_after, read_through = unconsumed.late_after, unconsumed.read_through
     eager, below = config.silver.eager_apply, config.silver.walk_on_driver_below
     if unconsumed.files is not None and not again:
@@ -537,7 +569,20 @@ def _walked(
         if table is not None:
             controls = table.filter(pc.invert(pc.is_in(table["kind"], pa.array(VERSION_KINDS))))
             walked = spark.createDataFrame(table, schema=schemas.WALKED)
-            return walked, table, delta_rs.spark_rows(controls)
+            return walked, table, delta_rs.spark_rows(controls), None
+        if config.silver.walk_in_chunks and below > 0:
+            staged = state.walked_in_chunks(
+                spark,
+                config,
+                bucket,
+                unconsumed.files,
+                states,
+                late_after=late_after,
+                read_through=read_through,
+            )
+            if staged is not None:
+                return staged.walked, None, staged.controls, staged
+        below = 0
     walked = state.walk_vbuckets(
         spark,
         unconsumed.frames,
@@ -548,7 +593,7 @@ def _walked(
         read_through=read_through,
         on_driver_below=below,
     )
-    return walked.cache(), None, None
+    return walked.cache(), None, None, None
 
 
 def applied_positions(spark: SparkSession, bucket: str) -> dict[int, int]:

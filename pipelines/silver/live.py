@@ -14,7 +14,8 @@ collection tables on its own cadence.
   table (the partitions of the appends it read: a DELETE that no append committed meanwhile
   conflicts with). A compaction killed anywhere is finished by the next one (a MERGE of rows
   the table holds changes nothing). :func:`compaction_due`: when the pending table holds
-  ``[silver] compact_files`` files (an append writes one) or ``compact_bytes``.
+  ``[silver] compact_files`` files (an append writes one, a large one one per
+  :data:`PENDING_FILE_ROWS` rows) or ``compact_bytes``.
 
 What needs the collection tables complete runs after a compaction, in the same apply
 (:mod:`pipelines.silver.job`): a rollback's rebuild from bronze, a drop's or flush's cut, a
@@ -39,19 +40,27 @@ from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import with_retry
 from pipelines.silver import store, transforms
 from pipelines.silver.registry import Registry
+from pipelines.silver.walk_staged import PendingFiles
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
 
 
-def append_pending(spark: SparkSession, bucket: str, rows: DataFrame) -> None:
+PENDING_FILE_ROWS = 250_000
+"""Rows per file of a large append to the pending table (:func:`append_pending`), so that
+Spark's tasks write its files side by side; a small one writes one file."""
+
+
+def append_pending(spark: SparkSession, bucket: str, rows: DataFrame, count: int = 0) -> None:
     """Append ``rows`` (silver rows, the newest per collection and key of an apply:
-    :func:`transforms.silver_rows`) to the pending table in one commit, one file, in a
-    partition of its own: the append's stamp (``_batch``), random, so that two applies at once
-    never share one."""
+    :func:`transforms.silver_rows`) to the pending table in one commit, in a partition of its
+    own: the append's stamp (``_batch``), random, so that two applies at once never share
+    one. ``count`` (the rows, when known): one file per :data:`PENDING_FILE_ROWS` of them, at
+    least one (a single task writing a million rows is the apply's longest step)."""
     table = BucketTables(bucket).pending
     stamped = rows.withColumn("_batch", F.lit(secrets.randbits(63)))
-    with_retry(table, lambda: delta_io.append(stamped.coalesce(1), table))
+    files = max(1, -(-count // PENDING_FILE_ROWS))
+    with_retry(table, lambda: delta_io.append(stamped.coalesce(files), table))
 
 
 def append_from_driver(spark: SparkSession, bucket: str, rows: pa.Table) -> bool:
@@ -73,6 +82,19 @@ def append_from_driver(spark: SparkSession, bucket: str, rows: pa.Table) -> bool
     if not appended:
         remove_written(written, location, storage)
     return appended
+
+
+def append_staged(spark: SparkSession, bucket: str, pending: PendingFiles) -> bool:
+    """:func:`append_pending` of the silver rows a walk in chunks wrote into a partition of
+    the pending table (:mod:`pipelines.silver.walk_staged`), committed in one append by this
+    process: no Spark job. False when the pending table is not of :data:`schemas.PENDING`'s
+    columns and partitions (nothing committed: the files stay the walk's to remove)."""
+    table = BucketTables(bucket).pending
+    partition = {schemas.PENDING_PARTITIONS[0]: str(pending.stamp)}
+    pending.committed = file_commits.append_files(
+        spark, table, pending.files, schemas.PENDING, partition
+    )
+    return pending.committed
 
 
 def compaction_due(spark: SparkSession, bucket: str, settings: SilverConfig) -> bool:

@@ -28,7 +28,7 @@ from pipelines import schemas
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.lake import delta_io, delta_rs, file_commits
 from pipelines.lake.delta_io import last_commit_metadata, replace_rows, table_version, with_retry
-from pipelines.silver import transforms, walk_columns, walk_input
+from pipelines.silver import transforms, walk_columns, walk_input, walk_staged
 from pipelines.silver.walk import RowKind, next_position
 from pipelines.silver.walk_input import RunFiles
 from pipelines.tables import BucketTables
@@ -332,16 +332,17 @@ def walk_vbuckets(
     the walked rows are a local DataFrame. Spark's way costs a shuffle into the walk's groups
     and its Python workers' Arrow streams each way (3,046 frames in a warm session on a
     loaded machine: 7.4-11 s that way, 4.1-7.4 s here; what is left is the read of the
-    frames). That many frames or more: the job that found so (it stops at the bound) is
-    lost, and Spark walks them. When the data files of ``frames`` are known
-    (:attr:`Unconsumed.files`), :func:`walked_from_files` walks them in the driver with no
-    Spark job at all."""
+    frames). Whether there are that many is counted first, by a job that reads the
+    filter's columns only and stops at the bound: at that many frames or more Spark walks
+    them, and the frames' documents were never brought to the driver. When the data files of
+    ``frames`` are known (:attr:`Unconsumed.files`), :func:`walked_from_files` walks them in
+    the driver with no Spark job at all."""
     state_rows = _state_rows(states, again, late_after)
     saved = spark.createDataFrame(state_rows, "vb_key INT, saved_state STRING, late_after LONG")
     if on_driver_below > 0:
         keyed = transforms.keyed_frames(frames, saved, read_through)
-        few = keyed.limit(on_driver_below).toArrow()
-        if few.num_rows < on_driver_below:
+        if keyed.select("vb_key").limit(on_driver_below).count() < on_driver_below:
+            few = keyed.toArrow()
             walked = walk_columns.walk_vbuckets(few, schemas.arrow_schema(schemas.WALKED), eager)
             return spark.createDataFrame(walked, schema=schemas.WALKED)
     return transforms.walk_frames(frames, saved, eager=eager, read_through=read_through)
@@ -370,6 +371,33 @@ def walked_from_files(
     if few is None:
         return None
     return walk_columns.walk_vbuckets(few, schemas.arrow_schema(schemas.WALKED), eager)
+
+
+def walked_in_chunks(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: str,
+    files: RunFiles,
+    states: dict[int, dict[str, Any]],
+    *,
+    late_after: int | None,
+    read_through: int | None,
+) -> walk_staged.StagedWalk | None:
+    """The walk of :func:`walked_from_files` for any number of frames: the driver's, in
+    chunks of ``[silver] walk_on_driver_below`` frames (:mod:`pipelines.silver.walk_staged`),
+    the pending table's rows written too when the live layer is on. None when the files'
+    rows are not for the driver's way."""
+    saved_of = {vb: (state, late) for vb, state, late in _state_rows(states, (), late_after)}
+    return walk_staged.walk_in_chunks(
+        spark,
+        bucket,
+        files,
+        saved_of,
+        eager=config.silver.eager_apply,
+        read_through=read_through,
+        chunk_rows=config.silver.walk_on_driver_below,
+        pending=config.silver.live_layer,
+    )
 
 
 def _state_rows(

@@ -71,11 +71,22 @@ def keyed_rows(
     saved state (``saved``: ``vb_key -> (state JSON, late_after)``; a vbucket without one
     starts fresh). None when a response's opaque does not fit an int, which Spark's rule
     refuses: the caller reads the table then, and Spark says what it says."""
-    columns = [c for c in WALK_COLUMNS if c != "run_version"]
-    read = [_read(path, columns, storage) for path in files.paths]
+    read = [_read(path, READ_COLUMNS, storage) for path in files.paths]
     table = pa.concat_tables(read) if read else schemas.arrow_schema(schemas.EVENTS).empty_table()
-    table = table.select(columns)
-    runs = pa.array(sorted(files.versions), pa.string())  # typed: there may be none
+    streamed = stream_rows(table.select(READ_COLUMNS), files.versions)
+    return None if streamed is None else with_states(streamed, saved, read_through)
+
+
+READ_COLUMNS = [c for c in WALK_COLUMNS if c != "run_version"]
+"""The events table's columns the walk reads (``run_version`` comes from the runs)."""
+
+
+def stream_rows(table: pa.Table, versions: Mapping[str, int]) -> pa.Table | None:
+    """Of events rows (:data:`READ_COLUMNS`), the walked ops of the runs ``versions`` names,
+    with each frame's stream (``vb_key``) first and its run's ``run_version``: the columns of
+    :data:`KEYED` before the saved state's. None when a response's opaque does not fit an
+    int (see :func:`keyed_rows`)."""
+    runs = pa.array(sorted(versions), pa.string())  # typed: there may be none
     table = table.filter(
         pc.and_(
             pc.is_in(table["op"], pa.array(WALK_OPS)),
@@ -91,19 +102,29 @@ def keyed_rows(
     vb_key = pc.if_else(responses, opaques, table["vbucket"])
     table = table.filter(pc.is_valid(vb_key))
     vb_key = pc.drop_null(vb_key)
-    version_of = pa.array([files.versions[r] for r in runs.to_pylist()], pa.int64())
+    version_of = pa.array([versions[r] for r in runs.to_pylist()], pa.int64())
     run_version = pc.take(version_of, pc.index_in(table["ingest_run_id"], runs))
-    keys = vb_key.to_pylist()
+    out = {"vb_key": vb_key, **{c: table[c] for c in READ_COLUMNS}, "run_version": run_version}
+    target = schemas.arrow_schema(KEYED)
+    fields = [f for f in target if f.name in out]
+    return pa.table([out[f.name] for f in fields], schema=pa.schema(fields))
+
+
+def with_states(
+    table: pa.Table, saved: Mapping[int, tuple[str, int | None]], read_through: int | None
+) -> pa.Table:
+    """:func:`stream_rows`' rows with their vbucket's saved state and ``late_after``
+    (``saved``) and the newest run read: rows of :data:`KEYED`."""
+    keys = table["vb_key"].to_pylist()
     states = [saved.get(k) for k in keys]
+    n = table.num_rows
     out = {
-        "vb_key": vb_key,
-        **{c: table[c] for c in columns},
-        "run_version": run_version,
+        **{name: table[name] for name in table.column_names},
         "saved_state": pa.array([s[0] if s else None for s in states], pa.string()),
         "late_after": pa.array([s[1] if s else None for s in states], pa.int64()),
-        "read_through": pa.nulls(table.num_rows, pa.int64())
+        "read_through": pa.nulls(n, pa.int64())
         if read_through is None
-        else pa.array([read_through] * table.num_rows, pa.int64()),
+        else pa.array([read_through] * n, pa.int64()),
     }
     target = schemas.arrow_schema(KEYED)
     return pa.table([out[f.name] for f in target], schema=target)
