@@ -25,11 +25,12 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,10 +218,15 @@ def _apply(
         summary.walked(found)
         registry = recall.update_registry(config, found.controls, found.change_cids)
         at = summary.step("registry", at)
+
+        def source() -> DataFrame:
+            if staged is None:
+                assert walked is not None
+                return walked
+            return staged.frame(spark)
+
         scope = None if rebuild else collection
-        batch = _Batch.of(found, registry, walked, scope, table)
-        if staged is not None and scope is None:
-            batch.pending = staged.pending
+        batch = _Batch.of(found, registry, source, scope, table, staged)
         retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
         if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
@@ -229,7 +235,7 @@ def _apply(
             # that MERGEd pending rows after a rollback's rebuild would bring them back.
             compaction.lock.acquire()
             held.append(compaction.lock)
-            at = _write_tables(spark, config, bucket, batch, summary, at)
+            at = _write_tables(spark, config, bucket, batch, summary, at, retract=retract)
         if retire_dropped(spark, name, registry, found.states, config):
             recall.tables_moved()
         ensure_projections(spark, registry, bucket.projections)
@@ -237,7 +243,8 @@ def _apply(
         recall.save_states(states, found.states | idle, mark)
         at = summary.step("save_states", at)
     finally:
-        walked.unpersist()
+        if walked is not None:
+            walked.unpersist()
         if staged is not None:
             staged.discard()
         for lock in held:
@@ -326,47 +333,62 @@ class Found:
 class _Batch:
     """What a run writes: the walk's collected rows (``found``), the registry they updated,
     and the walked ``changes`` to apply and ``versions`` for history tables (ended changes
-    too), DataFrames over the cached walk, with the collections each touches."""
+    too), DataFrames over the walk (made when first used), with the collections each
+    touches."""
 
     found: Found
     registry: Registry
-    changes: DataFrame
-    versions: DataFrame
+    walked: Callable[[], DataFrame]
+    keep: list[int] | None
+    """The collections of a run of one collection (None: every collection)."""
     change_cids: set[int]
     version_cids: set[int]
     table: pa.Table | None = None
     """The walked rows as the driver's walk gave them (an Arrow table), when it did and the
     batch is of every collection; None: ``changes`` alone has them."""
-    pending: walk_staged.PendingFiles | None = None
-    """The silver rows of the batch's changes already written into a partition of the
-    pending table, not committed, when the driver walked it in chunks
-    (:mod:`pipelines.silver.walk_staged`) and the batch is of every collection."""
+    staged: walk_staged.StagedWalk | None = None
+    """The driver's walk in chunks (:mod:`pipelines.silver.walk_staged`), its silver rows
+    ready to write, when it walked the batch and the batch is of every collection."""
 
     @classmethod
     def of(
         cls,
         found: Found,
         registry: Registry,
-        walked: DataFrame,
+        walked: Callable[[], DataFrame],
         collection: str | None,
         table: pa.Table | None = None,
+        staged: walk_staged.StagedWalk | None = None,
     ) -> _Batch:
         """The batch of ``walked`` (``table``: the same rows in Arrow, when the driver walked
         them); with ``collection`` (``SCOPE.NAME``), of that collection alone."""
         change_cids, version_cids = found.change_cids, set(found.version_cids)
-        changes = walked.where(F.col("kind") == RowKind.CHANGE.value)
-        versions = walked.where(F.col("kind").isin(*VERSION_KINDS))
+        keep = None
         if collection is not None:
             scope, _, coll = collection.partition(".")
             keep = [
                 c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
             ]
-            changes = changes.where(F.col("collection_id").isin(keep))
-            versions = versions.where(F.col("collection_id").isin(keep))
             change_cids &= set(keep)
             version_cids &= set(keep)
-            table = None
-        return cls(found, registry, changes, versions, change_cids, version_cids, table)
+            table = staged = None
+        return cls(found, registry, walked, keep, change_cids, version_cids, table, staged)
+
+    @functools.cached_property
+    def changes(self) -> DataFrame:
+        changes = self.walked().where(F.col("kind") == RowKind.CHANGE.value)
+        return (
+            changes if self.keep is None else changes.where(F.col("collection_id").isin(self.keep))
+        )
+
+    @functools.cached_property
+    def versions(self) -> DataFrame:
+        versions = self.walked().where(F.col("kind").isin(*VERSION_KINDS))
+        return (
+            versions
+            if self.keep is None
+            else versions.where(F.col("collection_id").isin(self.keep))
+        )
 
     @property
     def overlap(self) -> int:
@@ -430,15 +452,19 @@ def _write_tables(
     batch: _Batch,
     summary: ApplySummary,
     at: float,
+    *,
+    retract: bool,
 ) -> float:
     """Steps 3 to 5 on the complete collection tables (any pending rows compacted first):
-    rollbacks retracted, drops and flushes applied, the changes MERGEd, then the history
-    tables' versions; returns the time the last step ended."""
+    rollbacks retracted (when silver held rows before this apply: ``retract``; else there is
+    nothing above their points to take back, and the walk already left out what they
+    abandoned), drops and flushes applied, the changes MERGEd, then the history tables'
+    versions; returns the time the last step ended."""
     name, registry, found = bucket.name, batch.registry, batch.found
     if live.has_pending(spark, name):
         live.compact(spark, name, registry, overlap=batch.overlap)
         at = summary.step("compact", at)
-    if found.rollbacks:
+    if found.rollbacks and retract:
         events = BucketTables(name).events
         summary.rebuilt_keys = store.rebuild_rolled_back(
             spark, name, events, registry, found.rollbacks, found.states, batch.changes
@@ -469,11 +495,11 @@ def _append_pending(
     spark: SparkSession, bucket: str, registry: Registry, batch: _Batch
 ) -> dict[str, int]:
     """The newest change per key of the batch's changes (walked rows) of each collection with
-    a table, appended to the live layer in one commit: the files the driver's walk in chunks
-    wrote (:func:`live.append_staged`) when they hold those collections, from the driver when
-    it walked them (:func:`live.append_from_driver`), in both cases no Spark job; else by
-    Spark. Returns rows appended per view (the collection's changed keys, which the walk
-    counted)."""
+    a table, appended to the live layer in one commit: written from the driver's walk in
+    chunks (:func:`_append_staged`, straight into the collection tables when silver holds
+    nothing yet) or from its walk in one table (:func:`live.append_from_driver`), in both
+    cases no Spark job; else by Spark. Returns rows appended per view (the collection's
+    changed keys, which the walk counted)."""
     keys = batch.found.keys
     views = {
         r["collection_id"]: r["table_name"]
@@ -482,9 +508,8 @@ def _append_pending(
     }
     if not views:
         return {}
-    staged = batch.pending
-    whole = staged is not None and staged.collections == set(views)
-    if whole and staged is not None and live.append_staged(spark, bucket, staged):
+    staged = batch.staged
+    if staged is not None and _append_staged(spark, bucket, staged, views, registry):
         return {views[cid]: keys[cid] for cid in sorted(views)}
     local = None
     if batch.table is not None:
@@ -496,6 +521,27 @@ def _append_pending(
     return {views[cid]: keys[cid] for cid in sorted(views)}
 
 
+def _append_staged(
+    spark: SparkSession,
+    bucket: str,
+    staged: walk_staged.StagedWalk,
+    views: Mapping[int, str],
+    registry: Registry,
+) -> bool:
+    """The silver rows of a walk in chunks (:mod:`pipelines.silver.walk_staged`) committed by
+    the driver: when silver holds nothing yet (an initial load), into the collection tables,
+    a MERGE into empty tables being an append; else into the pending table. False when they
+    are not for this way (other collections than ``views``, rows not UTF-8, a table not of
+    silver's plain columns): Spark appends them then."""
+    if staged.collections != set(views):
+        return False
+    all_rows = {cid: tables.all_rows(view) for cid, view in views.items()}
+    if live.holds_nothing(spark, bucket, registry) and staged.commit_to_tables(spark, all_rows):
+        return True
+    pending = staged.write_pending(spark, bucket)
+    return pending is not None and live.append_staged(spark, bucket, pending)
+
+
 def _walk(
     spark: SparkSession,
     config: AppConfig,
@@ -504,7 +550,11 @@ def _walk(
     unconsumed: state.Unconsumed,
     log_rows: list[dict[str, Any]] | None = None,
 ) -> tuple[
-    DataFrame, pa.Table | None, list[dict[str, Any]], int | None, walk_staged.StagedWalk | None
+    DataFrame | None,
+    pa.Table | None,
+    list[dict[str, Any]],
+    int | None,
+    walk_staged.StagedWalk | None,
 ]:
     """The vbuckets walked (cached, or in Arrow too when the driver walked them) and, in one
     job (none when the driver walked), the rows :class:`Found` reads: the control rows, the
@@ -521,17 +571,20 @@ def _walk(
         )
         try:
             if found is None:
+                assert walked is not None
                 controls = walked.where(~F.col("kind").isin(*VERSION_KINDS))
                 found = [r.asDict(recursive=True) for r in controls.collect()]
         except BaseException:
-            walked.unpersist()
+            if walked is not None:
+                walked.unpersist()
             if staged is not None:
                 staged.discard()
             raise
         late = state.late_vbuckets(found)
         if not late:
             return walked, table, found, unconsumed.read_through, staged
-        walked.unpersist()
+        if walked is not None:
+            walked.unpersist()
         if staged is not None:
             staged.discard()
         again |= late
@@ -546,7 +599,9 @@ def _walked(
     states: dict[int, dict[str, Any]],
     again: set[int],
     unconsumed: state.Unconsumed,
-) -> tuple[DataFrame, pa.Table | None, list[dict[str, Any]] | None, walk_staged.StagedWalk | None]:
+) -> tuple[
+    DataFrame | None, pa.Table | None, list[dict[str, Any]] | None, walk_staged.StagedWalk | None
+]:
     """The vbuckets walked (:func:`state.walk_vbuckets`), and, when the driver walked them
     from the runs' files, the same rows in Arrow and their control rows (read from that
     table: no Spark job; None: collect them). From the runs' files, a walk of
@@ -581,7 +636,7 @@ def _walked(
                 read_through=read_through,
             )
             if staged is not None:
-                return staged.walked, None, staged.controls, staged
+                return None, None, staged.controls, staged
         below = 0
     walked = state.walk_vbuckets(
         spark,

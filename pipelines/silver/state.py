@@ -384,9 +384,8 @@ def walked_in_chunks(
     read_through: int | None,
 ) -> walk_staged.StagedWalk | None:
     """The walk of :func:`walked_from_files` for any number of frames: the driver's, in
-    chunks of ``[silver] walk_on_driver_below`` frames (:mod:`pipelines.silver.walk_staged`),
-    the pending table's rows written too when the live layer is on. None when the files'
-    rows are not for the driver's way."""
+    chunks of ``[silver] walk_on_driver_below`` frames (:mod:`pipelines.silver.walk_staged`).
+    None when the files' rows are not for the driver's way."""
     saved_of = {vb: (state, late) for vb, state, late in _state_rows(states, (), late_after)}
     return walk_staged.walk_in_chunks(
         spark,
@@ -396,7 +395,6 @@ def walked_in_chunks(
         eager=config.silver.eager_apply,
         read_through=read_through,
         chunk_rows=config.silver.walk_on_driver_below,
-        pending=config.silver.live_layer,
     )
 
 

@@ -259,6 +259,31 @@ def test_a_rollback_with_nothing_to_retract_appends_and_one_with_rows_merges(
         drop_all(spark, other)
 
 
+def test_a_first_apply_on_the_merge_path_retracts_nothing_for_its_rollback(
+    spark: SparkSession,
+    spark_warehouse: Path,
+    tmp_path: Path,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the live layer off, a bucket's first apply that meets a rollback MERGEs its
+    changes into empty tables: silver held no row above the rollback point, and the walk
+    already left out what the rollback abandoned, so the apply looks nothing up in bronze to
+    retract (its rebuild from bronze is not called) and the views equal the truth."""
+    from pipelines.silver import store
+
+    def no_rebuild(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("a rollback was retracted from a silver that held nothing")
+
+    monkeypatch.setattr(store, "rebuild_rolled_back", no_rebuild)
+    result, files, landing = _simulated(tmp_path, bucket, scenario="rollback", seed=3, docs=40)
+    config = one_bucket(landing, spark_warehouse, bucket, silver=SilverConfig(live_layer=False))
+    land(landing, files)
+    first = ingest_and_apply(spark, config)
+    assert first.rollbacks and "merge" in first.steps and first.rebuilt_keys == 0, first.steps
+    assert_equal_to_truth(spark, bucket, result)
+
+
 def test_an_apply_through_the_live_layer_commits_to_no_collection_table(
     spark: SparkSession, spark_warehouse: Path, tmp_path: Path, bucket: str
 ) -> None:
