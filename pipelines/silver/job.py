@@ -25,12 +25,10 @@ DataFrames they run :mod:`pipelines.silver.transforms`'.
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +47,8 @@ from pipelines.lake.delta_io import vanished_table
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.observe.freshness import ChangeTimes
-from pipelines.silver import arrow_rows, live, state, store, transforms, walk_staged, walk_summary
+from pipelines.silver import arrow_rows, live, state, store, transforms, walk_staged
+from pipelines.silver.batch import Batch, Found
 from pipelines.silver.memory import ApplyMemory, Recall
 from pipelines.silver.registry import (
     Registry,
@@ -124,12 +123,6 @@ class Compaction:
     in_run: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-
-MERGE_OVERLAP = 3
-SMALL_BATCH_FRAMES = 200_000
-"""A run of at most this many frames MERGEs up to :data:`MERGE_OVERLAP` collections at once
-(their fixed costs overlap); a larger one MERGEs one at a time (memory, and its tasks keep
-every core busy already)."""
 
 # --- the run -----------------------------------------------------------------------------
 
@@ -226,7 +219,7 @@ def _apply(
             return staged.frame(spark)
 
         scope = None if rebuild else collection
-        batch = _Batch.of(found, registry, source, scope, table, staged)
+        batch = Batch.of(found, registry, source, scope, table, staged)
         retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
         if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
@@ -277,131 +270,12 @@ def _empty_for_rebuild(spark: SparkSession, bucket: str, collection: str | None)
     log.info("rebuilding %s of bucket %s from all of bronze", ", ".join(emptied), bucket)
 
 
-@dataclass
-class Found:
-    """The rows the walk's job collected (:func:`_walk`), read once: the control rows and what
-    they say, and what their ``state`` rows sum up of the versions (the collections changed,
-    the CAS times of the changes: :mod:`pipelines.silver.walk_summary`)."""
-
-    controls: list[dict[str, Any]]
-    """The rows that are not versions of documents nor the CAS times: the ``state`` rows, the
-    rollbacks and the system events (what :mod:`pipelines.silver.registry` and
-    :mod:`pipelines.silver.store` read)."""
-    states: dict[int, dict[str, Any]]
-    """vbucket -> the state to save (its ``state`` row); empty when nothing was walked."""
-    frames: int
-    """Frames walked, over every vbucket."""
-    ignored: int
-    """Changes to collections already dropped, over every vbucket."""
-    rollbacks: list[tuple[int, int]]
-    """(vbucket, rollback seqno) of each rollback."""
-    keys: dict[int, int]
-    """collection id -> the keys of its committed changes (one ``change`` row each)."""
-    version_cids: set[int]
-    """The collections with versions of documents (changes, or changes a drop or flush ended)."""
-    times: dict[str, Any]
-    """The CAS times of the committed changes (:attr:`walk_summary.Collected.times`)."""
-
-    @classmethod
-    def of(cls, found: list[dict[str, Any]]) -> Found:
-        """``found``, the rows :func:`_walk` collected, read by their kind (:class:`RowKind`)."""
-        controls = [r for r in found if r["kind"] not in VERSION_KINDS]
-        state_rows = [r for r in controls if r["kind"] == RowKind.STATE]
-        summed = walk_summary.collected(state_rows)
-        return cls(
-            controls=controls,
-            states={r["vbucket"]: json.loads(r["state"]) for r in state_rows},
-            frames=sum(r["frames"] or 0 for r in state_rows),
-            ignored=sum(r["ignored"] or 0 for r in state_rows),
-            rollbacks=[
-                (r["vbucket"], r["rollback_seqno"])
-                for r in controls
-                if r["kind"] == RowKind.ROLLBACK
-            ],
-            keys=summed.keys,
-            version_cids=summed.version_cids,
-            times=summed.times,
-        )
-
-    @property
-    def change_cids(self) -> set[int]:
-        """The collections with committed changes (a new set)."""
-        return set(self.keys)
-
-
-@dataclass
-class _Batch:
-    """What a run writes: the walk's collected rows (``found``), the registry they updated,
-    and the walked ``changes`` to apply and ``versions`` for history tables (ended changes
-    too), DataFrames over the walk (made when first used), with the collections each
-    touches."""
-
-    found: Found
-    registry: Registry
-    walked: Callable[[], DataFrame]
-    keep: list[int] | None
-    """The collections of a run of one collection (None: every collection)."""
-    change_cids: set[int]
-    version_cids: set[int]
-    table: pa.Table | None = None
-    """The walked rows as the driver's walk gave them (an Arrow table), when it did and the
-    batch is of every collection; None: ``changes`` alone has them."""
-    staged: walk_staged.StagedWalk | None = None
-    """The driver's walk in chunks (:mod:`pipelines.silver.walk_staged`), its silver rows
-    ready to write, when it walked the batch and the batch is of every collection."""
-
-    @classmethod
-    def of(
-        cls,
-        found: Found,
-        registry: Registry,
-        walked: Callable[[], DataFrame],
-        collection: str | None,
-        table: pa.Table | None = None,
-        staged: walk_staged.StagedWalk | None = None,
-    ) -> _Batch:
-        """The batch of ``walked`` (``table``: the same rows in Arrow, when the driver walked
-        them); with ``collection`` (``SCOPE.NAME``), of that collection alone."""
-        change_cids, version_cids = found.change_cids, set(found.version_cids)
-        keep = None
-        if collection is not None:
-            scope, _, coll = collection.partition(".")
-            keep = [
-                c["collection_id"] for c in registry if c["scope"] == scope and c["name"] == coll
-            ]
-            change_cids &= set(keep)
-            version_cids &= set(keep)
-            table = staged = None
-        return cls(found, registry, walked, keep, change_cids, version_cids, table, staged)
-
-    @functools.cached_property
-    def changes(self) -> DataFrame:
-        changes = self.walked().where(F.col("kind") == RowKind.CHANGE.value)
-        return (
-            changes if self.keep is None else changes.where(F.col("collection_id").isin(self.keep))
-        )
-
-    @functools.cached_property
-    def versions(self) -> DataFrame:
-        versions = self.walked().where(F.col("kind").isin(*VERSION_KINDS))
-        return (
-            versions
-            if self.keep is None
-            else versions.where(F.col("collection_id").isin(self.keep))
-        )
-
-    @property
-    def overlap(self) -> int:
-        """How many collections MERGE at once (:data:`SMALL_BATCH_FRAMES`)."""
-        return MERGE_OVERLAP if self.found.frames <= SMALL_BATCH_FRAMES else 1
-
-
 def _through_live_layer(
     config: AppConfig,
     bucket: BucketConfig,
     collection: str | None,
     rebuild: bool,
-    batch: _Batch,
+    batch: Batch,
     *,
     retract: bool,
 ) -> bool:
@@ -425,7 +299,7 @@ def _through_live_layer(
 def _append_to_live_layer(
     spark: SparkSession,
     config: AppConfig,
-    batch: _Batch,
+    batch: Batch,
     compaction: Compaction,
     summary: ApplySummary,
     at: float,
@@ -449,7 +323,7 @@ def _write_tables(
     spark: SparkSession,
     config: AppConfig,
     bucket: BucketConfig,
-    batch: _Batch,
+    batch: Batch,
     summary: ApplySummary,
     at: float,
     *,
@@ -492,7 +366,7 @@ def _write_tables(
 
 
 def _append_pending(
-    spark: SparkSession, bucket: str, registry: Registry, batch: _Batch
+    spark: SparkSession, bucket: str, registry: Registry, batch: Batch
 ) -> dict[str, int]:
     """The newest change per key of the batch's changes (walked rows) of each collection with
     a table, appended to the live layer in one commit: written from the driver's walk in

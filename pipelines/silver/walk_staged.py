@@ -11,7 +11,7 @@ files' bytes at most (the documents are most of them). :func:`walk_in_chunks`:
    (:func:`pipelines.silver.walk_input.stream_rows`), and writes each chunk's frames into an
    Arrow file of its own in a local temporary folder;
 2. for each chunk: reads it back, walks it from its vbuckets' saved states, keeps its control
-   rows (the rows :class:`pipelines.silver.job.Found` reads), and writes into the local
+   rows (the rows :class:`pipelines.silver.batch.Found` reads), and writes into the local
    folder its walked rows and its newest change per key as silver rows
    (:func:`pipelines.silver.arrow_rows.silver_rows`).
 
