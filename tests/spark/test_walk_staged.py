@@ -44,7 +44,7 @@ def _exists(path: str, storage: dict[str, str]) -> bool:
 def test_a_walk_in_chunks_gives_the_rows_of_one_walk_and_runs_no_spark_job(
     spark: SparkSession, tmp_path: Path, bucket: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A ``mixed`` capture (several sessions, a rollback, deletions, 16 vbuckets) ingested in
+    """A ``mixed`` capture (several sessions, a rollback, deletions, 8 vbuckets) ingested in
     two halves by one process: for each half, the walk in chunks of a third of its frames
     and the writing of its pending rows run no Spark job; its walked rows (read back by Spark
     from the staged files) and control rows equal those of one walk of them all (Spark's),
@@ -54,7 +54,7 @@ def test_a_walk_in_chunks_gives_the_rows_of_one_walk_and_runs_no_spark_job(
     holds nothing, commits its rows straight into the collection tables, the second appends
     to the pending table; silver equals the truth."""
     result = simulate(
-        tmp_path / "sim", bucket=bucket, scenario="mixed", seed=11, vbuckets=16, docs=120, ops=480
+        tmp_path / "sim", bucket=bucket, scenario="mixed", seed=11, vbuckets=8, docs=80, ops=320
     )
     landing = tmp_path / "landing"
     landing.mkdir()
