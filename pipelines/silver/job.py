@@ -413,7 +413,7 @@ def _append_staged(
     if live.holds_nothing(spark, bucket, registry) and staged.commit_to_tables(spark, all_rows):
         return True
     pending = staged.write_pending(spark, bucket)
-    return pending is not None and live.append_staged(spark, bucket, pending)
+    return pending is not None and staged.commit_pending(spark, bucket, pending)
 
 
 def _walk(

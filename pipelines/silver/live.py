@@ -40,7 +40,6 @@ from pipelines.lake import delta_io, file_commits
 from pipelines.lake.delta_io import with_retry
 from pipelines.silver import store, transforms
 from pipelines.silver.registry import Registry
-from pipelines.silver.walk_staged import PendingFiles
 from pipelines.tables import BucketTables
 
 log = logging.getLogger("dcp_cdc.silver")
@@ -82,19 +81,6 @@ def append_from_driver(spark: SparkSession, bucket: str, rows: pa.Table) -> bool
     if not appended:
         remove_written(written, location, storage)
     return appended
-
-
-def append_staged(spark: SparkSession, bucket: str, pending: PendingFiles) -> bool:
-    """:func:`append_pending` of the silver rows a walk in chunks wrote into a partition of
-    the pending table (:mod:`pipelines.silver.walk_staged`), committed in one append by this
-    process: no Spark job. False when the pending table is not of :data:`schemas.PENDING`'s
-    columns and partitions (nothing committed: the files stay the walk's to remove)."""
-    table = BucketTables(bucket).pending
-    partition = {schemas.PENDING_PARTITIONS[0]: str(pending.stamp)}
-    pending.committed = file_commits.append_files(
-        spark, table, pending.files, schemas.PENDING, partition
-    )
-    return pending.committed
 
 
 def compaction_due(spark: SparkSession, bucket: str, settings: SilverConfig) -> bool:

@@ -73,6 +73,8 @@ class PendingFiles:
     """The pending table's folder (the files' paths start with the partition's)."""
     files: list[dict[str, Any]] = field(default_factory=list)
     """The files as :func:`pipelines.bronze.writer.write_table` gives them."""
+    written: range = range(0)
+    """Their entries in :attr:`StagedWalk.written`."""
     committed: bool = False
 
 
@@ -111,18 +113,34 @@ class StagedWalk:
         return self._frame
 
     def write_pending(self, spark: SparkSession, bucket: str) -> PendingFiles | None:
-        """The silver rows written into a new partition of the pending table (not committed:
-        :func:`pipelines.silver.live.append_staged`); None when there are none to write."""
+        """The silver rows written into a new partition of the pending table, not committed
+        (:meth:`commit_pending`); None when they are not for this way (not UTF-8)."""
         if self.silver_parts is None:
             return None
         stamp = secrets.randbits(63)
         root = delta_io.table_location(spark, BucketTables(bucket).pending).rstrip("/")
         folder = f"{schemas.PENDING_PARTITIONS[0]}={stamp}"
         pending = PendingFiles(stamp, root)
+        first = len(self.written)
         for part in self.silver_parts:
             written = _write(part, f"{root}/{folder}", self)
             pending.files += [{**f, "path": f"{folder}/{f['path']}"} for f in written]
+        pending.written = range(first, len(self.written))
         return pending
+
+    def commit_pending(self, spark: SparkSession, bucket: str, pending: PendingFiles) -> bool:
+        """``pending``'s files appended to the pending table in one commit by this process
+        (:func:`pipelines.lake.file_commits.append_files`): the live layer's append, no Spark
+        job. False when the pending table is not of :data:`schemas.PENDING`'s columns and
+        partitions (nothing committed; :meth:`discard` removes the files)."""
+        table = BucketTables(bucket).pending
+        partition = {schemas.PENDING_PARTITIONS[0]: str(pending.stamp)}
+        pending.committed = file_commits.append_files(
+            spark, table, pending.files, schemas.PENDING, partition
+        )
+        if pending.committed:
+            self.committed |= set(pending.written)
+        return pending.committed
 
     def commit_to_tables(self, spark: SparkSession, tables_of: Mapping[int, str]) -> bool:
         """Each collection's silver rows appended to its ``_all`` table (``tables_of``:
