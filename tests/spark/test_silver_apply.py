@@ -36,7 +36,7 @@ from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import CHANGE_DATA_FEED
 from pipelines.tables import BucketTables, all_rows
 from tests.support import delta_rs
-from tests.support.silver_runs import drop_all, pipeline
+from tests.support.silver_runs import drop_all, pipeline, unconsumed_from_memory
 from tests.support.spark_jobs import counted
 from tests.support.truth import assert_equal_to_truth, silver_live, truth_live
 
@@ -844,14 +844,7 @@ def test_the_drivers_walk_gives_the_rows_sparks_walk_gives(
         assert walked == rows(walk(on_driver_below=0)) == rows(at_the_bound)
         assert len(walked) > 100 and count > 100
 
-        memory.state(spark, names.ingest_log)  # the log's rows, as the run left them
-        kept = state.unconsumed_frames(
-            spark,
-            names,
-            states,
-            log_rows=memory.rows,
-            run_files=lambda runs: memory.run_files(spark, names.events, sorted(runs)),
-        )
+        kept = unconsumed_from_memory(spark, names, states, memory)
         assert kept.files is not None and kept.files.paths
         saved = {vb: (json.dumps(s["state"]), kept.late_after) for vb, s in states.items()}
         saved_df = spark.createDataFrame(

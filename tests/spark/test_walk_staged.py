@@ -26,6 +26,7 @@ from pipelines.silver.memory import ApplyMemory
 from pipelines.silver.registry import ensure_support_tables
 from pipelines.silver.walk import VERSION_KINDS
 from pipelines.tables import BucketTables, all_rows
+from tests.support.silver_runs import unconsumed_from_memory
 from tests.support.spark_jobs import counted
 from tests.support.truth import assert_equal_to_truth
 
@@ -78,14 +79,7 @@ def test_a_walk_in_chunks_gives_the_rows_of_one_walk_and_runs_no_spark_job(
             if spark.catalog.tableExists(names.stream_state)
             else {}
         )
-        memory.state(spark, names.ingest_log)
-        kept = state.unconsumed_frames(
-            spark,
-            names,
-            states,
-            log_rows=memory.rows,
-            run_files=lambda runs: memory.run_files(spark, names.events, sorted(runs)),
-        )
+        kept = unconsumed_from_memory(spark, names, states, memory)
         assert kept.files is not None
         one_walk = state.walk_vbuckets(
             spark,

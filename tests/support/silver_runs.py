@@ -17,7 +17,10 @@ from pyspark.sql import SparkSession
 from dcp_cdc.config import AppConfig, BucketConfig
 from dcp_cdc.simulator import SimulationResult, simulate
 from pipelines.bronze.job import ingest_bucket
+from pipelines.bronze.memory import IngestMemory
+from pipelines.silver import state
 from pipelines.silver.job import ApplySummary, apply_bucket
+from pipelines.tables import BucketTables
 from tests.support.reference_consumer import capture_files
 
 
@@ -162,3 +165,21 @@ def arrive_in_batches(
         ingest_bucket(spark, config, config.buckets[0])
         apply_bucket(spark, config, config.buckets[0])
     return len(files)
+
+
+def unconsumed_from_memory(
+    spark: SparkSession,
+    names: BucketTables,
+    states: dict[int, dict[str, Any]],
+    memory: IngestMemory,
+) -> state.Unconsumed:
+    """The frames an apply of ``states`` walks, found as ``dcp-cdc run`` finds them: from the
+    ingest log's rows and the data files the same process's ingest (``memory``) wrote."""
+    memory.state(spark, names.ingest_log)  # the log's rows, as the run left them
+    return state.unconsumed_frames(
+        spark,
+        names,
+        states,
+        log_rows=memory.rows,
+        run_files=lambda runs: memory.run_files(spark, names.events, sorted(runs)),
+    )
