@@ -174,8 +174,9 @@ class QualityConfig(ConfigModel):
     results_retention_days: Annotated[int, Field(ge=1)] = 90
     """How long rows of ``quality.<bucket>_results`` are kept (pruned by the maintenance DAG)."""
     incremental_from_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    """The size of a bucket's bronze events table (from its Delta log) from which a check
-    reads only what arrived since the last one and keeps its state for the next
+    """The size of a bucket's bronze events table (from its Delta log) from which Spark's
+    check (from ``columnar_below_bytes`` on) reads only what arrived since the last one and
+    keeps its state for the next
     (``quality.<bucket>_check_state``); below it every check reads all of bronze and keeps
     nothing, which costs less on a small table than the state's bookkeeping: 64 MiB is where
     the two costs met in ``benchmarks/check_cost.py`` (docs on quality: what a check reads)."""
@@ -186,6 +187,14 @@ class QualityConfig(ConfigModel):
     pays for dozens of small jobs and the JVM's compiling of each (docs on quality: what a
     check reads). Above it (and from ``incremental_from_bytes`` on, whichever is lower)
     Spark computes them. 0: Spark always does."""
+    columnar_below_bytes: Annotated[int, Field(ge=0)] = 4 * 1024**3
+    """The size of a bucket's bronze events table below which a check computes its metric
+    frames in the driver over Arrow columns (``pipelines.quality.small.columnar``: bronze's
+    items as columns, its control frames as rows), all of bronze every time, no Spark job:
+    about 10 s for 1,000,000 frames where Spark's check over everything takes minutes. Above
+    it, or for a bucket whose bronze holds frames with required columns null, the row check
+    (below ``on_driver_below_bytes``) or Spark's does. The driver holds the items' columns:
+    about 300 bytes a frame. 0: never."""
 
     @field_validator("severity")
     @classmethod

@@ -49,6 +49,7 @@ from pipelines.quality import carry
 from pipelines.quality import report as reporting
 from pipelines.quality.compute import Metrics, compute
 from pipelines.quality.report import OpenSnapshot, QualityReport
+from pipelines.quality.small.columnar import compute_columnar
 from pipelines.quality.small.compute import compute_small
 from pipelines.quality.suites import SUITES, checks, held_back_rows
 
@@ -179,7 +180,11 @@ def check_bucket(
     pinned = dict(at) if at is not None else pinned_versions(spark, name)
     size = delta_io.table_size(spark, events, pinned.get(events))[1]
     computed = None
-    if size < min(config.quality.on_driver_below_bytes, config.quality.incremental_from_bytes):
+    if size < config.quality.columnar_below_bytes:
+        computed = _columnar(spark, config, name, pinned, size)
+    if computed is None and size < min(
+        config.quality.on_driver_below_bytes, config.quality.incremental_from_bytes
+    ):
         computed = _on_driver(spark, config, name, pinned, size)
     if computed is None:
         computed = _in_spark(spark, config, name, pinned, size, full=full)
@@ -244,6 +249,25 @@ class _Frames:
     metrics: dict[str, Metrics]
     full_because: str | None
     log_rows: list[dict[str, Any]] | None = None
+
+
+def _columnar(
+    spark: SparkSession, config: AppConfig, bucket: str, pinned: Mapping[str, int], size: int
+) -> _Frames | None:
+    """The metric frames computed in the driver over columns
+    (:mod:`pipelines.quality.small.columnar`), or None when the bucket holds what only the
+    row or Spark check takes."""
+    try:
+        found = compute_columnar(spark, bucket, pinned)
+    except NotOnDriver as exc:
+        log.info("the quality check of %s does not run over columns: %s", bucket, exc)
+        return None
+    limit = config.quality.columnar_below_bytes
+    why = (
+        f"bronze ({size:,} bytes) is below quality.columnar_below_bytes ({limit:,}): "
+        "the driver reads its columns whole"
+    )
+    return _Frames(found.metrics, why, found.ingest_log)
 
 
 def _on_driver(

@@ -226,7 +226,9 @@ def _in_spark(config: AppConfig, **spark: Any) -> AppConfig:
     """``config`` with the check's metric frames computed by Spark, with ``spark`` settings."""
     return config.model_copy(
         update={
-            "quality": config.quality.model_copy(update={"on_driver_below_bytes": 0}),
+            "quality": config.quality.model_copy(
+                update={"on_driver_below_bytes": 0, "columnar_below_bytes": 0}
+            ),
             "spark": config.spark.model_copy(update=spark),
         }
     )
@@ -235,10 +237,11 @@ def _in_spark(config: AppConfig, **spark: Any) -> AppConfig:
 def test_the_fixtures_check_ran_in_the_driver_and_runs_no_spark_job(
     spark: SparkSession, bucket: Bucket
 ) -> None:
-    """``quality.on_driver_below_bytes``: a small bucket's check reads bronze and silver with
-    delta-rs and computes its frames in Python; the results are appended from the driver."""
+    """``quality.columnar_below_bytes``: the check reads bronze and silver with delta-rs and
+    computes its frames in the driver over columns; the results are appended from the
+    driver."""
     assert bucket.clean.full_because is not None
-    assert "on_driver_below_bytes" in bucket.clean.full_because
+    assert "columnar_below_bytes" in bucket.clean.full_because
     with counted(spark) as jobs:
         again = check_bucket(spark, bucket.config, bucket.config.buckets[0])
     assert jobs.count == 0, jobs.what

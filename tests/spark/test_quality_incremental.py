@@ -1,6 +1,6 @@
 """A check that starts from the last one's state computes the same metric frames as a check
-over all of bronze, after every run, pass and fail alike; and so does a small bucket's check
-computed in the driver (pipelines/quality/small).
+over all of bronze, after every run, pass and fail alike; and so do the driver's checks, over
+columns and over rows (pipelines/quality/small).
 
 Each group simulates DCP_CDC_CHECK_SEEDS_PER_GROUP seeds (3) of one scenario side by side in
 one bucket (disjoint vbuckets and keys); their capture files arrive shuffled in
@@ -26,6 +26,7 @@ from pipelines.lake import delta_io
 from pipelines.quality import carry
 from pipelines.quality.compute import compute
 from pipelines.quality.job import pinned_versions
+from pipelines.quality.small.columnar import compute_columnar
 from pipelines.quality.small.compute import compute_small
 from pipelines.silver import live
 from pipelines.silver.registry import read_registry
@@ -60,9 +61,11 @@ def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
     in_driver = compute_small(spark, bucket, at)
     ours, theirs = _rows(from_state.metrics), _rows(over_all.metrics)
     small = _rows(in_driver.metrics)
+    columnar = _rows(compute_columnar(spark, bucket, at).metrics)
     for name in theirs:
         assert ours[name] == theirs[name], (name, from_state.full_because)
         assert small[name] == theirs[name], (name, "computed in the driver")
+        assert columnar[name] == theirs[name], (name, "computed over columns")
         assert in_driver.metrics[name].columns == tuple(over_all.metrics[name].columns)
     return from_state.full_because
 

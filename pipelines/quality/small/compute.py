@@ -56,13 +56,9 @@ def compute_small(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> Sm
     committed = history.committed_items(alive, snaps)
     cuts = history.collection_cuts(committed)
     silver = silver_side(spark, bucket, at)
+    rolled = measures.rolled_rows(silver.rows, branches, history.dead_changes(alive, dead))
     coverage = measures.coverage_metrics(
-        stream_rows,
-        silver.states,
-        silver.rows,
-        branches,
-        history.dead_changes(alive, dead),
-        history.cluster_branches(base),
+        stream_rows, silver.states, rolled, history.cluster_branches(base)
     )
     reconciliation = measures.reconciliation_metrics(
         history.live_of(history.newest_changes(committed, cuts)),

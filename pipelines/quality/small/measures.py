@@ -6,7 +6,7 @@ here over rows in the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pipelines.quality.measures import CHECKSUM_MODULUS
@@ -82,17 +82,15 @@ def checksum(pairs: Iterable[tuple[bytes | str | None, int | None]]) -> int:
     return sum(xxhash64(_utf8(key), seqno) for key, seqno in pairs) % CHECKSUM_MODULUS
 
 
-def coverage_metrics(
-    streams: Sequence[Row],
-    states: Sequence[Row],
+def rolled_rows(
     silver_rows: Sequence[Row],
     branches: dict[Any, list[tuple[Any, Any]]],
     dead_changes: set[tuple[Any, Any, Any]],
-    cluster: dict[Any, Row],
 ) -> list[Row]:
-    """:func:`pipelines.quality.measures.coverage_metrics`: one row per vbucket of bronze."""
+    """The rows of silver that bronze's history rolled back (of a dead branch, or a dead
+    change): per row its ``vbucket``, ``rolled_seqno`` and the ``rolled`` text."""
     rows = with_branch(silver_rows, branches, vbucket="_vbucket", uuid="_vb_uuid", seqno="_seqno")
-    rolled = [
+    return [
         {
             "vbucket": r["_vbucket"],
             "rolled_seqno": r["_seqno"],
@@ -109,6 +107,13 @@ def coverage_metrics(
         for r in rows
         if r["dead_branch"] is True or _dead_change(r, dead_changes)
     ]
+
+
+def coverage_metrics(
+    streams: Sequence[Row], states: Sequence[Row], rolled: Sequence[Row], cluster: dict[Any, Row]
+) -> list[Row]:
+    """:func:`pipelines.quality.measures.coverage_metrics`: one row per vbucket of bronze
+    (``rolled``: :func:`rolled_rows`)."""
     latest = [s for s in streams if s["latest"]]
     parts = group([*latest, *states, *rolled, *on_branch(states, cluster)], lambda r: r["vbucket"])
     out = []
@@ -163,27 +168,54 @@ def reconciliation_metrics(
     bronze = group(bronze_live, lambda r: r["collection_id"])
     silver = group(silver_live, lambda r: r["_collection_id"])
     dropped = group(in_dropped, lambda r: r["_collection_id"])
-    known = group(names, lambda r: r["collection_id"])
-    out = []
-    for cid in dict.fromkeys([*bronze, *silver, *dropped, *known]):
+    per_collection = {}
+    for cid in dict.fromkeys([*bronze, *silver, *dropped]):
         b, s, d = bronze.get(cid, []), silver.get(cid, []), dropped.get(cid, [])
-        expired = [r for r in s if r["_expiry"] is not None and 0 < r["_expiry"] <= now]
-        grouped = {
+        per_collection[cid] = {
             "bronze_live": len(b),
             "bronze_checksum": checksum((r["key"], r["seqno"]) for r in b),
             "silver_live": len(s),
             "silver_checksum": checksum((r["key"], r["_seqno"]) for r in s),
-            "expired_live_rows": len(expired),
-            "expired_detail": min_by(
-                (concat(r["table"], " key ", r["key"]), r["key"]) for r in expired
-            ),
-            "silver_table": smallest(r["table"] for r in [*s, *d]),
-            "dropped_rows": len(d),
-            "dropped_detail": min_by(
-                (concat(r["table"], " key ", r["key"], " in vb ", r["_vbucket"]), r["key"])
-                for r in d
-            ),
+            **described(s, d, now),
         }
+    return named_collections(per_collection, names)
+
+
+def described(silver_live: Sequence[Row], dropped: Sequence[Row], now: int) -> Row:
+    """A collection's reconciliation columns that name rows: its live rows of silver that are
+    expired, its rows in dropped vbuckets, its table."""
+    expired = [r for r in silver_live if r["_expiry"] is not None and 0 < r["_expiry"] <= now]
+    return {
+        "expired_live_rows": len(expired),
+        "expired_detail": min_by(
+            (concat(r["table"], " key ", r["key"]), r["key"]) for r in expired
+        ),
+        "silver_table": smallest(r["table"] for r in [*silver_live, *dropped]),
+        "dropped_rows": len(dropped),
+        "dropped_detail": min_by(
+            (concat(r["table"], " key ", r["key"], " in vb ", r["_vbucket"]), r["key"])
+            for r in dropped
+        ),
+    }
+
+
+EMPTY_COLLECTION = {
+    "bronze_live": 0,
+    "bronze_checksum": 0,
+    "silver_live": 0,
+    "silver_checksum": 0,
+    **described([], [], 0),
+}
+"""The reconciliation columns of a collection only the registry names."""
+
+
+def named_collections(per_collection: dict[Any, Row], names: Sequence[Row]) -> list[Row]:
+    """One reconciliation row per collection id of ``per_collection`` (its measured columns)
+    or of the registry's ``names``, each named as the registry names it."""
+    known = group(names, lambda r: r["collection_id"])
+    out = []
+    for cid in dict.fromkeys([*per_collection, *known]):
+        grouped = per_collection.get(cid, EMPTY_COLLECTION)
         for named in known.get(cid, [None]) if cid is not None else [None]:
             name = None if named is None else named["name"]
             where = coalesce(name, grouped["silver_table"], "(no silver table)")
@@ -199,10 +231,14 @@ def reconciliation_metrics(
 
 
 def file_metrics(
-    base: Sequence[Row], quarantine: Sequence[Row], ingest_log: Sequence[Row]
+    base: Sequence[Row],
+    quarantine: Sequence[Row],
+    ingest_log: Sequence[Row],
+    more_frames: Mapping[Any, int] | None = None,
 ) -> list[Row]:
     """:func:`pipelines.quality.measures.file_parts` and ``file_metrics``: one row per capture
-    file of bronze, of the quarantine or of the ingest log's ingested files."""
+    file of bronze, of the quarantine or of the ingest log's ingested files. ``more_frames``:
+    per file, the frames not among ``base`` (the columnar check's items, all regular)."""
     files: dict[Any, Row] = {}
 
     def part(name: Any) -> Row:
@@ -231,6 +267,8 @@ def file_metrics(
             unknown = concat(f["op"], " 0x", lower_hex(f["opcode"]))
             if unknown is not None:
                 p["unknowns"].add(unknown)
+    for name, count in (more_frames or {}).items():
+        part(name)["frames"] += count
     for q in quarantine:
         p = part(q["file"])
         if q["truncated"]:

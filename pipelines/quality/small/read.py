@@ -74,15 +74,17 @@ class SilverSide:
 _STATE = ("vbucket", "consistent_seqno", "last_applied_seqno", "vb_uuid", "failover_log")
 
 
-def silver_side(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SilverSide:
-    """Silver's side of ``bucket`` at ``at``: the registry's tables (not retired), each
-    overlaid with the live layer's pending rows as :func:`pipelines.silver.live.bucket_rows`
-    does; a table the registry names that is missing is left out."""
+def silver_names(
+    spark: SparkSession, bucket: str, at: Mapping[str, int]
+) -> tuple[list[Row], list[Row], list[tuple[str, int]]]:
+    """The stream state's rows, the registry's collection names and the (view, collection
+    id) of each table the registry names (not retired) that exists, of ``bucket`` at
+    ``at``."""
     names = BucketTables(bucket)
     exists = spark.catalog.tableExists
     states = read_rows(spark, names.stream_state, _STATE, at) if exists(names.stream_state) else []
     if not exists(names.registry):
-        return SilverSide(states, [], [])
+        return states, [], []
     registry = read_rows(
         spark, names.registry, ("collection_id", "scope", "name", "table_name", "status"), at
     )
@@ -101,6 +103,14 @@ def silver_side(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> Silv
         }
     )
     sources = [(view, cid) for view, cid in views if exists(tables.all_rows(view)) and exists(view)]
+    return states, known, sources
+
+
+def silver_side(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SilverSide:
+    """Silver's side of ``bucket`` at ``at``: the registry's tables (not retired), each
+    overlaid with the live layer's pending rows as :func:`pipelines.silver.live.bucket_rows`
+    does; a table the registry names that is missing is left out."""
+    states, known, sources = silver_names(spark, bucket, at)
     if not sources:
         return SilverSide(states, [], known)
     rows = bucket_rows(spark, bucket, sources, ROWS_COLUMNS, at)

@@ -9,7 +9,7 @@ adds or derives the columns the Spark one does, with Spark's nulls (:mod:`.sql`)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dcp_cdc.events import (
@@ -129,15 +129,22 @@ def snapshots(frames: Sequence[Row]) -> list[Row]:
             f["snapshot_no"],
         ),
     )
-    snaps = [_snapshot(key, rows) for key, rows in groups.items()]
+    return finish_snapshots([snapshot_row(key, rows) for key, rows in groups.items()])
+
+
+def finish_snapshots(snaps: list[Row]) -> list[Row]:
+    """Each snapshot row of a stream (:func:`snapshot_row`'s) with whether it is complete, is
+    committed and is the stream's last, and where its missing items start."""
     for stream in group(snaps, lambda s: (s["session_id"], s["vbucket"], s["stream_no"])).values():
         stream.sort(key=lambda s: s["snapshot_no"])
         last = largest(s["snapshot_no"] for s in stream if s["kind"] is not None)
+        later_starts: list[Any] = [None] * len(stream)  # the smallest start after each
+        for i in range(len(stream) - 2, -1, -1):
+            later_starts[i] = smallest([later_starts[i + 1], stream[i + 1]["start"]])
         for i, s in enumerate(stream):
-            later = stream[i + 1 :]
             kind = s["kind"]
             if kind == "marker":
-                first_start = smallest(x["start"] for x in later)
+                first_start = later_starts[i]
                 covered = first_start is not None and s["end"] is not None
                 complete = s["reached_end"] or (covered and first_start <= s["end"])
             else:
@@ -145,7 +152,7 @@ def snapshots(frames: Sequence[Row]) -> list[Row]:
             if kind == "oso":
                 committed = s["oso_ended"]
             else:
-                committed = s["reached_end"] or bool(later) or s["stream_ended"]
+                committed = s["reached_end"] or i + 1 < len(stream) or s["stream_ended"]
             last_seqno = s["last_seqno"]
             s.update(
                 complete=complete,
@@ -156,7 +163,9 @@ def snapshots(frames: Sequence[Row]) -> list[Row]:
     return snaps
 
 
-def _snapshot(key: tuple[Any, ...], rows: list[Row]) -> Row:
+def snapshot_row(key: tuple[Any, ...], rows: list[Row]) -> Row:
+    """The row of one snapshot group (``key``: session start, session, vbucket, stream and
+    snapshot numbers) from its frames."""
     markers = [f for f in rows if f["op"] == SnapshotMarker.op]
     oso = [f for f in rows if f["op"] == OsoSnapshot.op]
     kinds = ["marker" for _ in markers]
@@ -282,17 +291,26 @@ def _stream_key(r: Row) -> tuple[Any, ...]:
 
 
 def stream_metrics(
-    frames: Sequence[Row], snaps: Sequence[Row], duplicates: Sequence[Row]
+    frames: Sequence[Row],
+    snaps: Sequence[Row],
+    duplicates: Sequence[Row],
+    items: Mapping[tuple[Any, ...], tuple[int, Any, Any]] | None = None,
 ) -> list[Row]:
     """:func:`pipelines.quality.streams.stream_metrics` over everything: one row per stream
-    that opened or sent items, ``latest`` on the newest stream of each vbucket."""
+    that opened or sent items, ``latest`` on the newest stream of each vbucket. ``items``:
+    per stream key, the count and highest seqno of items and the highest end of snapshot
+    markers not among ``frames`` (the columnar check's, :mod:`.item_snapshots`)."""
+    items = items or {}
     by_frames = group(frames, _stream_key)
     by_snaps = group(snaps, _stream_key)
     by_duplicates = group(duplicates, _stream_key)
     streams = []
     for key in dict.fromkeys([*by_frames, *by_snaps, *by_duplicates]):
         stream = _per_stream(
-            by_frames.get(key, []), by_snaps.get(key, []), by_duplicates.get(key, [])
+            by_frames.get(key, []),
+            by_snaps.get(key, []),
+            by_duplicates.get(key, []),
+            items.get(key, (0, None, None)),
         )
         if stream["opened"] is True or stream["stream_items"] > 0:
             names = ("session_started_at", "session_id", "vbucket", "stream_no")
@@ -312,7 +330,9 @@ def _first(rows: Sequence[Row], text: Any) -> tuple[Any, Any] | None:
     return smallest((r["snapshot_no"], text(r)) for r in rows)
 
 
-def _per_stream(frames: list[Row], snaps: list[Row], duplicates: list[Row]) -> Row:
+def _per_stream(
+    frames: list[Row], snaps: list[Row], duplicates: list[Row], more: tuple[int, Any, Any]
+) -> Row:
     marked = [s for s in snaps if s["kind"] is not None]
     incomplete = [s for s in marked if not s["is_last"] and s["complete"] is False]
     repeats = [
@@ -346,28 +366,23 @@ def _per_stream(frames: list[Row], snaps: list[Row], duplicates: list[Row]) -> R
         seqno, floor = s["first_regression"]
         return concat("seqno ", seqno, " after ", floor)
 
-    last = largest(
-        (
-            s["snapshot_no"],
-            s["kind"],
-            s["start"],
-            s["end"],
-            s["last_seqno"],
-            s["complete"],
-            s["missing_from"],
-        )
-        for s in marked
-    )
+    last = None
+    if marked:  # the snapshot numbers of a stream are unique: the newest is the largest tuple
+        s = max(marked, key=lambda s: s["snapshot_no"])
+        fields = ("snapshot_no", "kind", "start", "end", "last_seqno", "complete", "missing_from")
+        last = tuple(s[c] for c in fields)
     return {
         "opened": any_true(f["opens_stream"] for f in frames),
-        "stream_items": len(items),
+        "stream_items": len(items) + more[0],
         "requested_start": largest(f["requested_start"] for f in opening),
         "requested_end": largest(f["requested_end"] for f in opening),
         "stream_end": smallest(
             ((f["file_sequence"], f["offset"]), f["reason_code"], f["reason"]) for f in ends
         ),
-        "max_item_seqno": largest(f["seqno"] for f in items),
-        "max_marker_end": largest(f["end_seqno"] for f in frames if f["op"] == SnapshotMarker.op),
+        "max_item_seqno": largest([*(f["seqno"] for f in items), more[1]]),
+        "max_marker_end": largest(
+            [*(f["end_seqno"] for f in frames if f["op"] == SnapshotMarker.op), more[2]]
+        ),
         "snapshots": len(marked),
         "items": sum(s["items"] for s in snaps),
         "out_of_range": sum(s["out_of_range"] for s in snaps),

@@ -1,0 +1,123 @@
+"""The columnar check's bronze: its frames split into the few control frames (rows, for the
+row steps of :mod:`.streams` and :mod:`.history`) and the history items and snapshot markers
+(columns, nearly every frame), with each frame's place in session order. A bronze table
+holding anything the rows treat with Spark's null rules (a required column null, an unknown
+opcode) is not taken here: :class:`~pipelines.errors.NotOnDriver`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dcp_cdc.events import SnapshotMarker, UnknownFrame
+from pipelines.errors import NotOnDriver
+from pipelines.lake.delta_rs import spark_rows
+from pipelines.quality.frames import ITEM_OPS, KNOWN_OPCODES, POSITION, REQUIRED
+from pipelines.quality.small.read import base_frames
+
+Row = dict[str, Any]
+ITEM_COLUMNS = (
+    "vbucket",
+    "op",
+    *POSITION,
+    "file",
+    "collection_id",
+    "key",
+    "rev_seqno",
+    "cas",
+    "expiration",
+    "event",
+    "in_snapshot_start",
+    "in_snapshot_end",
+    "in_oso",
+    "in_vb_uuid",
+    "start_seqno",
+    "end_seqno",
+    "snapshot_flags",
+)
+"""The columns the items and snapshot markers keep, with ``seqno``."""
+
+
+def regular(events: pa.Table) -> None:
+    """Raise :class:`NotOnDriver` when a frame of ``events`` has a required column null or an
+    unknown opcode: the row check (or Spark's) reports those."""
+    op = events["op"]
+    for column, ops in REQUIRED.items():
+        nulls = pc.is_null(events[column])
+        if ops is not None:
+            nulls = pc.and_(nulls, pc.is_in(op, value_set=pa.array(ops)))
+        if pc.any(nulls).as_py():
+            raise NotOnDriver(f"a frame's {column} is null")
+    known = pa.array(KNOWN_OPCODES, events["opcode"].type)
+    unknown = pc.or_(pc.equal(op, UnknownFrame.op), pc.invert(pc.is_in(events["opcode"], known)))
+    if pc.any(unknown).as_py():
+        raise NotOnDriver("a frame's opcode is unknown")
+
+
+def _numbers(column: pa.ChunkedArray | pa.Array, fill: int = 0) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, fill).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _flags(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(column, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _present(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return _flags(pc.is_valid(column))
+
+
+@dataclass
+class Bronze:
+    """Bronze split: ``control`` (base frame rows, each with ``_i``, its row number), the
+    items' columns (``items``, with ``seqno``) and per row of the table its ``rank`` in
+    session order (:data:`~pipelines.quality.frames.POSITION`) and ``session`` code (an index
+    of ``sessions``: start, id)."""
+
+    control: list[Row]
+    items: pa.Table
+    item_rows: np.ndarray
+    is_marker: np.ndarray
+    rank: np.ndarray
+    session: np.ndarray
+    sessions: list[tuple[str, str]]
+
+    def item_dicts(self, which: np.ndarray) -> list[Row]:
+        """Items (indexes into ``items``) as base frame rows."""
+        return spark_rows(self.items.take(pa.array(which, pa.int64())))
+
+
+def split(events: pa.Table) -> Bronze:
+    """``events`` (:data:`~pipelines.quality.small.read.BASE_READ`) split into control frames
+    and items."""
+    regular(events)
+    seqno = pc.coalesce(events["by_seqno"], events["commit_seqno"], events["abort_seqno"])
+    op, plain = events["op"], pc.and_(pc.is_null(events["status"]), pc.is_valid(events["vbucket"]))
+    is_marker = _flags(pc.and_(plain, pc.equal(op, SnapshotMarker.op)))
+    is_item = is_marker | _flags(
+        pc.and_(plain, pc.and_(pc.is_in(op, value_set=pa.array(ITEM_OPS)), pc.is_valid(seqno)))
+    )
+    started = events["session_started_at"].to_numpy(zero_copy_only=False)
+    ids = events["session_id"].to_numpy(zero_copy_only=False)
+    codes, uniques = pd.MultiIndex.from_arrays([started, ids]).factorize()
+    ascending = np.asarray(uniques.argsort(), np.int64)  # as Spark orders the two strings
+    code_rank = np.empty(len(ascending), np.int64)
+    code_rank[ascending] = np.arange(len(ascending))
+    session = code_rank[np.asarray(codes, np.int64)]
+    sessions = [tuple(uniques[i]) for i in ascending]
+    rank = np.empty(len(session), np.int64)
+    order = np.lexsort((_numbers(events["offset"]), _numbers(events["file_sequence"]), session))
+    rank[order] = np.arange(len(order))
+    control_rows = np.flatnonzero(~is_item)
+    control = base_frames(spark_rows(events.take(pa.array(control_rows, pa.int64()))))
+    for frame, i in zip(control, control_rows, strict=True):
+        frame["_i"] = int(i)
+    item_rows = np.flatnonzero(is_item)
+    items = events.select(list(ITEM_COLUMNS)).take(pa.array(item_rows, pa.int64()))
+    items = items.append_column("seqno", seqno.take(pa.array(item_rows, pa.int64())))
+    return Bronze(control, items, item_rows, is_marker[item_rows], rank, session, sessions)
