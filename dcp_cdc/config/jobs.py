@@ -193,8 +193,9 @@ class QualityConfig(ConfigModel):
     items as columns, its control frames as rows), all of bronze every time, no Spark job:
     about 10 s for 1,000,000 frames where Spark's check over everything takes minutes. Above
     it, or for a bucket whose bronze holds frames with required columns null, the row check
-    (below ``on_driver_below_bytes``) or Spark's does. The driver holds the items' columns:
-    about 300 bytes a frame. 0: never."""
+    (below ``on_driver_below_bytes``) or Spark's does. The driver holds a share of the
+    vbuckets of at most 1,000,000 frames at a time (about 1.2 GB), the others spilled to
+    local Arrow files. 0: never."""
 
     @field_validator("severity")
     @classmethod

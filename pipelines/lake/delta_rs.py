@@ -92,6 +92,23 @@ def read_columns(
 ) -> pa.Table:
     """``columns`` of the Delta table at ``location`` (named ``table`` in errors), at
     ``version`` (None: its latest)."""
+    batches = column_batches(location, columns, table=table, version=version, options=options)
+    try:
+        return plain_types(batches.read_all())
+    except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
+        raise TableReadError(table, location, reason(exc)) from None
+
+
+def column_batches(
+    location: str,
+    columns: Sequence[str],
+    *,
+    table: str,
+    version: int | None = None,
+    options: Mapping[str, str] | None = None,
+) -> pa.RecordBatchReader:
+    """:func:`read_columns` as a stream of record batches (view types possible: see
+    :func:`plain_types`), read as they are consumed."""
     from deltalake import DeltaTable, QueryBuilder
 
     path = location
@@ -101,9 +118,22 @@ def read_columns(
     try:
         delta = DeltaTable(path, version=version, storage_options=dict(options or {}) or None)
         found = QueryBuilder().register("t", delta).execute(f"SELECT {names} FROM t")
-        return plain_types(pa.table(found.read_all()))
+        return pa.RecordBatchReader.from_stream(found)
     except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
         raise TableReadError(table, location, reason(exc)) from None
+
+
+def table_batches(
+    spark: SparkSession, table: str, columns: Sequence[str], version: int | None = None
+) -> pa.RecordBatchReader:
+    """:func:`read_table` as a stream of record batches (:func:`column_batches`)."""
+    from pipelines.lake import delta_io
+
+    location = delta_io.table_location(spark, table)
+    options = {}
+    if on_s3(location):
+        options = s3_storage_options(dict(spark.sparkContext.getConf().getAll()), location)
+    return column_batches(location, columns, table=table, version=version, options=options)
 
 
 def read_table(

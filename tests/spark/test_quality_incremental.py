@@ -62,7 +62,9 @@ def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
     ours, theirs = _rows(from_state.metrics), _rows(over_all.metrics)
     small = _rows(in_driver.metrics)
     columnar = _rows(compute_columnar(spark, bucket, at).metrics)
+    shared = _rows(compute_columnar(spark, bucket, at, share_frames=150).metrics)
     for name in theirs:
+        assert shared[name] == theirs[name], (name, "over columns, a share of vbuckets at a time")
         assert ours[name] == theirs[name], (name, from_state.full_because)
         assert small[name] == theirs[name], (name, "computed in the driver")
         assert columnar[name] == theirs[name], (name, "computed over columns")

@@ -13,7 +13,9 @@ whose bronze or silver holds nulls the row rules treat one by one raises
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,9 @@ from pyspark.sql import SparkSession
 
 from pipelines import schemas
 from pipelines.errors import NotOnDriver
-from pipelines.lake.delta_rs import read_rows, read_table, spark_rows
+from pipelines.lake.delta_rs import read_rows, spark_rows, table_batches
 from pipelines.quality.compute import Metrics
+from pipelines.quality.measures import CHECKSUM_MODULUS
 from pipelines.quality.small import history, measures, streams
 from pipelines.quality.small.compute import SmallCheck
 from pipelines.quality.small.hash_columns import checksum_columns
@@ -32,19 +35,27 @@ from pipelines.quality.small.item_history import History, bronze_history, dead_b
 from pipelines.quality.small.item_snapshots import duplicate_candidates, file_frames, snapshots
 from pipelines.quality.small.items import _flags, _numbers, _present, split
 from pipelines.quality.small.placement import place
-from pipelines.quality.small.read import BASE_READ
-from pipelines.quality.small.silver_columns import SilverColumns, silver_columns
+from pipelines.quality.small.read import BASE_READ, base_frames
+from pipelines.quality.small.shares import (
+    SHARE_FRAMES,
+    share_count,
+    share_of_control,
+    spilled_bronze,
+)
+from pipelines.quality.small.silver_columns import silver_shares
 from pipelines.tables import BucketTables
 
 Row = dict[str, Any]
 
 
-def compute_columnar(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SmallCheck:
+def compute_columnar(
+    spark: SparkSession, bucket: str, at: Mapping[str, int], *, share_frames: int = SHARE_FRAMES
+) -> SmallCheck:
     """The metric frames of ``bucket`` with its tables read at ``at``
-    (:func:`pipelines.quality.job.pinned_versions`)."""
+    (:func:`pipelines.quality.job.pinned_versions`), a share of its vbuckets at a time
+    (:mod:`.shares`: ``share_frames`` frames of bronze a share)."""
     names = BucketTables(bucket)
     exists = spark.catalog.tableExists
-    bronze = split(read_table(spark, names.events, BASE_READ, at.get(names.events)))
     quarantine = []
     if exists(names.quarantine):
         quarantine = read_rows(
@@ -53,23 +64,47 @@ def compute_columnar(spark: SparkSession, bucket: str, at: Mapping[str, int]) ->
     ingest_log = []
     if exists(names.ingest_log):
         ingest_log = read_rows(spark, names.ingest_log, schemas.INGEST_LOG.fieldNames(), at)
-    placed = place(bronze)
-    snaps, per_stream = snapshots(bronze, placed)
-    duplicates = streams.duplicate_seqnos(duplicate_candidates(bronze, placed))
-    stream_rows = streams.stream_metrics(placed.frames, snaps, duplicates, per_stream)
-    past = bronze_history(bronze, placed, snaps)
-    silver = silver_columns(spark, bucket, at)
-    _regular(silver.rows)
-    coverage = measures.coverage_metrics(
-        stream_rows, silver.states, _rolled(silver, past), history.cluster_branches(bronze.control)
-    )
-    reconciliation = _reconciliation(past, silver)
-    files = measures.file_metrics(bronze.control, quarantine, ingest_log, file_frames(bronze.items))
+    count = share_count(ingest_log, share_frames)
+    now = int(time.time())
+    stream_rows: list[Row] = []
+    coverage: list[Row] = []
+    files: Counter[Any] = Counter()
+    sums: dict[int, _Sums] = {}
+    batches = table_batches(spark, names.events, BASE_READ, at.get(names.events))
+    with (
+        spilled_bronze(batches, count) as (control, held),
+        silver_shares(spark, bucket, at, count) as silver,
+    ):
+        control_rows = base_frames(spark_rows(control))
+        cluster = history.cluster_branches(control_rows)
+        share = share_of_control(control, count)
+        for i in range(count):
+            columns = held[i] if isinstance(held, list) else held.read(i, control.schema)
+            bronze = split(pa.concat_tables([control.filter(pa.array(share == i)), columns]))
+            del columns
+            placed = place(bronze)
+            snaps, per_stream = snapshots(bronze, placed)
+            duplicates = streams.duplicate_seqnos(duplicate_candidates(bronze, placed))
+            found = streams.stream_metrics(placed.frames, snaps, duplicates, per_stream)
+            stream_rows += found
+            past = bronze_history(bronze, placed, snaps, now)
+            files.update(file_frames(bronze.items))
+            del bronze, placed, snaps
+            rows = silver.rows(i)
+            _regular(rows)
+            states = silver.states_of(i)
+            coverage += measures.coverage_metrics(found, states, _rolled(rows, past), cluster)
+            _add_reconciliation(sums, past, rows, now)
     metrics = {
         "snapshot_completeness": Metrics(stream_rows, streams.STREAM_COLUMNS),
         "stream_coverage": Metrics(coverage, measures.COVERAGE_COLUMNS),
-        "silver_reconciliation": Metrics(reconciliation, measures.RECONCILIATION_COLUMNS),
-        "bronze_integrity": Metrics(files, measures.FILE_COLUMNS),
+        "silver_reconciliation": Metrics(
+            _reconciliation(sums, silver.names, now), measures.RECONCILIATION_COLUMNS
+        ),
+        "bronze_integrity": Metrics(
+            measures.file_metrics(control_rows, quarantine, ingest_log, files),
+            measures.FILE_COLUMNS,
+        ),
     }
     return SmallCheck(metrics, ingest_log)
 
@@ -80,10 +115,9 @@ def _regular(rows: pa.Table) -> None:
             raise NotOnDriver(f"a silver row's {column} is null")
 
 
-def _rolled(silver: SilverColumns, past: History) -> list[Row]:
+def _rolled(rows: pa.Table, past: History) -> list[Row]:
     """:func:`.measures.rolled_rows` of the silver rows that may be rolled back (of a dead
     branch or a dead change), picked by columns."""
-    rows = silver.rows
     vbucket, seqno = _numbers(rows["_vbucket"]), _numbers(rows["_seqno"])
     uuid, has_uuid = _numbers(rows["_vb_uuid"]), _present(rows["_vb_uuid"])
     maybe = dead_branch(vbucket, uuid, has_uuid, seqno, past.branches)
@@ -93,11 +127,23 @@ def _rolled(silver: SilverColumns, past: History) -> list[Row]:
     return measures.rolled_rows(picked, past.branches, past.dead_changes)
 
 
-def _reconciliation(past: History, silver: SilverColumns) -> list[Row]:
-    """:func:`.measures.reconciliation_metrics` over columns: per collection, bronze's live
-    documents and silver's (count and checksum), and the rows that name a problem."""
-    now = int(time.time())
-    rows, live = silver.rows, past.live
+@dataclass
+class _Sums:
+    """One collection's reconciliation, summed over the shares."""
+
+    bronze_live: int = 0
+    bronze_checksum: int = 0
+    silver_live: int = 0
+    silver_checksum: int = 0
+    expired: list[Row] = field(default_factory=list)
+    dropped: list[Row] = field(default_factory=list)
+    tables: set[str] = field(default_factory=set)
+
+
+def _add_reconciliation(sums: dict[int, _Sums], past: History, rows: pa.Table, now: int) -> None:
+    """A share's part of :func:`.measures.reconciliation_metrics`: per collection, bronze's
+    live documents and silver's (count and checksum), and the rows that name a problem."""
+    live = past.live
     s_cid, s_vb = _numbers(rows["_collection_id"]), _numbers(rows["_vbucket"])
     expiry, has_expiry = _numbers(rows["_expiry"]), _present(rows["_expiry"])
     shown = (
@@ -110,23 +156,32 @@ def _reconciliation(past: History, silver: SilverColumns) -> list[Row]:
         in_dropped = np.isin(s_cid * (1 << 32) + s_vb, marks)
     b_cid = _numbers(live["collection_id"])
     found = [*np.unique(b_cid), *np.unique(s_cid[shown]), *np.unique(s_cid[in_dropped])]
-    per_collection = {}
     for cid in dict.fromkeys(int(c) for c in found):
         b, s = b_cid == cid, shown & (s_cid == cid)
         d = in_dropped & (s_cid == cid)
         expired = s & has_expiry & (expiry > 0) & (expiry <= now)
-        named = spark_rows(
-            rows.filter(pa.array(s | d)).select(["table"]).group_by("table").aggregate([])
-        )
-        described = measures.described(
-            spark_rows(rows.filter(pa.array(expired))), spark_rows(rows.filter(pa.array(d))), now
-        )
-        per_collection[cid] = {
-            "bronze_live": int(b.sum()),
-            "bronze_checksum": checksum_columns(live["key"], live["seqno"], b),
-            "silver_live": int(s.sum()),
-            "silver_checksum": checksum_columns(rows["key"], rows["_seqno"], s),
-            **described,
-            "silver_table": min((r["table"] for r in named), default=None),
+        named = rows.filter(pa.array(s | d)).select(["table"]).group_by("table").aggregate([])
+        got = sums.setdefault(cid, _Sums())
+        got.bronze_live += int(b.sum())
+        got.bronze_checksum += checksum_columns(live["key"], live["seqno"], b)
+        got.silver_live += int(s.sum())
+        got.silver_checksum += checksum_columns(rows["key"], rows["_seqno"], s)
+        got.expired += spark_rows(rows.filter(pa.array(expired)))
+        got.dropped += spark_rows(rows.filter(pa.array(d)))
+        got.tables.update(named["table"].to_pylist())
+
+
+def _reconciliation(sums: dict[int, _Sums], names: list[Row], now: int) -> list[Row]:
+    """The reconciliation rows of the collections the shares found or the registry names."""
+    per_collection = {
+        cid: {
+            "bronze_live": got.bronze_live,
+            "bronze_checksum": got.bronze_checksum % CHECKSUM_MODULUS,
+            "silver_live": got.silver_live,
+            "silver_checksum": got.silver_checksum % CHECKSUM_MODULUS,
+            **measures.described(got.expired, got.dropped, now),
+            "silver_table": min(got.tables, default=None),
         }
-    return measures.named_collections(per_collection, silver.names)
+        for cid, got in sums.items()
+    }
+    return measures.named_collections(per_collection, names)

@@ -92,24 +92,45 @@ class Bronze:
         return spark_rows(self.items.take(pa.array(which, pa.int64())))
 
 
+def _seqno(events: pa.Table) -> pa.ChunkedArray:
+    return pc.coalesce(events["by_seqno"], events["commit_seqno"], events["abort_seqno"])
+
+
+def _plain(events: pa.Table) -> pa.ChunkedArray:
+    """Frames of a vbucket's stream that are no response."""
+    return pc.and_(pc.is_null(events["status"]), pc.is_valid(events["vbucket"]))
+
+
+def _marker(events: pa.Table) -> np.ndarray:
+    return _flags(pc.and_(_plain(events), pc.equal(events["op"], SnapshotMarker.op)))
+
+
+def columnar(events: pa.Table) -> np.ndarray:
+    """Which frames of ``events`` the columns take: snapshot markers and history items (with
+    a seqno) of a vbucket's stream."""
+    items = pc.and_(
+        pc.is_in(events["op"], value_set=pa.array(ITEM_OPS)), pc.is_valid(_seqno(events))
+    )
+    return np.asarray(_marker(events) | _flags(pc.and_(_plain(events), items)), bool)
+
+
 def split(events: pa.Table) -> Bronze:
     """``events`` (:data:`~pipelines.quality.small.read.BASE_READ`) split into control frames
     and items."""
     regular(events)
-    seqno = pc.coalesce(events["by_seqno"], events["commit_seqno"], events["abort_seqno"])
-    op, plain = events["op"], pc.and_(pc.is_null(events["status"]), pc.is_valid(events["vbucket"]))
-    is_marker = _flags(pc.and_(plain, pc.equal(op, SnapshotMarker.op)))
-    is_item = is_marker | _flags(
-        pc.and_(plain, pc.and_(pc.is_in(op, value_set=pa.array(ITEM_OPS)), pc.is_valid(seqno)))
-    )
+    seqno = _seqno(events)
+    is_marker = _marker(events)
+    is_item = columnar(events)
     started = events["session_started_at"].to_numpy(zero_copy_only=False)
     ids = events["session_id"].to_numpy(zero_copy_only=False)
-    codes, uniques = pd.MultiIndex.from_arrays([started, ids]).factorize()
-    ascending = np.asarray(uniques.argsort(), np.int64)  # as Spark orders the two strings
-    code_rank = np.empty(len(ascending), np.int64)
-    code_rank[ascending] = np.arange(len(ascending))
-    session = code_rank[np.asarray(codes, np.int64)]
-    sessions = [tuple(uniques[i]) for i in ascending]
+    session, sessions = np.zeros(0, np.int64), []
+    if len(started):
+        codes, uniques = pd.MultiIndex.from_arrays([started, ids]).factorize()
+        ascending = np.asarray(uniques.argsort(), np.int64)  # as Spark orders the two strings
+        code_rank = np.empty(len(ascending), np.int64)
+        code_rank[ascending] = np.arange(len(ascending))
+        session = code_rank[np.asarray(codes, np.int64)]
+        sessions = [tuple(uniques[i]) for i in ascending]
     rank = np.empty(len(session), np.int64)
     order = np.lexsort((_numbers(events["offset"]), _numbers(events["file_sequence"]), session))
     rank[order] = np.arange(len(order))

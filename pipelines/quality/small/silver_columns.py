@@ -1,14 +1,18 @@
 """Silver's side of the columnar check: the stream state, the registry's collection names,
-and every row of the collection tables as the views show them (:func:`.read.silver_side`'s),
-as one Arrow table. A key with a pending row of the live layer goes through the row overlay
-(:func:`pipelines.silver.rows_read.overlay`); the others are the ``_all`` tables' rows as
-they are.
+and every row of the collection tables as the views show them (:func:`.read.silver_side`'s)
+as Arrow tables, a share of the vbuckets at a time (:mod:`.shares`: each ``_all`` table is
+streamed once into a local Arrow file per share when there are several). A key with a
+pending row of the live layer is overlaid over columns (:func:`_overlaid`, the rule of
+:func:`pipelines.silver.rows_read.overlay`); the others are the ``_all`` tables' rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,9 +21,10 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from pipelines import tables
-from pipelines.lake.delta_rs import read_rows, read_table, spark_rows
+from pipelines.lake.delta_rs import plain_types, read_rows, read_table, spark_rows, table_batches
 from pipelines.quality.silver_side import ROWS_COLUMNS
 from pipelines.quality.small.read import silver_names
+from pipelines.quality.small.shares import _Writers, silver_share
 from pipelines.silver.rows_read import overlay
 from pipelines.tables import BucketTables
 
@@ -27,42 +32,76 @@ Row = dict[str, Any]
 _READ = tuple(dict.fromkeys([*ROWS_COLUMNS, "key", "_seqno", "_vbucket", "_rev_seqno"]))
 
 
-@dataclass(frozen=True)
-class SilverColumns:
+@dataclass
+class SilverShares:
+    """Silver's side: the stream state's rows, the registry's names, and per share of the
+    vbuckets its rows (:meth:`rows`)."""
+
     states: list[Row]
-    rows: pa.Table  # ROWS_COLUMNS and table (the view's name)
     names: list[Row]
+    sources: list[tuple[str, int]]
+    pending: pa.Table
+    purges: list[Row]
+    count: int
+    views: list[_Writers | list[pa.Table]]
+
+    def rows(self, i: int) -> pa.Table:
+        """The rows of share ``i`` as the views show them: ROWS_COLUMNS and ``table``."""
+        pending = self.pending
+        if self.count > 1:
+            pending = pending.filter(pa.array(silver_share(pending, self.count) == i))
+        schema = pa.schema([*(_field(c) for c in ROWS_COLUMNS), pa.field("table", pa.string())])
+        parts = []
+        for (view, cid), held in zip(self.sources, self.views, strict=True):
+            table = held[i] if isinstance(held, list) else held.read(i, _READ_SCHEMA)
+            parts.append(_view_rows(table, view, cid, pending, self.purges).cast(schema))
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def states_of(self, i: int) -> list[Row]:
+        return [s for s in self.states if self.count == 1 or (s["vbucket"] or 0) % self.count == i]
 
 
-def silver_columns(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SilverColumns:
-    """Silver's side of ``bucket`` at ``at`` (the versions the check pinned)."""
+@contextmanager
+def silver_shares(
+    spark: SparkSession, bucket: str, at: Mapping[str, int], count: int
+) -> Iterator[SilverShares]:
+    """Silver's side of ``bucket`` at ``at`` (the versions the check pinned), its rows
+    spilled to local Arrow files per share when there are several (removed on exit)."""
     names = BucketTables(bucket)
     states, known, sources = silver_names(spark, bucket, at)
-    pending = pa.schema([_field(c) for c in _READ]).empty_table()
+    pending = _READ_SCHEMA.empty_table()
     purges: list[Row] = []
     if sources and spark.catalog.tableExists(names.pending):
         pending = read_table(spark, names.pending, _READ, at.get(names.pending))
         purges = read_rows(
             spark, names.purges, ("table_name", "vbucket", "purged_through_seqno"), at
         )
-    parts = [
-        _view_rows(
-            read_table(spark, tables.all_rows(view), _READ, at.get(tables.all_rows(view))),
-            view,
-            cid,
-            pending,
-            purges,
-        )
-        for view, cid in sources
-    ]
-    schema = pa.schema([*(_field(c) for c in ROWS_COLUMNS), pa.field("table", pa.string())])
-    rows = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
-    return SilverColumns(states, rows, known)
+    with tempfile.TemporaryDirectory(prefix="dcp-cdc-silver-") as folder:
+        views: list[_Writers | list[pa.Table]] = []
+        try:
+            for n, (view, _) in enumerate(sources):
+                name = tables.all_rows(view)
+                if count == 1:
+                    views.append([read_table(spark, name, _READ, at.get(name))])
+                    continue
+                writers = _Writers(Path(folder), f"silver{n}", count)
+                views.append(writers)
+                for batch in table_batches(spark, name, _READ, at.get(name)):
+                    rows = plain_types(pa.Table.from_batches([batch])).cast(_READ_SCHEMA)
+                    writers.write(rows, silver_share(rows, count))
+        finally:
+            for held in views:
+                if isinstance(held, _Writers):
+                    held.close()
+        yield SilverShares(states, known, sources, pending, purges, count, views)
 
 
 def _field(name: str) -> pa.Field:
     types = {"key": pa.string(), "_deleted": pa.bool_(), "_vbucket": pa.int32()}
     return pa.field(name, types.get(name, pa.int64()))
+
+
+_READ_SCHEMA = pa.schema([_field(c) for c in _READ])
 
 
 def _view_rows(
