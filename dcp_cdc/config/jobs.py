@@ -194,8 +194,8 @@ class QualityConfig(ConfigModel):
     about 10 s for 1,000,000 frames where Spark's check over everything takes minutes. Above
     it, or for a bucket whose bronze holds frames with required columns null, the row check
     (below ``on_driver_below_bytes``) or Spark's does. The driver holds a share of the
-    vbuckets of at most 1,000,000 frames at a time (about 1.2 GB), the others spilled to
-    local Arrow files. 0: never."""
+    vbuckets of at most 1,500,000 frames at a time (about 2 GB at 1,000,000), the others
+    spilled to local Arrow files. 0: never."""
 
     @field_validator("severity")
     @classmethod

@@ -24,8 +24,9 @@ from pipelines.errors import NotOnDriver
 from pipelines.lake.delta_rs import plain_types
 from pipelines.quality.small.items import _numbers, columnar, regular
 
-SHARE_FRAMES = 1_000_000
-"""The most frames of bronze a share of the vbuckets holds (about 1.8 GB in the driver)."""
+SHARE_FRAMES = 1_500_000
+"""The most frames of bronze a share of the vbuckets holds (about 2 GB in the driver at
+1,000,000 frames of a share)."""
 
 
 def share_count(ingest_log: Sequence[dict[str, Any]], most: int = SHARE_FRAMES) -> int:
