@@ -220,7 +220,8 @@ def _apply(
 
         scope = None if rebuild else collection
         batch = Batch.of(found, registry, source, scope, table, staged)
-        retract = bool(found.rollbacks) and not live.holds_nothing(spark, name, registry)
+        empty = live.holds_nothing(spark, name, registry)
+        retract = bool(found.rollbacks) and not empty
         if _through_live_layer(config, bucket, collection, rebuild, batch, retract=retract):
             at = _append_to_live_layer(spark, config, batch, compaction, summary, at)
         else:
@@ -228,7 +229,9 @@ def _apply(
             # that MERGEd pending rows after a rollback's rebuild would bring them back.
             compaction.lock.acquire()
             held.append(compaction.lock)
-            at = _write_tables(spark, config, bucket, batch, summary, at, retract=retract)
+            at = _write_tables(
+                spark, config, bucket, batch, summary, at, retract=retract, empty=empty
+            )
         if retire_dropped(spark, name, registry, found.states, config):
             recall.tables_moved()
         ensure_projections(spark, registry, bucket.projections)
@@ -328,12 +331,16 @@ def _write_tables(
     at: float,
     *,
     retract: bool,
+    empty: bool,
 ) -> float:
     """Steps 3 to 5 on the complete collection tables (any pending rows compacted first):
     rollbacks retracted (when silver held rows before this apply: ``retract``; else there is
     nothing above their points to take back, and the walk already left out what they
     abandoned), drops and flushes applied, the changes MERGEd, then the history tables'
-    versions; returns the time the last step ended."""
+    versions; returns the time the last step ended. When silver held nothing (``empty``),
+    drops and flushes have no row to cut (the walk left out the changes they end), and a walk
+    in chunks commits its rows straight into the tables, as the MERGE into empty tables would
+    write them (:meth:`~pipelines.silver.walk_staged.StagedWalk.commit_to_tables`)."""
     name, registry, found = bucket.name, batch.registry, batch.found
     if live.has_pending(spark, name):
         live.compact(spark, name, registry, overlap=batch.overlap)
@@ -343,13 +350,19 @@ def _write_tables(
         summary.rebuilt_keys = store.rebuild_rolled_back(
             spark, name, events, registry, found.rollbacks, found.states, batch.changes
         )
-    summary.dropped_rows = store.apply_drops(spark, name, registry, found.controls)
+    if not empty:
+        summary.dropped_rows = store.apply_drops(spark, name, registry, found.controls)
     at = summary.step("rollbacks_drops", at)
-    summary.tables = store.merge_changes(
-        spark, name, registry, batch.changes, batch.change_cids, overlap=batch.overlap
+    straight = _commit_straight(spark, batch) if empty else None
+    summary.tables = (
+        straight
+        if straight is not None
+        else store.merge_changes(
+            spark, name, registry, batch.changes, batch.change_cids, overlap=batch.overlap
+        )
     )
     summary.changes = sum(summary.tables.values())
-    at = summary.step("merge", at)
+    at = summary.step("merge" if straight is None else "append", at)
     summary.change_times = ChangeTimes.from_row(found.times, committed_at=time.time())
     if bucket.history:
         summary.history = store.apply_history(
@@ -363,6 +376,23 @@ def _write_tables(
         )
         at = summary.step("history", at)
     return at
+
+
+def _commit_straight(spark: SparkSession, batch: Batch) -> dict[str, int] | None:
+    """A walk in chunks' rows committed straight into the collection tables of a silver that
+    holds nothing yet; the rows per view, or None when the walk was not in chunks or its rows
+    are not for this way (:func:`_append_staged`)."""
+    keys, staged = batch.found.keys, batch.staged
+    views = {
+        r["collection_id"]: r["table_name"]
+        for r in batch.registry
+        if r["status"] in tables.WITH_TABLES and keys.get(r["collection_id"])
+    }
+    if staged is None or not views or staged.collections != set(views):
+        return None
+    if not staged.commit_to_tables(spark, {cid: tables.all_rows(v) for cid, v in views.items()}):
+        return None
+    return {views[cid]: keys[cid] for cid in sorted(views)}
 
 
 def _append_pending(

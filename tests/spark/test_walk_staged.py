@@ -180,3 +180,34 @@ def test_an_apply_in_chunks_into_a_silver_with_rows_appends_to_the_pending_table
     assert spark.table(names.pending).count() > 0  # every file the log names is there
     assert_equal_to_truth(spark, bucket, result)
     assert not list((tmp_path / "wh").rglob("_staged_walk_*"))
+
+
+@pytest.mark.parametrize("scenario", ["collection-lifecycle", "rollback"])
+def test_a_first_apply_in_chunks_with_a_drop_or_a_rollback_goes_straight_into_the_tables(
+    spark: SparkSession, tmp_path: Path, bucket: str, scenario: str
+) -> None:
+    """One apply, walked in chunks, of a whole capture holding collection drops and creates
+    (``collection-lifecycle``) or a failover's rollback (``rollback``) into a silver that
+    holds nothing: nothing to cut or retract, so it commits its rows straight into the
+    collection tables (no MERGE), the dropped collections' tables retired as a MERGE would
+    leave them; the views equal the truth."""
+    result = simulate(
+        tmp_path / "sim", bucket=bucket, scenario=scenario, seed=5, vbuckets=4, docs=60, ops=240
+    )
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    for f in result.files:
+        (landing / f.name).write_bytes(f.read_bytes())
+    config = AppConfig(
+        landing=str(landing),
+        warehouse=str(tmp_path / "wh"),
+        buckets=[BucketConfig(name=bucket)],
+        silver=SilverConfig(walk_on_driver_below=40),
+    )
+    memory = IngestMemory()
+    ingest_bucket(spark, config, config.buckets[0], memory=memory)
+    summary = apply_bucket(spark, config, config.buckets[0], memory=ApplyMemory(ingest=memory))
+    assert "append" in summary.steps and "merge" not in summary.steps, summary.steps
+    assert summary.changes > 0
+    assert delta_io.table_size(spark, BucketTables(bucket).pending)[0] == 0
+    assert_equal_to_truth(spark, bucket, result)
