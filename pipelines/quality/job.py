@@ -181,11 +181,11 @@ def check_bucket(
     size = delta_io.table_size(spark, events, pinned.get(events))[1]
     computed = None
     if size < config.quality.columnar_below_bytes:
-        computed = _columnar(spark, config, name, pinned, size)
+        computed = _on_driver(spark, config, name, pinned, size, columnar=True)
     if computed is None and size < min(
         config.quality.on_driver_below_bytes, config.quality.incremental_from_bytes
     ):
-        computed = _on_driver(spark, config, name, pinned, size)
+        computed = _on_driver(spark, config, name, pinned, size, columnar=False)
     if computed is None:
         computed = _in_spark(spark, config, name, pinned, size, full=full)
     metrics: dict[str, Metrics] = dict(computed.metrics)
@@ -251,39 +251,31 @@ class _Frames:
     log_rows: list[dict[str, Any]] | None = None
 
 
-def _columnar(
-    spark: SparkSession, config: AppConfig, bucket: str, pinned: Mapping[str, int], size: int
-) -> _Frames | None:
-    """The metric frames computed in the driver over columns
-    (:mod:`pipelines.quality.small.columnar`), or None when the bucket holds what only the
-    row or Spark check takes."""
-    try:
-        found = compute_columnar(spark, bucket, pinned)
-    except NotOnDriver as exc:
-        log.info("the quality check of %s does not run over columns: %s", bucket, exc)
-        return None
-    limit = config.quality.columnar_below_bytes
-    why = (
-        f"bronze ({size:,} bytes) is below quality.columnar_below_bytes ({limit:,}): "
-        "the driver reads its columns whole"
-    )
-    return _Frames(found.metrics, why, found.ingest_log)
-
-
 def _on_driver(
-    spark: SparkSession, config: AppConfig, bucket: str, pinned: Mapping[str, int], size: int
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: str,
+    pinned: Mapping[str, int],
+    size: int,
+    *,
+    columnar: bool,
 ) -> _Frames | None:
-    """The metric frames computed in the driver (:mod:`pipelines.quality.small`), or None
-    when the bucket holds what only Spark's check takes."""
+    """The metric frames computed in the driver, over columns
+    (:mod:`pipelines.quality.small.columnar`) or over rows (:mod:`pipelines.quality.small`),
+    or None when the bucket holds what only the row or Spark check takes."""
+    compute_in_driver = compute_columnar if columnar else compute_small
+    setting = "columnar_below_bytes" if columnar else "on_driver_below_bytes"
+    named = f"[quality] {setting}"
     try:
-        found = compute_small(spark, bucket, pinned)
+        found = compute_in_driver(spark, bucket, pinned)
     except NotOnDriver as exc:
-        log.info("the quality check of %s runs in Spark: %s", bucket, exc)
+        way = "over columns" if columnar else "in the driver"
+        log.info("the quality check of %s does not run %s: %s", bucket, way, exc)
         return None
-    limit = config.quality.on_driver_below_bytes
+    limit = getattr(config.quality, setting)
     why = (
-        f"bronze ({size:,} bytes) is below quality.on_driver_below_bytes ({limit:,}): "
-        "the driver reads it whole"
+        f"bronze ({size:,} bytes) is below {named} ({limit:,}): "
+        f"the driver reads {'its columns' if columnar else 'it'} whole"
     )
     return _Frames(found.metrics, why, found.ingest_log)
 

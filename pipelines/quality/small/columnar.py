@@ -23,9 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from pipelines import schemas
 from pipelines.errors import NotOnDriver
-from pipelines.lake.delta_rs import read_rows, spark_rows, table_batches
+from pipelines.lake.delta_rs import spark_rows, table_batches
 from pipelines.quality.compute import Metrics
 from pipelines.quality.measures import CHECKSUM_MODULUS
 from pipelines.quality.small import history, measures, streams
@@ -35,7 +34,7 @@ from pipelines.quality.small.item_history import History, bronze_history, dead_b
 from pipelines.quality.small.item_snapshots import duplicate_candidates, file_frames, snapshots
 from pipelines.quality.small.items import _flags, _numbers, _present, split
 from pipelines.quality.small.placement import place
-from pipelines.quality.small.read import BASE_READ, base_frames
+from pipelines.quality.small.read import BASE_READ, base_frames, side_tables
 from pipelines.quality.small.shares import (
     SHARE_FRAMES,
     share_count,
@@ -55,15 +54,7 @@ def compute_columnar(
     (:func:`pipelines.quality.job.pinned_versions`), a share of its vbuckets at a time
     (:mod:`.shares`: ``share_frames`` frames of bronze a share)."""
     names = BucketTables(bucket)
-    exists = spark.catalog.tableExists
-    quarantine = []
-    if exists(names.quarantine):
-        quarantine = read_rows(
-            spark, names.quarantine, ("file", "offset", "truncated", "reason"), at
-        )
-    ingest_log = []
-    if exists(names.ingest_log):
-        ingest_log = read_rows(spark, names.ingest_log, schemas.INGEST_LOG.fieldNames(), at)
+    quarantine, ingest_log = side_tables(spark, bucket, at)
     count = share_count(ingest_log, share_frames)
     now = int(time.time())
     stream_rows: list[Row] = []

@@ -12,11 +12,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from pipelines import schemas
 from pipelines.lake.delta_rs import read_rows
 from pipelines.quality.compute import Metrics
 from pipelines.quality.small import history, measures, streams
-from pipelines.quality.small.read import BASE_READ, base_frames, silver_side
+from pipelines.quality.small.read import BASE_READ, base_frames, side_tables, silver_side
 from pipelines.silver.rows_read import view_rows
 from pipelines.tables import BucketTables
 
@@ -36,16 +35,8 @@ def compute_small(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> Sm
     """The metric frames of ``bucket`` with its tables read at ``at``
     (:func:`pipelines.quality.job.pinned_versions`)."""
     names = BucketTables(bucket)
-    exists = spark.catalog.tableExists
     base = base_frames(read_rows(spark, names.events, BASE_READ, at))
-    quarantine = []
-    if exists(names.quarantine):
-        quarantine = read_rows(
-            spark, names.quarantine, ("file", "offset", "truncated", "reason"), at
-        )
-    ingest_log = []
-    if exists(names.ingest_log):
-        ingest_log = read_rows(spark, names.ingest_log, schemas.INGEST_LOG.fieldNames(), at)
+    quarantine, ingest_log = side_tables(spark, bucket, at)
     frames = streams.stream_frames(base)
     snaps = streams.snapshots(frames)
     stream_rows = streams.stream_metrics(frames, snaps, streams.duplicate_seqnos(frames))

@@ -160,30 +160,13 @@ def snapshots(bronze: Bronze, placed: Placed) -> tuple[list[Row], Streams]:
     return finish_snapshots(rows), streams
 
 
+_NO_FRAME = snapshot_row((None,) * 5, [])
+
+
 def _empty(key: tuple[Any, ...]) -> Row:
     """:func:`.streams.snapshot_row` of a snapshot with no control frame."""
-    return {
-        "session_started_at": key[0],
-        "session_id": key[1],
-        "vbucket": key[2],
-        "stream_no": key[3],
-        "snapshot_no": key[4],
-        "kind": None,
-        "start": None,
-        "end": None,
-        "flags": None,
-        "items": 0,
-        "last_seqno": None,
-        "reached_end": False,
-        "oso_ended": False,
-        "stream_ended": False,
-        "out_of_range": 0,
-        "out_of_range_seqno": None,
-        "regressions": 0,
-        "first_regression": None,
-        "data_events": 0,
-        "distinct_keys": 0,
-    }
+    names = ("session_started_at", "session_id", "vbucket", "stream_no", "snapshot_no")
+    return {**_NO_FRAME, **dict(zip(names, key, strict=True))}
 
 
 def duplicate_candidates(bronze: Bronze, placed: Placed) -> list[Row]:

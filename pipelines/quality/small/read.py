@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from dcp_cdc.events import UnknownFrame
-from pipelines import tables
+from pipelines import schemas, tables
 from pipelines.errors import NotOnDriver
 from pipelines.lake.delta_rs import read_rows
 from pipelines.quality.frames import BASE_COLUMNS, KNOWN_OPCODES, REQUIRED
@@ -115,3 +115,21 @@ def silver_side(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> Silv
         return SilverSide(states, [], known)
     rows = bucket_rows(spark, bucket, sources, ROWS_COLUMNS, at)
     return SilverSide(states, rows, known)
+
+
+def side_tables(
+    spark: SparkSession, bucket: str, at: Mapping[str, int]
+) -> tuple[list[Row], list[Row]]:
+    """The quarantine's rows (file, offset, truncated, reason) and the ingest log's of
+    ``bucket`` at ``at``; none of a table not made yet."""
+    names = BucketTables(bucket)
+    exists = spark.catalog.tableExists
+    quarantine = []
+    if exists(names.quarantine):
+        quarantine = read_rows(
+            spark, names.quarantine, ("file", "offset", "truncated", "reason"), at
+        )
+    ingest_log = []
+    if exists(names.ingest_log):
+        ingest_log = read_rows(spark, names.ingest_log, schemas.INGEST_LOG.fieldNames(), at)
+    return quarantine, ingest_log
