@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from dcp_cdc.events import DATA_OPS, Mutation, SystemEvent
 from pipelines.errors import NotOnDriver
 from pipelines.quality.small import history
-from pipelines.quality.small.items import Bronze, _flags, _numbers, _present
+from pipelines.quality.small.items import Bronze, _flags, _numbers, _present, newest_per
 from pipelines.quality.small.placement import Placed
 
 Row = dict[str, Any]
@@ -203,24 +203,7 @@ def _live(data: pa.Table, kept: np.ndarray, now: int) -> pa.Table:
         ["collection_id", "key", "seqno", "rev_seqno", "op", "expiration"]
     )
     changes = changes.set_column(0, "collection_id", pc.fill_null(changes["collection_id"], 0))
-    order = pc.sort_indices(
-        changes,
-        sort_keys=[
-            ("collection_id", "ascending", "at_start"),
-            ("key", "ascending", "at_start"),
-            ("seqno", "ascending", "at_start"),
-            ("rev_seqno", "ascending", "at_start"),
-        ],
-    )
-    changes = changes.take(order)
-    n = changes.num_rows
-    last = np.ones(n, bool)
-    if n > 1:
-        cid = _numbers(changes["collection_id"])
-        keys = changes["key"].combine_chunks()
-        same_key = _flags(pc.equal(keys.slice(0, n - 1), keys.slice(1)))
-        last[:-1] = ~((cid[:-1] == cid[1:]) & same_key)
-    newest = changes.filter(pa.array(last))
+    newest = newest_per(changes, ["collection_id", "key"], ["seqno", "rev_seqno"])
     expiry = _numbers(newest["expiration"])
     live = _flags(pc.equal(newest["op"], Mutation.op)) & ((expiry == 0) | (expiry > now))
     return newest.filter(pa.array(live)).select(["collection_id", "key", "seqno"])

@@ -142,3 +142,25 @@ def split(events: pa.Table) -> Bronze:
     items = events.select(list(ITEM_COLUMNS)).take(pa.array(item_rows, pa.int64()))
     items = items.append_column("seqno", seqno.take(pa.array(item_rows, pa.int64())))
     return Bronze(control, items, item_rows, is_marker[item_rows], rank, session, sessions)
+
+
+def newest_per(table: pa.Table, keys: list[str], order: list[str]) -> pa.Table:
+    """Per value of ``keys`` (a null key its own group), the row of ``table`` with the
+    largest ``order`` columns, compared in turn, a null lowest (Spark's ``max_by`` of a
+    struct)."""
+    table = table.take(
+        pc.sort_indices(
+            table,
+            sort_keys=[(c, "ascending", "at_end") for c in keys]
+            + [(c, "descending", "at_end") for c in order],
+        )
+    )
+    n = table.num_rows
+    first = np.ones(n, bool)
+    if n > 1:
+        same = np.ones(n - 1, bool)
+        for c in keys:
+            column = table[c].combine_chunks()
+            same &= _flags(pc.equal(column.slice(1), column.slice(0, n - 1)))
+        first[1:] = ~same
+    return table.filter(pa.array(first))

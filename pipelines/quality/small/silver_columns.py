@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
@@ -23,6 +22,7 @@ from pyspark.sql import SparkSession
 from pipelines import tables
 from pipelines.lake.delta_rs import plain_types, read_rows, read_table, spark_rows, table_batches
 from pipelines.quality.silver_side import ROWS_COLUMNS
+from pipelines.quality.small.items import newest_per
 from pipelines.quality.small.read import silver_names
 from pipelines.quality.small.shares import _Writers, silver_share
 from pipelines.silver.rows_read import overlay
@@ -166,19 +166,5 @@ def _overlaid(labelled: pa.Table, view: str, mine: pa.Table, marks: list[Row]) -
 def _newest_per_key(pending: pa.Table, view: str) -> pa.Table:
     """Per key of ``pending`` (one collection's), its row of the highest ``_seqno`` then
     ``_rev_seqno`` (nulls lowest), labelled with ``view``."""
-    order = pc.sort_indices(
-        pending,
-        sort_keys=[
-            ("key", "ascending", "at_end"),
-            ("_seqno", "descending", "at_end"),
-            ("_rev_seqno", "descending", "at_end"),
-        ],
-    )
-    pending = pending.take(order)
-    keys = pending["key"].combine_chunks()
-    first = np.ones(pending.num_rows, bool)
-    if pending.num_rows > 1:
-        same = pc.fill_null(pc.equal(keys.slice(1), keys.slice(0, pending.num_rows - 1)), False)
-        first[1:] = ~np.asarray(same.to_numpy(zero_copy_only=False), bool)
-    newest = pending.filter(pa.array(first)).select(list(ROWS_COLUMNS))
+    newest = newest_per(pending, ["key"], ["_seqno", "_rev_seqno"]).select(list(ROWS_COLUMNS))
     return newest.append_column("table", pa.array([view] * newest.num_rows, pa.string()))
