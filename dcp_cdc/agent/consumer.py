@@ -136,6 +136,7 @@ class ConsumerConnection(Handshake):
         self._recording: frozenset[int] = frozenset()
         self._recorded: ClusterStateRecorded | None = None
         self._logs_due: set[int] = set()
+        self._high_seqnos_asked = 0  # GET_ALL_VB_SEQNOS requests not answered yet
         # per-vbucket hot state, indexed by vbucket (a u16)
         self._pending_end = [NO_SNAPSHOT] * 0x10000
         self._consistent = [0] * 0x10000
@@ -234,6 +235,20 @@ class ConsumerConnection(Handshake):
     def streaming(self) -> frozenset[int]:
         """vbuckets with a stream requested, open or closing on this connection."""
         return frozenset(vb for vb, meta in self._vbs.items() if meta.state != "idle")
+
+    def is_streaming(self, vbucket: int) -> bool:
+        """Whether ``vbucket`` has a stream requested, open or closing here (one lookup, where
+        :meth:`streaming` builds the set of all of them)."""
+        meta = self._vbs.get(vbucket)
+        return meta is not None and meta.state != "idle"
+
+    def any_streaming(self) -> bool:
+        return any(meta.state != "idle" for meta in self._vbs.values())
+
+    @property
+    def asking_high_seqnos(self) -> bool:
+        """Whether a GET_ALL_VB_SEQNOS of :meth:`request_high_seqnos` awaits its reply."""
+        return self._high_seqnos_asked > 0
 
     def open_stream(
         self,
@@ -335,6 +350,7 @@ class ConsumerConnection(Handshake):
     def request_high_seqnos(self) -> None:
         """GET_ALL_VB_SEQNOS of the active vbuckets (→ :class:`HighSeqnos`)."""
         self._require_ready("request_high_seqnos")
+        self._high_seqnos_asked += 1
         self._command(
             "get_all_vb_seqnos",
             self._high_seqnos,
@@ -667,6 +683,7 @@ class ConsumerConnection(Handshake):
         self._events.append(CollectionsManifest(manifest))
 
     def _high_seqnos(self, status: int, extras: bytes, value: bytes) -> None:
+        self._high_seqnos_asked -= 1
         self._events.append(HighSeqnos(self._vb_seqnos(status, value)))
 
     def _vb_seqnos(self, status: int, value: bytes) -> dict[int, int]:

@@ -346,7 +346,7 @@ class Node(Link):
         try:
             while True:
                 try:
-                    timeout = silence if conn.streaming() else None
+                    timeout = silence if conn.any_streaming() else None
                     async with asyncio.timeout(timeout):
                         data = await self.reader.read(READ_BYTES)
                 except TimeoutError:

@@ -344,7 +344,7 @@ class Placement:
         }
 
     def streaming_anywhere(self, vb: int) -> bool:
-        return any(vb in n.conn.streaming() for n in self.nodes.values() if n.conn and not n.dead)
+        return any(n.conn.is_streaming(vb) for n in self.nodes.values() if n.conn and not n.dead)
 
     def may_open(self, node: Node, vb: int) -> bool:
         """Whether a stream of ``vb`` may be requested on ``node`` now. Asked again after
@@ -391,11 +391,14 @@ class Placement:
         if not self.may_open(node, vb):
             return
         if self.mode == "until-now" and vb not in self.end_seqnos:
-            # the reply to a GET_ALL_VB_SEQNOS opens the stream; ask (again): an earlier
-            # reply may have come before this vbucket was placed here
+            # the reply to a GET_ALL_VB_SEQNOS opens the stream (until_now_ends, over the
+            # vbuckets owned when it arrives); ask (again) unless a request is on its way:
+            # an earlier reply may have come before this vbucket was placed here. One
+            # request per node, not one per vbucket: each reply walks all owned vbuckets
             node.owned.add(vb)
-            node.conn.request_high_seqnos()
-            await self.send_or_lose(node)
+            if not node.conn.asking_high_seqnos:
+                node.conn.request_high_seqnos()
+                await self.send_or_lose(node)
             return
         if node.session_started < self.last_session.get(vb, 0.0):
             await node.flush(new_session=True)

@@ -270,9 +270,7 @@ class CheckpointStore:
         }
         if updated_at is not None:
             document["updated_at"] = updated_at
-        document["vbuckets"] = {str(vb): merged[vb].to_json() for vb in sorted(merged)}
-        data = json.dumps(document, indent=1, sort_keys=False).encode() + b"\n"
-        self.backend.write(data)
+        self.backend.write(_document_text(document, merged))
         self._positions = merged
         self.updated_at = updated_at
 
@@ -353,3 +351,14 @@ def clear_staging(
     for path in removed:
         path.unlink(missing_ok=True)
     return removed
+
+
+def _document_text(document: Mapping[str, object], positions: Mapping[int, VbPosition]) -> bytes:
+    """The checkpoint's JSON: ``document``'s fields, then ``vbuckets``, one vbucket a line.
+    Each part goes through the C encoder (``json.dumps`` without ``indent``): an indented
+    dump of 1,024 vbuckets takes the pure-Python encoder about 50 ms, and each node's
+    commit writes the whole map."""
+    fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in document.items()]
+    lines = [f'  "{vb}": {json.dumps(positions[vb].to_json())}' for vb in sorted(positions)]
+    vbuckets = "{\n" + ",\n".join(lines) + "\n }" if lines else "{}"
+    return ("{\n " + ",\n ".join([*fields, f'"vbuckets": {vbuckets}']) + "\n}\n").encode()

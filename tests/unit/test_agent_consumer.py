@@ -539,11 +539,14 @@ def test_not_my_vbucket_brings_the_map() -> None:
 
 def test_high_seqnos_and_cluster_config_are_not_recorded() -> None:
     conn = ready()
+    assert not conn.asking_high_seqnos
     conn.request_high_seqnos()
+    assert conn.asking_high_seqnos  # until the reply: the placement asks no more meanwhile
     assert conn.data_to_send() == req(0x48, 0x10008 + len(CONTROLS), extras=H("00000001"))
     conn.receive_data(
         res(0x48, 0x10008 + len(CONTROLS), value=H("0001000000000000000500030000000000000000"))
     )
+    assert not conn.asking_high_seqnos
     conn.request_cluster_config()
     conn.receive_data(res(0xB5, 0x10009 + len(CONTROLS), value=b'{"rev":11}'))
     notification = HEAD.pack(0x82, 0x01, 6, 0, 0, 0, 6 + 10, 0, 0) + b"travel" + b'{"rev":12}'

@@ -28,8 +28,8 @@ class _Core:
         self.read = 0
         self.frames_received = 0
 
-    def streaming(self) -> frozenset[int]:
-        return frozenset() if self.read else frozenset({1})
+    def any_streaming(self) -> bool:
+        return not self.read
 
     def receive_data(self, data: bytes) -> None:
         self.read += len(data)

@@ -30,6 +30,9 @@ class _Core:
     def streaming(self) -> frozenset[int]:
         return frozenset(self.open)
 
+    def is_streaming(self, vb: int) -> bool:
+        return vb in self.open
+
     def positions(self) -> dict[int, Any]:
         return {}
 
@@ -54,3 +57,61 @@ def test_a_reply_that_races_a_reopen_leaves_the_vbucket_owned(tmp_path: Path) ->
         return set(node.owned)
 
     assert asyncio.run(main()) == {0}
+
+
+class _AskingCore(_Core):
+    """A connection core that counts its GET_ALL_VB_SEQNOS requests and the streams opened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+        self.answered = 0
+
+    @property
+    def asking_high_seqnos(self) -> bool:
+        return self.asked > self.answered
+
+    def request_high_seqnos(self) -> None:
+        self.asked += 1
+
+    def open_stream(self, vb: int, position: Any, **_: Any) -> None:
+        self.open.add(vb)
+
+
+def test_vbuckets_placed_on_a_node_share_one_request_for_their_end_seqnos(tmp_path: Path) -> None:
+    """``until-now``: 256 vbuckets placed on a node before its high seqnos arrived ask for them
+    once, not once each (each reply walks every vbucket owned: 256 replies of 256 vbuckets
+    cost a capture of 1,024 vbuckets seconds), and the one reply opens them all."""
+
+    async def main() -> tuple[int, set[int]]:
+        agent = Placement(
+            in_process_settings(tmp_path, "couchbase://127.0.0.1:1"), "until-now", asyncio.Event()
+        )
+        vbuckets = range(256)
+        agent.pending = vbuckets
+        core = _AskingCore()
+        node: Any = SimpleNamespace(
+            conn=core,
+            dead=False,
+            owned=set(),
+            endpoint=HostPort("127.0.0.1", 11210),
+            session_started=1.0,
+        )
+        node.send = _sent
+        agent.nodes[node.endpoint] = node
+        for vb in vbuckets:
+            await agent.open_on(node, vb)
+        asked = core.asked
+        core.answered = core.asked
+        await agent.on_event(node, HighSeqnos({vb: 40 for vb in vbuckets}))
+        await asyncio.gather(*agent.tasks)
+        assert agent.failure is None
+        return asked, set(core.open)
+
+    asked, opened = asyncio.run(main())
+    assert asked == 1
+    assert opened == set(range(256))
+
+
+async def _sent() -> None:
+    return None
