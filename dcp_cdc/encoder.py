@@ -6,6 +6,7 @@ the given header are ignored and recomputed; ``stream_id`` selects the alt magic
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from dcp_cdc import flatbuf, layouts
@@ -221,10 +222,27 @@ def _snapshot_marker(e: SnapshotMarker) -> Sections:
 
 
 def system_event_value(e: SystemEvent) -> bytes:
-    """The value of a system event for its id and version (docs/protocol/dcp.md §6.7)."""
-    uid, sid, cid = e.manifest_uid or 0, e.scope_id or 0, e.collection_id or 0
-    eid = e.event_id
-    if e.version == 2:
+    """The value of a system event for its id and version (docs/protocol/dcp.md §6.7). The
+    same event is sent in every vbucket: the last values built are remembered."""
+    fields = (e.manifest_uid, e.scope_id, e.collection_id, e.name, e.max_ttl, e.value)
+    return _system_event_value(e.event_id, e.version, *fields, e.flush_uid, e.history)
+
+
+@functools.lru_cache(maxsize=256)
+def _system_event_value(
+    eid: int,
+    version: int,
+    manifest_uid: int | None,
+    scope_id: int | None,
+    collection_id: int | None,
+    name: str | None,
+    max_ttl: int | None,
+    value: bytes,
+    flush_uid: int | None,
+    history: bool | None,
+) -> bytes:
+    uid, sid, cid = manifest_uid or 0, scope_id or 0, collection_id or 0
+    if version == 2:
         if eid in (SystemEventId.BEGIN_COLLECTION, SystemEventId.MODIFY_COLLECTION):
             return flatbuf.build_table(
                 flatbuf.COLLECTION,
@@ -232,11 +250,11 @@ def system_event_value(e: SystemEvent) -> bytes:
                     "uid": uid,
                     "scope_id": sid,
                     "collection_id": cid,
-                    "ttl_valid": e.max_ttl is not None,
-                    "max_ttl": e.max_ttl,
-                    "name": e.name,
-                    "history": e.history,
-                    "flush_uid": e.flush_uid,
+                    "ttl_valid": max_ttl is not None,
+                    "max_ttl": max_ttl,
+                    "name": name,
+                    "history": history,
+                    "flush_uid": flush_uid,
                 },
             )
         if eid == SystemEventId.END_COLLECTION:
@@ -244,19 +262,19 @@ def system_event_value(e: SystemEvent) -> bytes:
                 flatbuf.DROPPED_COLLECTION, {"uid": uid, "scope_id": sid, "collection_id": cid}
             )
         if eid == SystemEventId.CREATE_SCOPE:
-            return flatbuf.build_table(flatbuf.SCOPE, {"uid": uid, "scope_id": sid, "name": e.name})
+            return flatbuf.build_table(flatbuf.SCOPE, {"uid": uid, "scope_id": sid, "name": name})
         if eid == SystemEventId.DROP_SCOPE:
             return flatbuf.build_table(flatbuf.DROPPED_SCOPE, {"uid": uid, "scope_id": sid})
-        return e.value
+        return value
     if eid in (SystemEventId.BEGIN_COLLECTION, SystemEventId.END_COLLECTION):
-        if e.version == 1:
+        if version == 1:
             return layouts.COLLECTION_EVENT_V1.pack(
-                manifest_uid=uid, scope_id=sid, collection_id=cid, max_ttl=e.max_ttl or 0
+                manifest_uid=uid, scope_id=sid, collection_id=cid, max_ttl=max_ttl or 0
             )
         return layouts.COLLECTION_EVENT_V0.pack(manifest_uid=uid, scope_id=sid, collection_id=cid)
     if eid in (SystemEventId.CREATE_SCOPE, SystemEventId.DROP_SCOPE):
         return layouts.SCOPE_EVENT_V0.pack(manifest_uid=uid, scope_id=sid)
-    return e.value
+    return value
 
 
 def _system_event(e: SystemEvent) -> Sections:

@@ -7,6 +7,7 @@ never an IndexError. FlatBuffers are little-endian, unlike the rest of the proto
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Literal
 
@@ -59,8 +60,16 @@ def _need(buf: bytes, pos: int, size: int, what: str) -> None:
 
 
 def read_table(value: bytes | memoryview, schema: Schema) -> dict[str, FlatValue]:
-    """The root table of ``value`` as a dict; absent fields take the schema default."""
-    buf = bytes(value)
+    """The root table of ``value`` as a dict; absent fields take the schema default.
+
+    A bucket's system events repeat the same value in each of its vbuckets (a collection's
+    creation, 1,024 times): the last values read are remembered, and each caller gets a
+    dict of its own."""
+    return dict(_read_table(bytes(value), schema))
+
+
+@functools.lru_cache(maxsize=256)
+def _read_table(buf: bytes, schema: Schema) -> dict[str, FlatValue]:
     _need(buf, 0, 4, "root offset")
     table = _U32.unpack_from(buf, 0)[0]
     _need(buf, table, 4, "root table")

@@ -171,6 +171,11 @@ def test_flatbuffers_collection_round_trip_with_defaults() -> None:
         "metered": False,
         "flush_uid": 0x20,
     }
+    # the same value read again (each vbucket's copy of an event) is a dict of its own
+    first = flatbuf.read_table(memoryview(data), flatbuf.COLLECTION)
+    first["name"] = "changed"
+    assert flatbuf.read_table(data, flatbuf.COLLECTION)["name"] == "orders"
+    assert flatbuf.read_table(data, flatbuf.SCOPE) != first  # read by the schema asked for
 
 
 def test_flatbuffers_reads_tables_built_by_the_reference_builder() -> None:
