@@ -466,16 +466,22 @@ def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Tab
         frames = iter(table.to_pylist())
     walked: list[pa.Table] = []
     rows: list[dict[str, Any]] = []  # the small vbuckets' rows since the last large one
+    large = _Output(table, out_schema)  # the large ones' since the last small one
     for a, b in bounds:
         if b - a < SMALL_GROUP:
+            if large.size:
+                walked.append(large.table())
+                large = _Output(table, out_schema)
             rows += walked_rows(list(itertools.islice(frames, b - a)), out_schema.names, eager)
             continue
         if rows:
             walked.append(pa.Table.from_pylist(rows, out_schema))
             rows = []
-        walked.append(walk_group_columns(table.slice(a, b - a), out_schema, eager))
+        large.add(a, *_walk_group(table.slice(a, b - a), eager))
     if rows:
         walked.append(pa.Table.from_pylist(rows, out_schema))
+    if large.size:
+        walked.append(large.table())
     return summarize(pa.concat_tables(walked))
 
 
@@ -491,6 +497,14 @@ def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
 
 def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     """:func:`pipelines.silver.walk.walk_group_rows`, over the group's columns."""
+    out = _Output(table, out_schema)
+    out.add(0, *_walk_group(table, eager))
+    return out.table()
+
+
+def _walk_group(table: pa.Table, eager: bool) -> tuple[int, np.ndarray, _Walked, dict[str, Any]]:
+    """One vbucket's group walked: its vbucket, its frames' rows in ``table``, what the walk
+    found, and the values of its ``state`` row."""
     vb = table.column("vb_key")[0].as_py()
     text = table.column("saved_state")[0].as_py()
     saved = json.loads(text) if text else None
@@ -531,7 +545,7 @@ def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> p
         "position_run_id": position_run,
         "late": late,
     }
-    return _walked_rows(table, out_schema, vb, frames, walked, last)
+    return vb, frames.rows, walked, last
 
 
 def _first(table: pa.Table, name: str) -> Any:
@@ -550,59 +564,88 @@ _SET_BY_WALK = frozenset(
 """The columns of a walked row the walk fills itself, whatever its frame has."""
 
 
-def _walked_rows(
-    table: pa.Table,
-    out_schema: pa.Schema,
-    vb: int,
-    frames: _Frames,
-    walked: _Walked,
-    last: dict[str, Any],
-) -> pa.Table:
-    """The rows of ``out_schema`` the row walk gives, in its order: the committed changes, the
-    ended ones, the system events (their frames' own columns gathered from ``table``, the
-    walk's values laid over them), then a row per rollback and the ``state`` row (``last``:
-    its values). Built with few Arrow calls: a group is often small, and a call costs more
-    than its work."""
-    picked = [*walked.changes, *walked.ended, *(j for j, _, _ in walked.events)]
-    counts = [len(walked.changes), len(walked.ended), len(walked.events), len(walked.rollbacks), 1]
-    body, n = len(picked), sum(counts)
-    rows = np.zeros(n, dtype=np.int64)
-    rows[:body] = frames.rows[np.array(picked, dtype=np.int64)]
-    # one take for every gathered column; the rows after the frames' take nulls
-    present = set(table.schema.names) - _SET_BY_WALK
-    names = [name for name in out_schema.names if name in present]
-    source = table.select(names)
-    if any(c.num_chunks > 1 for c in source.columns):
-        source = source.combine_chunks()
-    taken = source.take(pa.array(rows, mask=np.arange(n) >= body))
-    gathered = dict(zip(names, taken.columns, strict=True))
-    own = {  # what the rows after the changes say instead of their frames
-        "event": [event for _, event, _ in walked.events],
-        "cas": [clock for _, _, clock in walked.events],
-    }
-    after_changes = counts[0] + counts[1]
-    arrays: list[pa.Array | pa.ChunkedArray] = []
-    for name, type_ in _fields(out_schema):
-        column: pa.Array | pa.ChunkedArray
-        if name == "kind":
-            kinds = (itertools.repeat(k.value, c) for k, c in zip(_KINDS, counts, strict=True))
-            column = pa.array(itertools.chain.from_iterable(kinds), type_, size=n)
-        elif name == "vbucket":
-            column = pa.array(np.full(n, vb, dtype=type_.to_pandas_dtype()), type_)
-        elif name in last:
-            column = pa.array([*itertools.repeat(None, n - 1), last[name]], type_)
-        elif name in gathered:
-            column = gathered[name]
-            if name == "rollback_seqno" and walked.rollbacks:
-                tail = pa.array([*walked.rollbacks, None], column.type)
-                column = pa.concat_arrays([_one(column).slice(0, body), tail])
-            elif name in own and walked.events:
-                head, rest = _one(column).slice(0, after_changes), _one(column).slice(body)
-                column = pa.concat_arrays([head, pa.array(own[name], column.type), rest])
-        else:
-            column = pa.nulls(n, type_)
-        arrays.append(column if column.type == type_ else column.cast(type_))
-    return pa.Table.from_arrays(arrays, schema=out_schema)
+class _Output:
+    """The rows of ``out_schema`` the row walk gives, for the groups walked over ``table`` (each
+    a slice of it, :meth:`add` in order), built once for them all (:meth:`table`): per group,
+    in its order, the committed changes, the ended ones, the system events (their frames' own
+    columns gathered from ``table``, the walk's values laid over them), then a row per
+    rollback and the ``state`` row. A handful of Arrow calls per chunk of groups, not per
+    group: with 1,024 vbuckets, the calls of a table per vbucket cost more than their work."""
+
+    def __init__(self, table: pa.Table, out_schema: pa.Schema) -> None:
+        self.source, self.out_schema = table, out_schema
+        self.rows: list[np.ndarray] = []  # per group: its rows' frames in ``table``, -1: none
+        self.kinds: list[str] = []
+        self.vbuckets: list[np.ndarray] = []
+        self.own: dict[str, dict[int, Any]] = {}  # column -> output row -> the walk's value
+        self.size = 0
+
+    def add(
+        self, offset: int, vb: int, rows: np.ndarray, walked: _Walked, last: dict[str, Any]
+    ) -> None:
+        """A group's rows: ``rows``, its frames' rows in its slice, which starts at
+        ``offset`` of the table."""
+        picked = [*walked.changes, *walked.ended, *(j for j, _, _ in walked.events)]
+        counts = [len(walked.changes), len(walked.ended), len(walked.events)]
+        counts += [len(walked.rollbacks), 1]
+        body, n = len(picked), sum(counts)
+        at = np.full(n, -1, dtype=np.int64)
+        at[:body] = rows[np.array(picked, dtype=np.int64)] + offset
+        self.rows.append(at)
+        for kind, count in zip(_KINDS, counts, strict=True):
+            self.kinds += [kind.value] * count
+        self.vbuckets.append(np.full(n, vb, dtype=np.int64))
+        first = self.size + counts[0] + counts[1]
+        for i, (_, event, clock) in enumerate(walked.events):
+            self.own.setdefault("event", {})[first + i] = event
+            self.own.setdefault("cas", {})[first + i] = clock
+        for i, seqno in enumerate(walked.rollbacks):
+            self.own.setdefault("rollback_seqno", {})[self.size + body + i] = seqno
+        for name, value in last.items():
+            self.own.setdefault(name, {})[self.size + n - 1] = value
+        self.size += n
+
+    def table(self) -> pa.Table:
+        n = self.size
+        rows = np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
+        present = set(self.source.schema.names) - _SET_BY_WALK
+        names = [name for name in self.out_schema.names if name in present]
+        source = self.source.select(names)
+        if any(c.num_chunks > 1 for c in source.columns):
+            source = source.combine_chunks()
+        taken = source.take(pa.array(rows, mask=rows < 0))  # the rows of no frame: nulls
+        gathered = dict(zip(names, taken.columns, strict=True))
+        arrays: list[pa.Array | pa.ChunkedArray] = []
+        for name, type_ in _fields(self.out_schema):
+            column: pa.Array | pa.ChunkedArray
+            if name == "kind":
+                column = pa.array(self.kinds, type_, size=n)
+            elif name == "vbucket":
+                vbuckets = np.concatenate(self.vbuckets) if self.vbuckets else rows
+                column = pa.array(vbuckets.astype(type_.to_pandas_dtype()), type_)
+            elif name in self.own and name not in gathered:
+                values: list[Any] = [None] * n
+                for i, value in self.own[name].items():
+                    values[i] = value
+                column = pa.array(values, type_)
+            elif name in gathered:
+                column = gathered[name]
+                if name in self.own:
+                    column = _laid_over(_one(column), self.own[name], n)
+            else:
+                column = pa.nulls(n, type_)
+            arrays.append(column if column.type == type_ else column.cast(type_))
+        return pa.Table.from_arrays(arrays, schema=self.out_schema)
+
+
+def _laid_over(column: pa.Array, values: dict[int, Any], n: int) -> pa.Array:
+    """``column`` with ``values`` (output row -> value) in place of its own."""
+    mask = np.zeros(n, bool)
+    at = np.fromiter(values, np.int64, len(values))
+    mask[at] = True
+    order = np.argsort(at)
+    replacements = pa.array([values[int(i)] for i in at[order]], column.type)
+    return pc.replace_with_mask(column, pa.array(mask), replacements)
 
 
 _last_fields: list[tuple[pa.Schema, list[tuple[str, pa.DataType]]]] = []

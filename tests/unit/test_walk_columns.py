@@ -398,6 +398,16 @@ def test_many_small_vbuckets_beside_large_ones_walk_as_each_alone(
     got = walk_vbuckets(shuffled, OUT, eager)
     expected = pa.concat_tables([summarize(walk_group(t, OUT, eager)) for t in groups])
     assert got.to_pylist() == expected.to_pylist()
+    # large vbuckets between small ones: each run of large ones is built apart, in order
+    between = [_with_vb(t, 10 * t["vb_key"][0].as_py()) for t in small]
+    between += [_with_vb(t, 10 * i + 5) for i, t in enumerate(large)]
+    groups = sorted(between, key=lambda t: t["vb_key"][0].as_py())
+    together = pa.concat_tables([g.cast(groups[0].schema) for g in groups])
+    got = walk_vbuckets(
+        together.take(np.random.default_rng(3).permutation(len(together))), OUT, eager
+    )
+    expected = pa.concat_tables([summarize(walk_group(t, OUT, eager)) for t in groups])
+    assert got.to_pylist() == expected.to_pylist()
     # every vbucket a small one
     alone = [summarize(walk_group(t, OUT, eager)) for t in small]
     only_small = pa.concat_tables([t.cast(small[0].schema) for t in small])
@@ -523,3 +533,8 @@ def test_the_next_read_starts_after_the_newest_run_read_once_every_frame_is_cons
     assert _saved_position(open_snapshot) == ("run-2", 2)
     consumed = [{**f, **extra} for f in w.frames]
     assert _saved_position(consumed) == ("run-3", 4 if read_through else 3)
+
+
+def _with_vb(table: pa.Table, vb: int) -> pa.Table:
+    at = table.schema.get_field_index("vb_key")
+    return table.set_column(at, "vb_key", pa.array([vb] * table.num_rows, pa.int32()))
