@@ -146,7 +146,7 @@ def column_steps(tables: list[pa.Table], out_schema: pa.Schema) -> dict[str, flo
         steps.done("state machine")
         state = json.dumps(VbState(0).to_json())
         last = {"frames": len(frames), "ignored": 0, "state": state, "position_run_id": None}
-        output = wc._Output(table, out_schema)
+        output = wc._Output(wc._gatherable(table, out_schema), out_schema)
         output.add(0, 0, frames.rows, walked, last)
         output.table()
         steps.done("output")

@@ -466,12 +466,13 @@ def walk_vbuckets(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Tab
         frames = iter(table.to_pylist())
     walked: list[pa.Table] = []
     rows: list[dict[str, Any]] = []  # the small vbuckets' rows since the last large one
-    large = _Output(table, out_schema)  # the large ones' since the last small one
+    source = _gatherable(table, out_schema)
+    large = _Output(source, out_schema)  # the large ones' since the last small one
     for a, b in bounds:
         if b - a < SMALL_GROUP:
             if large.size:
                 walked.append(large.table())
-                large = _Output(table, out_schema)
+                large = _Output(source, out_schema)
             rows += walked_rows(list(itertools.islice(frames, b - a)), out_schema.names, eager)
             continue
         if rows:
@@ -497,7 +498,7 @@ def walk_group(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
 
 def walk_group_columns(table: pa.Table, out_schema: pa.Schema, eager: bool) -> pa.Table:
     """:func:`pipelines.silver.walk.walk_group_rows`, over the group's columns."""
-    out = _Output(table, out_schema)
+    out = _Output(_gatherable(table, out_schema), out_schema)
     out.add(0, *_walk_group(table, eager))
     return out.table()
 
@@ -572,8 +573,8 @@ class _Output:
     rollback and the ``state`` row. A handful of Arrow calls per chunk of groups, not per
     group: with 1,024 vbuckets, the calls of a table per vbucket cost more than their work."""
 
-    def __init__(self, table: pa.Table, out_schema: pa.Schema) -> None:
-        self.source, self.out_schema = table, out_schema
+    def __init__(self, source: pa.Table, out_schema: pa.Schema) -> None:
+        self.source, self.out_schema = source, out_schema  # :func:`_gatherable`'s
         self.rows: list[np.ndarray] = []  # per group: its rows' frames in ``table``, -1: none
         self.kinds: list[str] = []
         self.vbuckets: list[np.ndarray] = []
@@ -608,13 +609,8 @@ class _Output:
     def table(self) -> pa.Table:
         n = self.size
         rows = np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
-        present = set(self.source.schema.names) - _SET_BY_WALK
-        names = [name for name in self.out_schema.names if name in present]
-        source = self.source.select(names)
-        if any(c.num_chunks > 1 for c in source.columns):
-            source = source.combine_chunks()
-        taken = source.take(pa.array(rows, mask=rows < 0))  # the rows of no frame: nulls
-        gathered = dict(zip(names, taken.columns, strict=True))
+        taken = self.source.take(pa.array(rows, mask=rows < 0))  # the rows of no frame: nulls
+        gathered = dict(zip(self.source.column_names, taken.columns, strict=True))
         arrays: list[pa.Array | pa.ChunkedArray] = []
         for name, type_ in _fields(self.out_schema):
             column: pa.Array | pa.ChunkedArray
@@ -636,6 +632,16 @@ class _Output:
                 column = pa.nulls(n, type_)
             arrays.append(column if column.type == type_ else column.cast(type_))
         return pa.Table.from_arrays(arrays, schema=self.out_schema)
+
+
+def _gatherable(table: pa.Table, out_schema: pa.Schema) -> pa.Table:
+    """The columns of ``table`` an :class:`_Output` gathers (those of ``out_schema`` the walk
+    does not set itself), each in one chunk: prepared once for all the groups of ``table``."""
+    present = set(table.schema.names) - _SET_BY_WALK
+    source = table.select([name for name in out_schema.names if name in present])
+    if any(c.num_chunks > 1 for c in source.columns):
+        source = source.combine_chunks()
+    return source
 
 
 def _laid_over(column: pa.Array, values: dict[int, Any], n: int) -> pa.Array:
