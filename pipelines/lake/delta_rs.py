@@ -130,9 +130,7 @@ def table_batches(
     from pipelines.lake import delta_io
 
     location = delta_io.table_location(spark, table)
-    options = {}
-    if on_s3(location):
-        options = s3_storage_options(dict(spark.sparkContext.getConf().getAll()), location)
+    options = storage_options(spark, location)
     return column_batches(location, columns, table=table, version=version, options=options)
 
 
@@ -144,10 +142,16 @@ def read_table(
     from pipelines.lake import delta_io
 
     location = delta_io.table_location(spark, table)
-    options = {}
-    if on_s3(location):  # the session's settings cross from the JVM: only when needed
-        options = s3_storage_options(dict(spark.sparkContext.getConf().getAll()), location)
+    options = storage_options(spark, location)
     return read_columns(location, columns, table=table, version=version, options=options)
+
+
+def storage_options(spark: SparkSession, location: str) -> dict[str, str]:
+    """delta-rs's options for a table at ``location`` from the session's settings
+    (:func:`s3_storage_options`); none for a local one."""
+    if not on_s3(location):  # the session's settings cross from the JVM: only when needed
+        return {}
+    return s3_storage_options(dict(spark.sparkContext.getConf().getAll()), location)
 
 
 def read_rows(

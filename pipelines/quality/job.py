@@ -68,19 +68,32 @@ UPLOAD_CHUNK_BYTES = 1 << 20
 
 def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     """The current Delta version of every table a check of ``bucket`` reads (for
-    :func:`check_bucket`'s ``at``); taken between two micro-batches. The registry's rows come
-    through delta-rs (no Spark job)."""
+    :func:`check_bucket`'s ``at``), the tables that exist only; taken between two
+    micro-batches. The catalog gives the tables' locations, a call per database and not per
+    table (:func:`~pipelines.lake.delta_io.table_locations`); the versions come from the tables'
+    logs, the registry's rows through delta-rs at its version (no Spark job)."""
     names = BucketTables(bucket)
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
-    wanted += [names.pending, names.purges]
-    if spark.catalog.tableExists(names.registry):
-        wanted.append(names.registry)
-        registry = delta_rs.read_table(spark, names.registry, ("status", "table_name"))
-        for r in registry.to_pylist():
-            if r["status"] not in tables.WITH_TABLES:
-                continue
-            wanted.append(tables.all_rows(r["table_name"]))
-    return {t: delta_io.table_version(spark, t) for t in wanted if spark.catalog.tableExists(t)}
+    wanted += [names.pending, names.purges, names.registry]
+    where = delta_io.table_locations(spark, wanted)
+    pinned = {t: delta_io.location_version(spark, where[t]) for t in wanted if t in where}
+    if names.registry in pinned:
+        location = where[names.registry]
+        registry = delta_rs.read_columns(
+            location,
+            ("status", "table_name"),
+            table=names.registry,
+            version=pinned[names.registry],
+            options=delta_rs.storage_options(spark, location),
+        )
+        collections = [
+            tables.all_rows(r["table_name"])
+            for r in registry.to_pylist()
+            if r["status"] in tables.WITH_TABLES
+        ]
+        where = delta_io.table_locations(spark, collections)
+        pinned |= {t: delta_io.location_version(spark, where[t]) for t in collections if t in where}
+    return pinned
 
 
 def landing_frame(

@@ -260,3 +260,32 @@ def test_files_of_other_columns_are_not_committed(
     narrow = T.StructType([T.StructField("a", T.IntegerType())])
     assert file_commits.append_files(spark, name, _file(folder, 2), narrow)
     assert [r["a"] for r in spark.table(name).collect()] == [2]
+
+
+def test_table_locations_are_the_catalogs_per_database(
+    spark: SparkSession, table: tuple[str, Path]
+) -> None:
+    """One catalog call per database gives each existing table's location, the one its log
+    gives; a missing table, a view and a table of a missing database have none. The version
+    read at a location is the table's."""
+    name, folder = table
+    other = f"log_reads.o{uuid.uuid4().hex[:8]}"
+    view = f"log_reads.v{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {other} (a INT) USING delta")
+    spark.sql(f"CREATE VIEW {view} AS SELECT a FROM {name}")
+    try:
+        file_commits.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
+        asked = [name, other, view, "log_reads.missing", "no_such_database.t", name.upper()]
+        with counted(spark) as jobs:
+            found = delta_io.table_locations(spark, asked)
+            versions = {t: delta_io.location_version(spark, loc) for t, loc in found.items()}
+        assert jobs.count == 0, jobs.what
+        assert set(found) == {name, other, name.upper()}
+        assert found[name] == found[name.upper()] == delta_io.table_location(spark, name)
+        assert found[other] == delta_io.table_location(spark, other)
+        assert Path(found[name].removeprefix("file:")) == folder
+        assert versions == {name: 1, other: 0, name.upper(): 1}
+        assert delta_io.table_locations(spark, []) == {}
+    finally:
+        spark.sql(f"DROP VIEW IF EXISTS {view}")
+        spark.sql(f"DROP TABLE IF EXISTS {other}")

@@ -48,12 +48,12 @@ from pipelines.quality.branches import (
     split_history,
 )
 from pipelines.quality.frames import base_frames, stream_frames
-from pipelines.quality.job import check_bucket, prune_results
+from pipelines.quality.job import check_bucket, pinned_versions, prune_results
 from pipelines.quality.report import QualityReport, dump_dom, find_chromium
 from pipelines.quality.small.sql import xxhash64
 from pipelines.quality.streams import duplicate_seqnos, snapshots, stream_metrics
 from pipelines.silver.job import apply_bucket
-from pipelines.tables import BucketTables, all_rows
+from pipelines.tables import WITH_TABLES, BucketTables, all_rows
 from tests.support.spark_jobs import counted
 
 VBUCKETS = 4  # per scenario
@@ -246,6 +246,27 @@ def test_the_fixtures_check_ran_in_the_driver_and_runs_no_spark_job(
         again = check_bucket(spark, bucket.config, bucket.config.buckets[0])
     assert jobs.count == 0, jobs.what
     assert _found(again) == _found(bucket.clean)
+
+
+def test_pinned_versions_are_every_table_the_check_reads_at_its_latest(
+    spark: SparkSession, bucket: Bucket
+) -> None:
+    """The bucket's tables and its registry's collection tables that exist, each at its
+    latest version, read without a Spark job; a bucket never ingested has none."""
+    names = BucketTables(bucket.name)
+    with counted(spark) as jobs:
+        pinned = pinned_versions(spark, bucket.name)
+    assert jobs.count == 0, jobs.what
+    registry = spark.table(names.registry).where(F.col("status").isin(*WITH_TABLES))
+    collections = sorted(all_rows(r["table_name"]) for r in registry.collect())
+    assert collections
+    wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
+    wanted += [names.pending, names.purges, names.registry, *collections]
+    exist = [t for t in wanted if spark.catalog.tableExists(t)]
+    assert sorted(pinned) == sorted(exist)
+    assert set(collections) <= set(pinned)
+    assert pinned == {t: delta_io.table_version(spark, t) for t in exist}
+    assert pinned_versions(spark, f"never_{uuid.uuid4().hex[:8]}") == {}
 
 
 def test_a_compiled_check_in_spark_finds_what_the_driver_found(
