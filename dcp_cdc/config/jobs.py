@@ -60,10 +60,11 @@ class TableConfig(ConfigModel):
     Optimized writes (``delta.autoOptimize.optimizeWrite``) are off by default too: with few
     shuffle partitions a MERGE writes few files anyway, and an optimized write bins them into
     one task (a 1M-change MERGE takes 47 s with it, 32 s without, on 2 cores); with many
-    partitions turn it on, as ``conf/cluster.example.toml`` does. The small tables every run
-    and micro-batch commits to (bronze's, silver's stream state, registry, purge marks and
-    pending rows) get ``delta.checkpointInterval = 100`` unless set here: a checkpoint costs
-    such a commit 1-3 s on 2 cores."""
+    partitions turn it on, as ``conf/cluster.example.toml`` does. The small tables every run,
+    micro-batch and check commits to (bronze's, silver's stream state, registry, purge marks
+    and pending rows, the quality results and the check's state) get
+    ``delta.checkpointInterval = 100`` unless set here: a checkpoint costs such a commit 1-3 s
+    on 2 cores."""
 
 
 class SilverConfig(ConfigModel):

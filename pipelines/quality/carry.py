@@ -113,7 +113,8 @@ def write(
     """Replace ``bucket``'s state by ``carried`` (one commit)."""
     table = BucketTables(bucket).check_state
     delta_io.ensure_database(spark, table)
-    delta_io.create_table(spark, table, schemas.CHECK_STATE, properties)
+    made_with = {**delta_io.FREQUENT_COMMITS, **properties}  # a commit every check
+    delta_io.create_table(spark, table, schemas.CHECK_STATE, made_with)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "at": carried.at,

@@ -331,7 +331,8 @@ def _append_results(
 ) -> None:
     table = BucketTables(report.bucket).results
     delta_io.ensure_database(spark, table)
-    delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, config.tables.properties)
+    made_with = {**delta_io.FREQUENT_COMMITS, **config.tables.properties}  # a commit every check
+    delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, made_with)
     rows = [{**r, "checked_at": checked_at} for r in reporting.result_rows(report)]
     if not store.append_from_driver(spark, table, rows, schemas.QUALITY_RESULTS):
         delta_io.append(spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS), table)

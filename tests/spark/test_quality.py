@@ -192,6 +192,9 @@ def test_results_are_appended_and_queryable_with_sql(spark: SparkSession, bucket
         f"FROM {BucketTables(bucket.name).results} WHERE run_id = '{report.run_id}'"
     ).collect()
     assert len(rows) == 21
+    # a commit every check: Delta's checkpoint every 100 of them, not every 10th check
+    properties = delta_io.location_and_properties(spark, BucketTables(bucket.name).results)[1]
+    assert properties["delta.checkpointInterval"] == "100"
     failed = {f"{r['suite']}.{r['expectation']}": r for r in rows if not r["success"]}
     assert set(failed) == INTERRUPTED_WARNINGS
     assert {r["severity"] for r in failed.values()} == {"warn"}
