@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from pipelines.errors import CommitConflictError, TableLocationError
-from pipelines.lake import faults
+from pipelines.lake import faults, table_entries
 from pipelines.tables import database
 
 MAX_COMMIT_ATTEMPTS = 5
@@ -461,6 +461,10 @@ def _nothing(spark: SparkSession) -> Any:
 
 
 def _delta_log(spark: SparkSession, table: str) -> Any:
+    known = table_entries.location(table)
+    if known is not None:  # the location the catalog gave (table_entries.known): the same log
+        delta_log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog")
+        return delta_log.forTable(spark._jsparkSession, known)
     db, _, name = table.partition(".")
     some = java_class(spark, "scala.Some")(db)
     ident = java_class(spark, "org.apache.spark.sql.catalyst.TableIdentifier")(name, some)
@@ -501,8 +505,9 @@ def committed_version_at(
 
 def table_location(spark: SparkSession, table: str) -> str:
     """The Delta table ``table``'s location (a URI), from its log: no Spark job (``DESCRIBE
-    DETAIL`` reconstructs the state for its counts)."""
-    return str(_delta_log(spark, table).dataPath().toString())
+    DETAIL`` reconstructs the state for its counts); the one :func:`.table_entries.known`
+    holds."""
+    return table_entries.location(table) or str(_delta_log(spark, table).dataPath().toString())
 
 
 def _checksum(snapshot: Any) -> Any | None:
@@ -554,39 +559,9 @@ def foreign_commits(
     return foreign
 
 
-def table_locations(spark: SparkSession, tables: Iterable[str]) -> dict[str, str]:
-    """The locations (URIs) of those of ``tables`` (``DB.NAME``) the catalog holds as tables,
-    by name; none for a missing one. One catalog call per database (``getTablesByName``), where
-    ``spark.catalog.tableExists`` and a location each cost a call per table (20-45 ms each in a
-    warm session on the embedded metastore)."""
-    catalog = spark._jsparkSession.sessionState().catalog()
-    identifier = java_class(spark, "org.apache.spark.sql.catalyst.TableIdentifier")
-    some = java_class(spark, "scala.Some")
-    converters = java_class(spark, "scala.jdk.javaapi.CollectionConverters")
-    by_database: dict[str, dict[str, list[str]]] = {}  # as the catalog matches: any case
-    for table in tables:
-        db, _, name = table.partition(".")
-        by_database.setdefault(db, {}).setdefault(name.lower(), []).append(table)
-    found: dict[str, str] = {}
-    for db, wanted in by_database.items():
-        if not catalog.databaseExists(db):
-            continue
-        names = spark._jvm.java.util.ArrayList()  # type: ignore[union-attr]
-        for name in wanted:
-            names.add(identifier(name, some(db)))
-        entries = catalog.getTablesByName(converters.asScala(names).toSeq()).iterator()
-        while entries.hasNext():
-            entry = entries.next()
-            if entry.storage().locationUri().isDefined():  # a view has none
-                location = str(entry.location().toString())
-                for table in wanted.get(str(entry.identifier().table()).lower(), ()):
-                    found[table] = location
-    return found
-
-
 def location_version(spark: SparkSession, location: str) -> int:
     """The latest committed version of the Delta table at ``location`` (a URI, as
-    :func:`table_locations` gives), from its log: no catalog call, no Spark job."""
+    :func:`.table_entries.entries` gives), from its log: no catalog call, no Spark job."""
     nothing = _nothing(spark)
     delta_log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog")
     snapshot = delta_log.forTable(spark._jsparkSession, location).update(False, nothing, nothing)

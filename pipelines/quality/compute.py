@@ -40,7 +40,7 @@ from pyspark.sql import functions as F
 from dcp_cdc.events import DATA_OPS
 from pipelines.bronze import store
 from pipelines.errors import FullCheckNeeded
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, table_entries
 from pipelines.quality import tails
 from pipelines.quality.branches import (
     branch_logs,
@@ -162,7 +162,7 @@ def compute(
         t: delta_io.committed_version_at(
             spark, getattr(names, t), store.TXN_APP_ID, at.get(getattr(names, t))
         )
-        if spark.catalog.tableExists(getattr(names, t))
+        if table_entries.exists(spark, getattr(names, t))
         else None
         for t in TABLES
     }

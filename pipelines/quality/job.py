@@ -42,7 +42,7 @@ from pipelines.bronze import store
 from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import LogState
 from pipelines.errors import DataQualityError, NotOnDriver
-from pipelines.lake import delta_io, delta_rs
+from pipelines.lake import delta_io, delta_rs, table_entries
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
 from pipelines.quality import carry
@@ -51,7 +51,7 @@ from pipelines.quality.compute import Metrics, compute
 from pipelines.quality.report import OpenSnapshot, QualityReport
 from pipelines.quality.small.columnar import compute_columnar
 from pipelines.quality.small.compute import compute_small
-from pipelines.quality.suites import SUITES, checks, held_back_rows
+from pipelines.quality.suites import SUITES, Check, checks, held_back_rows
 
 # Great Expectations is imported by validate() (import_soon() starts it in a thread while
 # Spark computes the metric frames): its import takes seconds a check need not wait for.
@@ -70,15 +70,21 @@ def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
     """The current Delta version of every table a check of ``bucket`` reads (for
     :func:`check_bucket`'s ``at``), the tables that exist only; taken between two
     micro-batches. The catalog gives the tables' locations, a call per database and not per
-    table (:func:`~pipelines.lake.delta_io.table_locations`); the versions come from the tables'
-    logs, the registry's rows through delta-rs at its version (no Spark job)."""
+    table (:func:`~pipelines.lake.table_entries.entries`); the versions come from the
+    tables' logs, the registry's rows through delta-rs at its version (no Spark job)."""
+    return _pinned(spark, bucket)[0]
+
+
+def _pinned(spark: SparkSession, bucket: str) -> tuple[dict[str, int], dict[str, str | None]]:
+    """:func:`pinned_versions`, and the catalog's entries of those tables and of their
+    collections' views (for :func:`~pipelines.lake.table_entries.known`)."""
     names = BucketTables(bucket)
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
     wanted += [names.pending, names.purges, names.registry]
-    where = delta_io.table_locations(spark, wanted)
-    pinned = {t: delta_io.location_version(spark, where[t]) for t in wanted if t in where}
+    known = table_entries.entries(spark, wanted)
+    pinned = {t: delta_io.location_version(spark, known[t] or "") for t in wanted if known.get(t)}
     if names.registry in pinned:
-        location = where[names.registry]
+        location = known[names.registry] or ""
         registry = delta_rs.read_columns(
             location,
             ("status", "table_name"),
@@ -86,14 +92,24 @@ def pinned_versions(spark: SparkSession, bucket: str) -> dict[str, int]:
             version=pinned[names.registry],
             options=delta_rs.storage_options(spark, location),
         )
-        collections = [
-            tables.all_rows(r["table_name"])
-            for r in registry.to_pylist()
-            if r["status"] in tables.WITH_TABLES
-        ]
-        where = delta_io.table_locations(spark, collections)
-        pinned |= {t: delta_io.location_version(spark, where[t]) for t in collections if t in where}
-    return pinned
+        views = [r["table_name"] for r in registry.to_pylist() if r["status"] in tables.WITH_TABLES]
+        collections = [tables.all_rows(v) for v in views]
+        known |= table_entries.entries(spark, [*collections, *views])
+        pinned |= {
+            t: delta_io.location_version(spark, known[t] or "") for t in collections if known.get(t)
+        }
+    return pinned, known
+
+
+def _known(
+    spark: SparkSession, bucket: str, at: Mapping[str, int] | None
+) -> tuple[dict[str, int], dict[str, str | None]]:
+    """The versions a check reads (``at``, else :func:`pinned_versions` now) and the catalog's
+    entries of those tables and of their collections' views."""
+    if at is None:
+        return _pinned(spark, bucket)
+    views = [tables.view_of(t) for t in at if t.endswith(tables.ALL_SUFFIX)]
+    return dict(at), table_entries.entries(spark, [*at, *views])
 
 
 def landing_frame(
@@ -181,16 +197,39 @@ def check_bucket(
     started = time.perf_counter()
     import_soon()
     all_checks = checks(config.quality)
+    pinned, known = _known(spark, bucket.name, at)
+    events = BucketTables(bucket.name).events
+    if events not in known and not spark.catalog.tableExists(events):
+        raise DataQualityError(
+            f"bucket {bucket.name!r}: {events} does not exist; ingest it before checking it"
+        )
+    # the tables' locations from the catalog once, not again at each read of the check
+    with table_entries.known(known):
+        report = _checked(
+            spark, config, bucket, pinned, all_checks, screenshot=screenshot, full=full
+        )
+    report.seconds = time.perf_counter() - started
+    log.info(report.render(), extra={"run_id": report.run_id})
+    return report
+
+
+def _checked(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: BucketConfig,
+    pinned: Mapping[str, int],
+    all_checks: tuple[Check, ...],
+    *,
+    screenshot: bool,
+    full: bool,
+) -> QualityReport:
+    """:func:`check_bucket` of the tables at ``pinned``: the metric frames, Great
+    Expectations, the results, the summary page."""
     name = bucket.name
     names = BucketTables(name)
     events = names.events
-    if not spark.catalog.tableExists(events):
-        raise DataQualityError(
-            f"bucket {name!r}: {events} does not exist; ingest it before checking it"
-        )
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     run_id = f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    pinned = dict(at) if at is not None else pinned_versions(spark, name)
     size = delta_io.table_size(spark, events, pinned.get(events))[1]
     computed = None
     if size < config.quality.columnar_below_bytes:
@@ -248,8 +287,6 @@ def check_bucket(
             report.screenshot_path = f"{target}/{SCREENSHOT_NAME}"
     report.report_path = f"{target}/{SUMMARY_NAME}"
     report.data_docs_path = f"{target}/{DOCS_NAME}/index.html"
-    report.seconds = time.perf_counter() - started
-    log.info(report.render(), extra={"run_id": run_id})
     return report
 
 

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines import tables
+from pipelines.lake import table_entries
 from pipelines.schemas import REGISTRY, SILVER, STATE, projection
 from pipelines.silver import live as live_layer
 from pipelines.tables import BucketTables
@@ -68,13 +69,13 @@ def silver_frames(
     silver_tables = BucketTables(bucket)
     registry, state = silver_tables.registry, silver_tables.stream_state
     state_columns = ("vbucket", "consistent_seqno", "last_applied_seqno", "vb_uuid", "failover_log")
-    if spark.catalog.tableExists(state):
+    if table_entries.exists(spark, state):
         states = read_at(spark, state, at).select(*state_columns)
     else:
         states = empty(*projection(STATE, *state_columns))
     rows = empty(*projection(SILVER, *ROWS_COLUMNS), table_column)
     names = empty(*projection(REGISTRY, "collection_id", "name"))
-    if not spark.catalog.tableExists(registry):
+    if not table_entries.exists(spark, registry):
         return SilverFrames(states, rows, names)
     reg = read_at(spark, registry, at)
     names = reg.select("collection_id", F.concat_ws(".", "scope", "name").alias("name"))
@@ -89,7 +90,7 @@ def silver_frames(
         all_rows = tables.all_rows(table)
         if only_at and (at is None or all_rows not in at):
             continue
-        if not spark.catalog.tableExists(all_rows) or not spark.catalog.tableExists(table):
+        if not table_entries.exists(spark, all_rows) or not table_entries.exists(spark, table):
             log.warning("silver table %s (or its _all table) is missing", table)
             continue
         views.append((table, r["collection_id"]))

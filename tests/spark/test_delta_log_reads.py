@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.lake import delta_io, file_commits
+from pipelines.lake import delta_io, file_commits, table_entries
 from tests.support.spark_jobs import counted
 
 APP = "dcp-cdc-test"
@@ -277,7 +278,7 @@ def test_table_locations_are_the_catalogs_per_database(
         file_commits.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
         asked = [name, other, view, "log_reads.missing", "no_such_database.t", name.upper()]
         with counted(spark) as jobs:
-            found = delta_io.table_locations(spark, asked)
+            found = table_entries.locations(spark, asked)
             versions = {t: delta_io.location_version(spark, loc) for t, loc in found.items()}
         assert jobs.count == 0, jobs.what
         assert set(found) == {name, other, name.upper()}
@@ -285,7 +286,36 @@ def test_table_locations_are_the_catalogs_per_database(
         assert found[other] == delta_io.table_location(spark, other)
         assert Path(found[name].removeprefix("file:")) == folder
         assert versions == {name: 1, other: 0, name.upper(): 1}
-        assert delta_io.table_locations(spark, []) == {}
+        assert table_entries.locations(spark, []) == {}
     finally:
         spark.sql(f"DROP VIEW IF EXISTS {view}")
+        spark.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def test_tables_known_answer_for_the_block_and_its_thread_only(
+    spark: SparkSession, table: tuple[str, Path]
+) -> None:
+    """Within ``tables_known``, a table's location and its log's reads come from the entries
+    given (here another table's location, to tell them apart), a view of them exists; outside
+    the block, and in another thread inside it, the catalog answers."""
+    name, folder = table
+    other = f"log_reads.o{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {other} (a INT) USING delta")
+    try:
+        file_commits.commit_files(spark, name, _file(folder, 1), app_id=APP, version=1)
+        elsewhere = delta_io.table_location(spark, other)
+        view = "log_reads.not_in_the_catalog"
+        with table_entries.known({name: elsewhere, view: None}):
+            assert delta_io.table_location(spark, name) == elsewhere
+            assert delta_io.table_version(spark, name) == 0  # the other table's log
+            assert delta_io.table_size(spark, name) == (0, 0)
+            assert table_entries.exists(spark, view)
+            assert not table_entries.exists(spark, "log_reads.missing")
+            with ThreadPoolExecutor(1) as pool:
+                assert pool.submit(delta_io.table_version, spark, name).result() == 1
+                assert not pool.submit(table_entries.exists, spark, view).result()
+        assert delta_io.table_location(spark, name) != elsewhere
+        assert delta_io.table_version(spark, name) == 1
+        assert not table_entries.exists(spark, view)
+    finally:
         spark.sql(f"DROP TABLE IF EXISTS {other}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -16,6 +17,7 @@ from pyspark.sql import SparkSession
 from dcp_cdc.events import UnknownFrame
 from pipelines import schemas, tables
 from pipelines.errors import NotOnDriver
+from pipelines.lake import table_entries
 from pipelines.lake.delta_rs import read_rows
 from pipelines.quality.frames import BASE_COLUMNS, KNOWN_OPCODES, REQUIRED
 from pipelines.quality.silver_side import ROWS_COLUMNS
@@ -81,7 +83,7 @@ def silver_names(
     id) of each table the registry names (not retired) that exists, of ``bucket`` at
     ``at``."""
     names = BucketTables(bucket)
-    exists = spark.catalog.tableExists
+    exists = partial(table_entries.exists, spark)
     states = read_rows(spark, names.stream_state, _STATE, at) if exists(names.stream_state) else []
     if not exists(names.registry):
         return states, [], []
@@ -123,7 +125,7 @@ def side_tables(
     """The quarantine's rows (file, offset, truncated, reason) and the ingest log's of
     ``bucket`` at ``at``; none of a table not made yet."""
     names = BucketTables(bucket)
-    exists = spark.catalog.tableExists
+    exists = partial(table_entries.exists, spark)
     quarantine = []
     if exists(names.quarantine):
         quarantine = read_rows(

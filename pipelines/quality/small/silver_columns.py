@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from pipelines import tables
+from pipelines.lake import table_entries
 from pipelines.lake.delta_rs import plain_types, read_rows, read_table, spark_rows, table_batches
 from pipelines.quality.silver_side import ROWS_COLUMNS
 from pipelines.quality.small.items import newest_per
@@ -71,7 +72,7 @@ def silver_shares(
     states, known, sources = silver_names(spark, bucket, at)
     pending = _READ_SCHEMA.empty_table()
     purges: list[Row] = []
-    if sources and spark.catalog.tableExists(names.pending):
+    if sources and table_entries.exists(spark, names.pending):
         pending = read_table(spark, names.pending, _READ, at.get(names.pending))
         purges = read_rows(
             spark, names.purges, ("table_name", "vbucket", "purged_through_seqno"), at
