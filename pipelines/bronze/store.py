@@ -26,6 +26,7 @@ from pipelines.bronze.plan import HeldBack, LogState, lost_row
 from pipelines.bronze.writer import remove_written, write_rows
 from pipelines.errors import LandingSkipError
 from pipelines.lake import delta_io, delta_rs, file_commits
+from pipelines.lake.object_storage import on_s3
 from pipelines.tables import BucketTables
 
 TXN_APP_ID = "dcp-cdc-bronze"
@@ -145,7 +146,9 @@ def append_from_driver(
     commit more). False when the table's columns are not ``schema``'s (nothing committed,
     the file removed)."""
     location = delta_io.table_location(spark, table)
-    storage = dict(spark.sparkContext.getConf().getAll())
+    storage = {}  # only S3's settings are used: they cross from the JVM only for S3
+    if on_s3(location):
+        storage = dict(spark.sparkContext.getConf().getAll())
     written = write_rows(rows, schemas.arrow_schema(schema), location, storage)
     if file_commits.append_files(spark, table, written, schema):
         return True

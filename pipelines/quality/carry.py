@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines import schemas
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, table_entries
 from pipelines.tables import BucketTables
 
 FORMAT = 1
@@ -80,7 +80,7 @@ def read(spark: SparkSession, bucket: str) -> Carried | None:
     """The state the last check of ``bucket`` left, or None (no check yet, or one of another
     format)."""
     table = BucketTables(bucket).check_state
-    if not spark.catalog.tableExists(table):
+    if not table_entries.exists(spark, table):
         return None
     # read once: each kind is a filter of the same local copy, not a scan of the table
     rows = spark.table(table).localCheckpoint(eager=True)
@@ -112,9 +112,10 @@ def write(
 ) -> None:
     """Replace ``bucket``'s state by ``carried`` (one commit)."""
     table = BucketTables(bucket).check_state
-    delta_io.ensure_database(spark, table)
-    made_with = {**delta_io.FREQUENT_COMMITS, **properties}  # a commit every check
-    delta_io.create_table(spark, table, schemas.CHECK_STATE, made_with)
+    if not table_entries.exists(spark, table):
+        delta_io.ensure_database(spark, table)
+        made_with = {**delta_io.FREQUENT_COMMITS, **properties}  # a commit every check
+        delta_io.create_table(spark, table, schemas.CHECK_STATE, made_with)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "at": carried.at,

@@ -81,7 +81,7 @@ def _pinned(spark: SparkSession, bucket: str) -> tuple[dict[str, int], dict[str,
     names = BucketTables(bucket)
     wanted = [names.events, names.quarantine, names.ingest_log, names.stream_state]
     wanted += [names.pending, names.purges, names.registry]
-    known = table_entries.entries(spark, wanted)
+    known = table_entries.entries(spark, [*wanted, *_written(names)])
     pinned = {t: delta_io.location_version(spark, known[t] or "") for t in wanted if known.get(t)}
     if names.registry in pinned:
         location = known[names.registry] or ""
@@ -105,11 +105,17 @@ def _known(
     spark: SparkSession, bucket: str, at: Mapping[str, int] | None
 ) -> tuple[dict[str, int], dict[str, str | None]]:
     """The versions a check reads (``at``, else :func:`pinned_versions` now) and the catalog's
-    entries of those tables and of their collections' views."""
+    entries of those tables, of their collections' views and of the tables a check writes."""
     if at is None:
         return _pinned(spark, bucket)
     views = [tables.view_of(t) for t in at if t.endswith(tables.ALL_SUFFIX)]
-    return dict(at), table_entries.entries(spark, [*at, *views])
+    written = _written(BucketTables(bucket))
+    return dict(at), table_entries.entries(spark, [*at, *views, *written])
+
+
+def _written(names: BucketTables) -> tuple[str, ...]:
+    """The tables a check writes to: its results and its state."""
+    return (names.results, names.check_state)
 
 
 def landing_frame(
@@ -367,9 +373,10 @@ def _append_results(
     spark: SparkSession, config: AppConfig, report: QualityReport, checked_at: dt.datetime
 ) -> None:
     table = BucketTables(report.bucket).results
-    delta_io.ensure_database(spark, table)
-    made_with = {**delta_io.FREQUENT_COMMITS, **config.tables.properties}  # a commit every check
-    delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, made_with)
+    if not table_entries.exists(spark, table):
+        delta_io.ensure_database(spark, table)
+        made_with = {**delta_io.FREQUENT_COMMITS, **config.tables.properties}  # a commit a check
+        delta_io.create_table(spark, table, schemas.QUALITY_RESULTS, made_with)
     rows = [{**r, "checked_at": checked_at} for r in reporting.result_rows(report)]
     if not store.append_from_driver(spark, table, rows, schemas.QUALITY_RESULTS):
         delta_io.append(spark.createDataFrame(rows, schema=schemas.QUALITY_RESULTS), table)

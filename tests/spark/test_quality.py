@@ -38,7 +38,7 @@ from pipelines.bronze import transforms as bronze_transforms
 from pipelines.bronze.decode import SessionOrder
 from pipelines.bronze.job import ingest_bucket
 from pipelines.catalog.contents import bucket_overview, bucket_overview_read
-from pipelines.lake import delta_io
+from pipelines.lake import delta_io, table_entries
 from pipelines.quality.branches import (
     cluster_branches,
     history_items,
@@ -249,6 +249,37 @@ def test_the_fixtures_check_ran_in_the_driver_and_runs_no_spark_job(
         again = check_bucket(spark, bucket.config, bucket.config.buckets[0])
     assert jobs.count == 0, jobs.what
     assert _found(again) == _found(bucket.clean)
+
+
+def test_a_check_asks_the_catalog_of_each_table_once(
+    spark: SparkSession, bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check takes the entries of the tables and views it reads and writes from the
+    catalog at its start (a call per database); afterwards it asks ``tableExists`` only of a
+    table the catalog did not hold then, and looks up no table's location."""
+    from pyspark.sql.catalog import Catalog
+
+    asked: list[str] = []
+    exists = Catalog.tableExists
+    located: list[str] = []
+    delta_log = delta_io._delta_log
+
+    def counted_exists(self: Catalog, name: str, *args: Any) -> bool:
+        asked.append(name)
+        return exists(self, name, *args)
+
+    def counted_log(spark: SparkSession, table: str) -> Any:
+        if table_entries.location(table) is None:
+            located.append(table)
+        return delta_log(spark, table)
+
+    monkeypatch.setattr(Catalog, "tableExists", counted_exists)
+    monkeypatch.setattr(delta_io, "_delta_log", counted_log)
+    again = check_bucket(spark, bucket.config, bucket.config.buckets[0])
+    monkeypatch.undo()
+    assert _found(again) == _found(bucket.clean)
+    assert not [t for t in asked if spark.catalog.tableExists(t)], asked
+    assert not [t for t in located if spark.catalog.tableExists(t)], located
 
 
 def test_pinned_versions_are_every_table_the_check_reads_at_its_latest(
