@@ -15,6 +15,10 @@ Per bucket and run:
    one-page summary is written next to the Data Docs, under
    ``<warehouse>/quality/<bucket>/``.
 
+The catalog is asked for the tables a check reads and writes once, at its start, with their
+versions (:func:`pinned_versions`; a call or two per database): the reads take the tables'
+locations from that (:func:`~pipelines.lake.table_entries.known`).
+
 A failed expectation of severity ``error`` fails the run (``main`` exits 1 naming it);
 ``warn`` is reported only. ``python -m pipelines.quality.job --config F [--bucket B]``, or
 ``dcp-cdc check``.
@@ -94,7 +98,8 @@ def _pinned(spark: SparkSession, bucket: str) -> tuple[dict[str, int], dict[str,
         )
         views = [r["table_name"] for r in registry.to_pylist() if r["status"] in tables.WITH_TABLES]
         collections = [tables.all_rows(v) for v in views]
-        known |= table_entries.entries(spark, [*collections, *views])
+        known |= table_entries.entries(spark, collections)
+        known |= dict.fromkeys(table_entries.names(spark, views))  # views: no location
         pinned |= {
             t: delta_io.location_version(spark, known[t] or "") for t in collections if known.get(t)
         }
@@ -109,8 +114,8 @@ def _known(
     if at is None:
         return _pinned(spark, bucket)
     views = [tables.view_of(t) for t in at if t.endswith(tables.ALL_SUFFIX)]
-    written = _written(BucketTables(bucket))
-    return dict(at), table_entries.entries(spark, [*at, *views, *written])
+    known = table_entries.entries(spark, [*at, *_written(BucketTables(bucket))])
+    return dict(at), known | dict.fromkeys(table_entries.names(spark, views))
 
 
 def _written(names: BucketTables) -> tuple[str, ...]:

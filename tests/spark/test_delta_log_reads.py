@@ -287,7 +287,13 @@ def test_table_locations_are_the_catalogs_per_database(
         assert Path(found[name].removeprefix("file:")) == folder
         assert versions == {name: 1, other: 0, name.upper(): 1}
         assert table_entries.locations(spark, []) == {}
+        # names alone: the view too, not a temporary view of a name asked for
+        spark.range(1).createOrReplaceTempView("missing")
+        listed = table_entries.names(spark, [*asked, "log_reads.odd-name", "log_reads.t*"])
+        assert listed == {name, other, view, name.upper()}
+        assert table_entries.names(spark, []) == set()
     finally:
+        spark.catalog.dropTempView("missing")
         spark.sql(f"DROP VIEW IF EXISTS {view}")
         spark.sql(f"DROP TABLE IF EXISTS {other}")
 
