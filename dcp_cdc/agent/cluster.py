@@ -5,7 +5,8 @@ The seed nodes to ask for it come from the connection string, parsed by the conf
 (GET_CLUSTER_CONFIG, a NOT_MY_VBUCKET body, a cluster-map change notification) says which
 data node owns each vbucket: ``vBucketServerMap.vBucketMap[vb][0]`` indexes
 ``vBucketServerMap.serverList`` (plain KV endpoints); ``nodesExt`` gives each node's TLS port.
-``$HOST`` in a map stands for the host we dialled.
+``$HOST`` in a map stands for the host we dialled. The ids of the collections a capture
+names come from the bucket's collections manifest (:func:`collection_ids`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dcp_cdc.config.capture import HostPort
-from dcp_cdc.errors import ProtocolError
+from dcp_cdc.errors import ConfigError, ProtocolError
 
 KV_PORT = 11210
 """The data service's port, where a cluster map's server list names none."""
@@ -177,3 +179,18 @@ def parse_cluster_map(raw: bytes | str | Mapping[str, object], dialled_host: str
         servers=servers,
         owners=tuple(owners),
     )
+
+
+def collection_ids(manifest: dict[str, Any], names: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of ``scope.collection`` names in a collections manifest (uids are hex)."""
+    known: dict[str, int] = {}
+    for scope in manifest.get("scopes", []):
+        for coll in scope.get("collections", []):
+            known[f"{scope.get('name')}.{coll.get('name')}"] = int(str(coll.get("uid")), 16)
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ConfigError(
+            f"capture collections {missing} are not in the bucket's manifest "
+            f"(known: {sorted(known)})"
+        )
+    return tuple(known[n] for n in names)

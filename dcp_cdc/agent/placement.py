@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterable, Set
 from typing import Any
 
-from dcp_cdc.agent.cluster import ClusterMap, parse_cluster_map
+from dcp_cdc.agent.cluster import ClusterMap, collection_ids, parse_cluster_map
 from dcp_cdc.agent.consumer_events import (
     AgentEvent,
     ClusterConfig,
@@ -302,6 +302,43 @@ class Placement:
         assert self.map is not None
         return self.map.owner(vb, tls=self.tls)
 
+    def place_many(self, vbuckets: Iterable[int]) -> None:
+        """:meth:`place` for a run's vbuckets: one task per owner, not one per vbucket (a
+        vbucket the map gives no owner goes :meth:`place`'s way)."""
+        groups: dict[HostPort, list[int]] = {}
+        for vb in vbuckets:
+            if self.stopping or not self.vbs.allows(vb, VbEvent.PLACE):
+                continue
+            endpoint = self.owner(vb)
+            if endpoint is None:
+                self.spawn(self.place(vb))
+                continue
+            self.vbs.handle(vb, VbEvent.PLACE)  # held from now: the watch leaves them alone
+            groups.setdefault(endpoint, []).append(vb)
+        for endpoint, group in groups.items():
+            self.spawn(self._place_on(endpoint, group))
+
+    async def _place_on(self, endpoint: HostPort, vbuckets: list[int]) -> None:
+        """``endpoint``'s vbuckets, held by :meth:`place_many`: one connection awaited, their
+        streams asked for together; a node not reached is waited for as :meth:`place` does."""
+        reached = False
+        try:
+            try:
+                node = await self.node_for(endpoint)
+            except (AuthenticationError, TlsError):
+                raise
+            except CaptureConnectionError:
+                await self.backoff.wait(endpoint)
+                await self.any_map_refresh()
+            else:
+                reached = True
+                await self.open_many(node, vbuckets)
+        finally:
+            for vb in vbuckets:
+                self.vbs.handle(vb, VbEvent.LET_GO)
+        if not reached:
+            self.place_many(vbuckets)
+
     async def place(self, vb: int, *, delay: float = 0.0) -> None:
         """Open ``vb``'s stream on its owner, from its durable position."""
         if delay:
@@ -331,7 +368,7 @@ class Placement:
                 await self.backoff.wait(endpoint)
                 await self.any_map_refresh()
                 continue
-            await self.open_on(node, vb)
+            await self.open_many(node, (vb,))
             return
 
     def live_streams(self) -> set[int]:
@@ -383,30 +420,35 @@ class Placement:
                 return mine
         return self.durable.get(vb)
 
-    async def open_on(self, node: Node, vb: int) -> None:
+    async def open_many(self, node: Node, vbuckets: Iterable[int]) -> None:
+        """Ask ``node`` for the streams of ``vbuckets`` that still need one, in one write of
+        their requests in order: flow control counts only what the node sends, and each reply
+        finds its stream by its opaque (docs/protocol/dcp.md §7.6, §1.4)."""
         if node.dead or node.conn is None:
-            if self.vbs.is_pending(vb) and not self.stopping:
-                self.spawn(self.place(vb, delay=self.settings.backoff_s))
+            for vb in vbuckets:
+                if self.vbs.is_pending(vb) and not self.stopping:
+                    self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
-        if not self.may_open(node, vb):
-            return
-        if self.mode == "until-now" and vb not in self.end_seqnos:
-            # the reply to a GET_ALL_VB_SEQNOS opens the stream (until_now_ends, over the
-            # vbuckets owned when it arrives); ask (again) unless a request is on its way:
-            # an earlier reply may have come before this vbucket was placed here. One
-            # request per node, not one per vbucket: each reply walks all owned vbuckets
-            node.owned.add(vb)
-            if not node.conn.asking_high_seqnos:
-                node.conn.request_high_seqnos()
-                await self.send_or_lose(node)
-            return
-        if node.session_started < self.last_session.get(vb, 0.0):
+        wanted = [vb for vb in vbuckets if self.may_open(node, vb)]
+        asked = False
+        if self.mode == "until-now":
+            # a GET_ALL_VB_SEQNOS reply opens those without an end (until_now_ends, over the
+            # vbuckets owned then); ask (again) unless a request is on its way, once per node
+            unknown = [vb for vb in wanted if vb not in self.end_seqnos]
+            if unknown:
+                node.owned.update(unknown)
+                wanted = [vb for vb in wanted if vb in self.end_seqnos]
+                if not node.conn.asking_high_seqnos:
+                    node.conn.request_high_seqnos()
+                    asked = True
+        if any(node.session_started < self.last_session.get(vb, 0.0) for vb in wanted):
             await node.flush(new_session=True)
-            if not self.may_open(node, vb):
-                return
-        node.owned.add(vb)
-        self.open_stream(node, vb, self.resume_position(node, vb))
-        await self.send_or_lose(node)
+            wanted = [vb for vb in wanted if self.may_open(node, vb)]
+        for vb in wanted:  # no await between the checks and the requests
+            node.owned.add(vb)
+            self.open_stream(node, vb, self.resume_position(node, vb))
+        if wanted or asked:
+            await self.send_or_lose(node)
 
     def open_stream(self, node: Node, vb: int, position: VbPosition | None) -> None:
         """The stream request itself (no await between the checks before it and this).
@@ -505,7 +547,7 @@ class Placement:
             self.vbs.handle(vb, VbEvent.ENDED_OK)
             self.summary.done.append(vb)
             self.waiting_since = time.monotonic()
-            if not self.pending:
+            if not self.vbs.any_pending():
                 self.wake.set()
 
     async def any_map_refresh(self) -> None:
@@ -609,7 +651,7 @@ class Placement:
             if self.mode == "until-now":
                 await self.until_now_ends(node, event)
         elif isinstance(event, CollectionsManifest):
-            self.collection_ids = _collection_ids(event.manifest, self.settings.collections or ())
+            self.collection_ids = collection_ids(event.manifest, self.settings.collections or ())
             self.manifest_ready.set()
 
     async def until_now_ends(self, node: Node, event: HighSeqnos) -> None:
@@ -620,16 +662,19 @@ class Placement:
             self.end_seqnos[vb] = min(self.end_seqnos.get(vb, seqno), seqno)
         await self.reached()
         streaming = node.conn.streaming() if node.conn else frozenset()
+        opening = []
         for vb in sorted(node.owned):
             if self.vbs.is_pending(vb) and vb not in streaming:
                 if vb in event.seqnos:
                     # stays owned here: its frames queued on this node are still to be
                     # committed, and an opener that finds it streaming already (a reopen
                     # won the race) stands down without giving it back
-                    self.spawn(self.open_on(node, vb))
+                    opening.append(vb)
                 else:  # not active here any more: the map moved on
                     node.owned.discard(vb)
                     self.spawn(self.place(vb, delay=self.settings.backoff_s))
+        if opening:
+            self.spawn(self.open_many(node, opening))
 
     async def on_stream_end(self, node: Node, event: StreamEnded) -> None:
         vb, reason = event.vbucket, event.reason
@@ -642,7 +687,7 @@ class Placement:
         elif reason == StreamEndReason.FILTER_EMPTY:
             self.summary.filter_empty.append(vb)
             self.vbs.handle(vb, VbEvent.FILTER_EMPTY)
-            if not self.pending:
+            if not self.vbs.any_pending():
                 self.wake.set()
         elif reason == StreamEndReason.STATE_CHANGED:
             self.reported(node, vb, VbEvent.STREAM_END)
@@ -665,13 +710,12 @@ class Placement:
         await asyncio.to_thread(self.landing.check)  # no store, bucket or credentials: fail now
         await self.bootstrap()
         # until-now: the end seqnos come from each node's GET_ALL_VB_SEQNOS (node_for)
-        for vb in self.vbuckets:
-            self.spawn(self.place(vb))
+        self.place_many(self.vbuckets)
         self.spawn(self.poll_high_seqnos())
         stop_wait = asyncio.create_task(self.stop.wait())
         try:
             while self.failure is None and not self.stop.is_set():
-                if not self.pending:  # all done, or (follow) every filter emptied
+                if not self.vbs.any_pending():  # all done, or (follow) every filter emptied
                     break
                 self.wake.clear()
                 wake = asyncio.create_task(self.wake.wait())
@@ -753,18 +797,3 @@ class Placement:
                     if self.failure is None:
                         raise
             await node.close()
-
-
-def _collection_ids(manifest: dict[str, Any], names: tuple[str, ...]) -> tuple[int, ...]:
-    """The ids of ``scope.collection`` names in a collections manifest (uids are hex)."""
-    known: dict[str, int] = {}
-    for scope in manifest.get("scopes", []):
-        for coll in scope.get("collections", []):
-            known[f"{scope.get('name')}.{coll.get('name')}"] = int(str(coll.get("uid")), 16)
-    missing = [n for n in names if n not in known]
-    if missing:
-        raise ConfigError(
-            f"capture collections {missing} are not in the bucket's manifest "
-            f"(known: {sorted(known)})"
-        )
-    return tuple(known[n] for n in names)

@@ -183,6 +183,10 @@ class VbucketStates:
     def is_pending(self, vb: int) -> bool:
         return vb in self._pending
 
+    def any_pending(self) -> bool:
+        """Whether any vbucket is not finished (without the copy :attr:`pending` makes)."""
+        return bool(self._pending)
+
     def having(self, status: VbStatus) -> frozenset[int]:
         return frozenset(vb for vb, s in self._status.items() if s is status)
 

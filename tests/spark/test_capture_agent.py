@@ -390,16 +390,19 @@ def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees
             backoff_s=0.05,
         )
 
-    async def as_the_agent_was(self: Any, node: Any, vb: int) -> None:
-        position, end = self.durable.get(vb), self.end_seqnos.get(vb)
-        if position is not None and end is not None and position.seqno >= end:
-            self.vb_done(vb)  # done without a stream request: no chance of a ROLLBACK
-            return
-        await open_on(self, node, vb)
+    async def as_the_agent_was(self: Any, node: Any, vbuckets: list[int]) -> None:
+        asking = []
+        for vb in vbuckets:
+            position, end = self.durable.get(vb), self.end_seqnos.get(vb)
+            if position is not None and end is not None and position.seqno >= end:
+                self.vb_done(vb)  # done without a stream request: no chance of a ROLLBACK
+            else:
+                asking.append(vb)
+        await open_many(self, node, asking)
 
     from dcp_cdc.agent.placement import Placement
 
-    open_on = Placement.open_on
+    open_many = Placement.open_many
 
     async def captures() -> None:
         first = await capture(settings("before"))
@@ -410,11 +413,11 @@ def test_a_failover_to_a_shorter_branch_reaches_silver_and_the_branch_check_sees
             assert gain >= 3
             server.failover(vb, lost=0, back=gain, grow=2)
         shutil.copytree(landing["before"], landing["after"])  # the checkpoint too
-        Placement.open_on = as_the_agent_was  # type: ignore[method-assign]
+        Placement.open_many = as_the_agent_was  # type: ignore[method-assign,assignment]
         try:
             missed = await capture(settings("before"))
         finally:
-            Placement.open_on = open_on  # type: ignore[method-assign]
+            Placement.open_many = open_many  # type: ignore[method-assign]
         assert missed.rollbacks == 0
         fixed = await capture(settings("after"))
         assert fixed.rollbacks >= 2

@@ -177,18 +177,18 @@ def test_until_now_ends_when_a_failover_lowered_the_high_seqno(
         config = SimConfig(docs=400, ops=0, vbuckets=4)
         async with ProducerServer(config, nodes=2) as server:
             lowered: list[int] = []
-            open_on = Placement.open_on
+            open_many = Placement.open_many
 
-            async def failing_over(self: Any, node: Any, vb: int) -> None:
-                if vb == 1 and not lowered and vb in self.end_seqnos:
+            async def failing_over(self: Any, node: Any, vbuckets: list[int]) -> None:
+                if 1 in vbuckets and not lowered and 1 in self.end_seqnos:
                     # 5 changes written, then lost: the new branch starts where they began.
                     # The agent's end is as if its GET_ALL_VB_SEQNOS had answered between
                     # the writes and the failover.
-                    lowered.append(server.failover(vb, lost=5))
-                    self.end_seqnos[vb] = lowered[0] + 5
-                await open_on(self, node, vb)
+                    lowered.append(server.failover(1, lost=5))
+                    self.end_seqnos[1] = lowered[0] + 5
+                await open_many(self, node, vbuckets)
 
-            monkeypatch.setattr(Placement, "open_on", failing_over)
+            monkeypatch.setattr(Placement, "open_many", failing_over)
             s = settings(tmp_path, server.connection_string)
             done = await asyncio.wait_for(capture(s), 20)
             assert lowered and sorted(done.done) == list(range(4))

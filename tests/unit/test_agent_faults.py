@@ -94,7 +94,7 @@ def test_an_opener_that_wakes_after_its_stream_ended_ok_stands_down(
             late.add(vb)
             for node in list(self.nodes.values()):
                 if vb in node.owned:
-                    self.spawn(self.open_on(node, vb))
+                    self.spawn(self.open_many(node, (vb,)))
 
     monkeypatch.setattr(Placement, "vb_done", done_then_a_late_opener)
 
@@ -189,6 +189,29 @@ def test_a_node_that_restarts_within_the_reconnect_timeout_costs_a_pause(
             assert followed.reconnects >= 1
             last = await asyncio.wait_for(capture(s), 30)
             assert sorted(last.done) == list(range(16))
+            assert captured(s.landing) == truth(server, tmp_path / "t")
+
+    asyncio.run(scenario())
+
+
+def test_a_node_down_when_a_run_starts_is_waited_for(tmp_path: Path) -> None:
+    """``until-now`` starts while one of two nodes is down: its vbuckets, placed together,
+    wait on the node's backoff (with the map asked again) and are placed anew; once it is
+    back every vbucket is captured, each asked for once."""
+
+    async def scenario() -> None:
+        config = SimConfig(scenario="mixed", docs=300, ops=0, vbuckets=16)
+        async with ProducerServer(config, nodes=2) as server:
+            s = settings(tmp_path, server.connection_string, reconnect_timeout_s=30.0)
+            restart = asyncio.create_task(server.restart_node(1, 1.0))
+            await asyncio.sleep(0)  # node 1 stops listening
+            done = await asyncio.wait_for(capture(s), 30)
+            await restart
+            assert sorted(done.done) == list(range(16))
+            per_vb: Counter[int] = Counter()
+            for (_f, vb, _s, _e), n in stream_requests(s.landing).items():
+                per_vb[vb] += n
+            assert per_vb == dict.fromkeys(range(16), 1)
             assert captured(s.landing) == truth(server, tmp_path / "t")
 
     asyncio.run(scenario())

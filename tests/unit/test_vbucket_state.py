@@ -147,7 +147,7 @@ def test_the_error_is_a_usage_error_and_survives_pickling() -> None:
 
 
 def test_until_now_a_stream_that_ends_ok() -> None:
-    """place() holds it, open_on() asks for its stream, place() lets go, STREAM_END (OK)."""
+    """place() holds it, open_many() asks for its stream, place() lets go, STREAM_END (OK)."""
     states = VbucketStates([0, 1])
     _walk(states, 0, (PLACE, PLACING), (OPEN, STREAMING), (LET_GO, STREAMING), (ENDED_OK, DONE))
     assert states.pending == {1}
