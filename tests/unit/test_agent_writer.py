@@ -230,6 +230,30 @@ def test_checkpoint_round_trip_and_merge(tmp_path: Path) -> None:
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary left
 
 
+def test_a_commit_writes_each_position_as_it_is_now(tmp_path: Path) -> None:
+    """A commit encodes only the vbuckets whose position changed and keeps the lines of the
+    others: the document is the one a store with nothing remembered writes, byte for byte,
+    whatever changed (a new seqno, failover log, manifest uid or purge seqno, or an equal
+    position that is another object)."""
+    path, other = tmp_path / "a.json", tmp_path / "b.json"
+    store = CheckpointStore(path, bucket="b", bucket_uuid="u1")
+    store.commit({vb: position(vb, 10) for vb in range(4)}, updated_at=STARTED)
+    changes = [
+        {1: position(1, 11)},
+        {2: VbPosition(2, 10, 0xABC2, ((0xABC2, 0), (0x77, 5)), 7, 2)},
+        {0: VbPosition(0, 10, 0xABC0, ((0xABC0, 0),), 8, 2)},
+        {3: VbPosition(3, 10, 0xABC3, ((0xABC3, 0),), 7, 3)},
+        {1: position(1, 11), 0: position(0, 10)},  # equal to what is stored
+    ]
+    for change in changes:
+        store.commit(change, updated_at=STARTED)
+        merged = CheckpointStore(path, bucket="b", bucket_uuid="u1").load()
+        other.unlink(missing_ok=True)
+        CheckpointStore(other, bucket="b", bucket_uuid="u1").commit(merged, updated_at=STARTED)
+        assert path.read_bytes() == other.read_bytes()
+        assert all(merged[vb] == p for vb, p in change.items())
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
