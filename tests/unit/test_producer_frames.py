@@ -13,7 +13,7 @@ import pytest
 
 from dcp_cdc.encoder import encode
 from dcp_cdc.errors import ConfigError
-from dcp_cdc.simulator.bulk import DIGITS, KEY_PREFIX, BulkDocs, Chunk, crc32_of_numbered
+from dcp_cdc.simulator.bulk import DIGITS, FEW, KEY_PREFIX, BulkDocs, Chunk, crc32_of_numbered
 from dcp_cdc.simulator.frames import DocFrames, ValueCache
 from dcp_cdc.simulator.model import Doc, Item, vbucket_of
 from dcp_cdc.simulator.state import SimConfig, Simulation
@@ -110,7 +110,10 @@ def test_bulk_vbuckets_are_the_keys_crc32() -> None:
 
 
 @pytest.mark.parametrize("collections", [True, False])
-def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
+@pytest.mark.parametrize("size", [1, FEW - 1, FEW, None], ids=lambda s: f"size-{s}")
+def test_bulk_frames_equal_generic_mutations(collections: bool, size: int | None) -> None:
+    """Chunks of every size (numpy's records, or a few frames packed one by one) are the
+    generic encoder's mutations."""
     sim = Simulation(SimConfig(seed=3, vbuckets=8, docs=10, ops=0))
     sim.setup()
     highs = [vb.high_seqno for vb in sim.bucket.vbuckets]
@@ -121,9 +124,10 @@ def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
         n = bulk.in_vbucket(vbid)
         assert bulk.seqno(vbid, 0) == highs[vbid] + 1 and vb.high_seqno == highs[vbid] + n
         options = SessionOptions("b", collections=collections)
-        data, count, last = bulk.frames(Chunk(vbid, 3, n - 2, 0xBEEF, options, {0}))
+        hi = n - 2 if size is None else 3 + size
+        data, count, last = bulk.frames(Chunk(vbid, 3, hi, 0xBEEF + vbid, options, {0}))
         want = []
-        for i in range(3, n - 2):
+        for i in range(3, hi):
             number = int(bulk.numbers[bulk.offsets[vbid] + i])
             key = bulk.key(number)
             assert vbucket_of(key, 8) == vbid
@@ -131,9 +135,9 @@ def test_bulk_frames_equal_generic_mutations(collections: bool) -> None:
             assert len(body) == 70 and json.loads(body)["id"] == f"{number:010d}"
             doc = Doc(0, key, vbid, bulk.seqno(vbid, i), 1, bulk.cas_base + number, 0, 0, body,
                       True, None)  # fmt: skip
-            event = maker.doc_event(vbid, doc, disk=True, opaque=0xBEEF)
+            event = maker.doc_event(vbid, doc, disk=True, opaque=0xBEEF + vbid)
             want.append(encode(dataclasses.replace(event, nru=0)))
-        assert count == n - 5 and data == b"".join(want) and last == bulk.seqno(vbid, n - 3)
+        assert count == hi - 3 and data == b"".join(want) and last == bulk.seqno(vbid, hi - 1)
 
 
 def test_bulk_sizes_are_checked() -> None:
