@@ -6,17 +6,22 @@ struct pack per frame: the header and the extras are packed together through
 prefix is cached, and so is the value of each document version that costs something to build
 (xattrs joined, Snappy compressed): a version never changes, a new one is a new object. The
 generic path builds an event object per document and encodes it field by field, ~25 µs a
-frame; a benchmark producer must push half a million frames a second.
+frame; a benchmark producer must push half a million frames a second. A system event
+(docs/protocol/dcp.md §6.7) is encoded the generic way once per shape (the same collection's
+creation in every vbucket), then copied with its vbucket, opaque and seqno written in.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+import struct
 from collections.abc import Callable, Iterable
 
 from dcp_cdc import layouts
 from dcp_cdc.encoder import doc_value, encode
-from dcp_cdc.protocol import Datatype, Magic, Opcode
-from dcp_cdc.simulator.model import Doc, Item
+from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode
+from dcp_cdc.simulator.model import Doc, Item, SysEvent
 from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES, EventMaker
 from dcp_cdc.varint import encode_uleb128
 
@@ -30,6 +35,16 @@ _COSTLY = _SNAPPY | _XATTR
 _MUT_EXT = layouts.MUTATION.length
 _DEL1_EXT, _DEL2_EXT = layouts.DELETION_V1.length, layouts.DELETION_V2.length
 _EXP_EXT = layouts.EXPIRATION.length
+_SYS_SHAPE = operator.attrgetter(
+    *(f.name for f in dataclasses.fields(SysEvent) if f.name != "seqno")
+)
+"""Everything of a system event but its seqno: what its frame is made of, the vbucket's
+header and the seqno aside (the same collection's creation in every vbucket of a bucket)."""
+_SYS_VBUCKET = layouts.HEADER.offset_of("vbucket_or_status")
+_SYS_OPAQUE = layouts.HEADER.offset_of("opaque")
+_SYS_SEQNO = HEADER_LEN + layouts.SYSTEM_EVENT.offset_of("by_seqno")
+_U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
+_SYS_FRAMES_KEPT = 4096
 
 
 class ValueCache:
@@ -70,6 +85,7 @@ class DocFrames:
         self.delete_times = opts.delete_times
         self.expiry_opcode = opts.expiry_opcode and opts.delete_times
         self._prefixes: dict[int, bytes] = {}
+        self._sys_frames: dict[tuple[object, ...], bytes] = {}
 
     def _prefix(self, collection_id: int) -> bytes:
         prefix = self._prefixes.get(collection_id)
@@ -108,13 +124,29 @@ class DocFrames:
                 count += self.docs(out, vbid, docs, disk=disk, opaque=opaque)
                 docs = []
             assert item.sys is not None
-            out += encode(maker.sys_event(vbid, item.sys, opaque=opaque))
+            self.sys_event(out, vbid, item.sys, opaque=opaque)
             count += 1
             last = item.seqno
         if docs:
             count += self.docs(out, vbid, docs, disk=disk, opaque=opaque)
             last = max(last, docs[-1].seqno)
         return count, last
+
+    def sys_event(self, out: bytearray, vbid: int, ev: SysEvent, *, opaque: int) -> None:
+        """Append the system event's frame: encoded once per event shape
+        (:data:`_SYS_SHAPE`), then its vbucket, opaque and seqno written in."""
+        shape = _SYS_SHAPE(ev)
+        frame = self._sys_frames.get(shape)
+        if frame is None:
+            if len(self._sys_frames) >= _SYS_FRAMES_KEPT:
+                self._sys_frames.clear()
+            frame = encode(self.maker.sys_event(0, ev, opaque=0))
+            self._sys_frames[shape] = frame
+        at = len(out)
+        out += frame
+        _U16.pack_into(out, at + _SYS_VBUCKET, vbid)
+        _U32.pack_into(out, at + _SYS_OPAQUE, opaque)
+        _U64.pack_into(out, at + _SYS_SEQNO, ev.seqno)
 
     def docs(
         self, out: bytearray, vbid: int, docs: Iterable[Doc], *, disk: bool, opaque: int
