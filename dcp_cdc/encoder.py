@@ -118,8 +118,11 @@ def doc_value(datatype: int, body: bytes, xattrs: dict[str, str] | None) -> byte
     return value
 
 
+_FAILOVER_ENTRY = layouts.joined(layouts.FAILOVER_ENTRY)
+
+
 def failover_log_bytes(log: FailoverLog) -> bytes:
-    return b"".join(layouts.FAILOVER_ENTRY.pack(vb_uuid=u, seqno=s) for u, s in log)
+    return b"".join([_FAILOVER_ENTRY.pack(u, s) for u, s in log])
 
 
 def vb_seqnos_bytes(highs: tuple[tuple[int, int], ...]) -> bytes:

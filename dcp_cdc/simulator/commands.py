@@ -36,6 +36,7 @@ from dcp_cdc.simulator.model import VBucket
 from dcp_cdc.simulator.stream import EventMaker
 
 _HEADER = struct.Struct(">BBHBBHIIQ")
+_RESPONSE = int(Magic.CLIENT_RESPONSE)
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _VB_SEQNO = struct.Struct(">HQ")
@@ -233,8 +234,11 @@ class ProducerCommands:
         value: bytes = b"",
         datatype: int = 0,
     ) -> None:
-        h = make_header(req[1], status=status, opaque=req[7], datatype=datatype)
-        self._ctrl.append(frame(h, extras, key, value))
+        body_len = len(extras) + len(key) + len(value)  # as encoder.frame packs it, in one call
+        head = _HEADER.pack(
+            _RESPONSE, req[1], len(key), len(extras), datatype, status, body_len, req[7], 0
+        )
+        self._ctrl.append(head + extras + key + value)
 
     def reply_later(self, req: tuple[int, ...], value: bytes) -> None:
         """A delayed reply (``delayed``), now; the high seqnos are those of when it was asked."""

@@ -23,16 +23,17 @@ import struct
 from collections import deque
 from collections.abc import Iterable
 
+from dcp_cdc import layouts
 from dcp_cdc.encoder import encode, failover_log_bytes
-from dcp_cdc.events import SeqnoAdvanced, StreamEnd
+from dcp_cdc.events import SeqnoAdvanced
 from dcp_cdc.protocol import (
     DcpOpenFlag,
     HelloFeature,
+    Magic,
     Opcode,
     Status,
     StreamEndReason,
     StreamRequestFlag,
-    stream_end_reason_name,
 )
 from dcp_cdc.simulator.bulk import Chunk
 from dcp_cdc.simulator.cluster import ProducerCluster
@@ -45,6 +46,9 @@ from dcp_cdc.simulator.stream import EventMaker, SessionOptions, rollback_point
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _STREAM_REQ = struct.Struct(">IIQQQQQ")
+_STREAM_END_FRAME = layouts.joined(layouts.HEADER, layouts.STREAM_END)
+"""A STREAM_END frame (docs/protocol/dcp.md §6.10) in one pack: one per stream."""
+_REQUEST, _END_EXT = int(Magic.CLIENT_REQUEST), layouts.STREAM_END.length
 KEY_ENOENT = 0x0001  # CLOSE_STREAM without v7 status codes (docs/protocol/dcp.md §6.15)
 CHUNK_ITEMS = 4096
 """Items a stream encodes at a time: a backfill is encoded as flow control lets it out."""
@@ -303,8 +307,10 @@ class ProducerConnection(ProducerCommands):
         stream.ended = True
         stream.drop_backfill()
         stream.pending = []
-        h = self.maker.header(Opcode.DCP_STREAM_END, stream.vbid, opaque=stream.opaque)
-        return encode(StreamEnd(h, reason, stream_end_reason_name(reason)))
+        return _STREAM_END_FRAME.pack(
+            _REQUEST, Opcode.DCP_STREAM_END, 0, _END_EXT, 0, stream.vbid, _END_EXT,
+            stream.opaque, 0, reason,
+        )  # fmt: skip
 
     # --- encoding snapshots ------------------------------------------------------------------
 
@@ -316,7 +322,10 @@ class ProducerConnection(ProducerCommands):
             vbid = rotation[0]
             rotation.rotate(-1)
             stream = self.streams.get(vbid)
-            if stream is None or (vbid in self.cluster.stalled and not stream.ended):
+            if stream is None or (stream.ended and not stream.frames):
+                rotation.pop()  # nothing more to send: out of the turns (_queue_end adds it back)
+                continue
+            if vbid in self.cluster.stalled and not stream.ended:
                 continue
             if not stream.frames and not stream.ended:
                 stream.frames.extend(self._next_chunk(stream))

@@ -217,6 +217,48 @@ def test_end_seqno_and_close_stream(cluster: ProducerCluster) -> None:
     assert closing[-1][1] == Opcode.DCP_STREAM_END and closing[-1][4] == struct.pack(">I", 1)
 
 
+def test_replies_and_stream_ends_are_the_generic_encoders_bytes(cluster: ProducerCluster) -> None:
+    """The producer packs its replies, failover logs and STREAM_END frames in one call each;
+    they are the bytes ``encoder.frame`` writes from a header, field by field."""
+    conn, _ = handshake(cluster)
+    vb = cluster.bucket.vbuckets[0]
+    conn.receive_data(stream_req(0, end=vb.high_seqno, opaque=0xA1B2C3D4))
+    conn.receive_data(req(Opcode.DCP_GET_FAILOVER_LOG, vb=0, opaque=0x0F))
+    out = conn.data_to_send()
+    log = b"".join(struct.pack(">QQ", uuid, seqno) for uuid, seqno in vb.failover_log)
+    reply = frame(make_header(Opcode.DCP_STREAM_REQ, status=0, opaque=0xA1B2C3D4), b"", b"", log)
+    failover = frame(make_header(Opcode.DCP_GET_FAILOVER_LOG, status=0, opaque=0x0F), b"", b"", log)
+    end = frame(
+        make_header(Opcode.DCP_STREAM_END, vbucket=0, opaque=0xA1B2C3D4), b"\0\0\0\0", b"", b""
+    )
+    assert out.startswith(reply + failover) and out.endswith(end)
+    conn.receive_data(req(0x77, opaque=5))  # an unknown command: a reply with a status only
+    assert conn.data_to_send() == frame(make_header(0x77, status=0x81, opaque=5), b"", b"", b"")
+
+
+def test_ended_streams_leave_the_turns_and_a_new_stream_takes_them(
+    cluster: ProducerCluster,
+) -> None:
+    """Streams take turns; one that ended and sent everything leaves the rotation (the
+    turns stay as long as the open streams, not the streams ever opened), and a stream asked
+    for again on its vbucket is served."""
+    conn, _ = handshake(cluster)
+    mine = [v for v in range(8) if cluster.owner(v) == 0]
+    for i, v in enumerate(mine):
+        high = cluster.bucket.vbuckets[v].high_seqno
+        conn.receive_data(stream_req(v, end=high, opaque=10 + i))
+    out = frames(conn.data_to_send())
+    ends = [f[3] for f in out if f[1] == Opcode.DCP_STREAM_END]
+    assert sorted(ends) == [10 + i for i in range(len(mine))]
+    assert not conn._rotation  # every stream ended and sent its end
+    v = mine[0]
+    conn.receive_data(stream_req(v, end=cluster.bucket.vbuckets[v].high_seqno, opaque=50))
+    again = frames(conn.data_to_send())
+    assert again[0][1:4] == (Opcode.DCP_STREAM_REQ, Status.SUCCESS, 50)
+    assert again[-1][1:4] == (Opcode.DCP_STREAM_END, v, 50)
+    assert {f[3] for f in again} == {50}
+
+
 def test_rebalance_pushes_the_map_and_moves_the_vbucket(cluster: ProducerCluster) -> None:
     conn = ProducerConnection(cluster, 0, nonce="n")
     conn.user = USER
