@@ -366,18 +366,19 @@ class ProducerCommands:
             return
         state = _U32.unpack_from(extras)[0] if len(extras) >= 4 else 0
         cid = _U32.unpack_from(extras, 4)[0] if len(extras) >= 8 else None
-        out = []
-        for vb in self.cluster.bucket.vbuckets:
-            mine = self.cluster.owner(vb.vbid) == self.node
-            if state and (state != VbucketState.ACTIVE or not mine):
-                continue
-            if not state and not mine:
-                continue
-            seqno = vb.high_seqno if cid is None else _collection_high_seqno(vb, cid)
-            bulk = self.cluster.bulk
-            if cid is not None and bulk is not None:
-                seqno = max(seqno, bulk.collection_last_seqno(vb.vbid, cid))
-            out.append(_VB_SEQNO.pack(vb.vbid, seqno))
+        vbmap, node, bulk = self.cluster.vbmap, self.node, self.cluster.bulk
+        # this node's vbuckets, all active (the simulator keeps no replicas)
+        mine = [] if state not in (0, VbucketState.ACTIVE) else self.cluster.bucket.vbuckets
+        mine = [vb for vb in mine if vbmap[vb.vbid] == node]
+        if cid is None:
+            out = [_VB_SEQNO.pack(vb.vbid, vb.high_seqno) for vb in mine]
+        else:
+            out = []
+            for vb in mine:
+                seqno = _collection_high_seqno(vb, cid)
+                if bulk is not None:
+                    seqno = max(seqno, bulk.collection_last_seqno(vb.vbid, cid))
+                out.append(_VB_SEQNO.pack(vb.vbid, seqno))
         if self.cluster.seqnos_delay_s:
             self.delayed.append(
                 (self.cluster.seqnos_delay_s, req, b"".join(out))

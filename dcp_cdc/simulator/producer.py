@@ -49,6 +49,8 @@ _STREAM_REQ = struct.Struct(">IIQQQQQ")
 _STREAM_END_FRAME = layouts.joined(layouts.HEADER, layouts.STREAM_END)
 """A STREAM_END frame (docs/protocol/dcp.md §6.10) in one pack: one per stream."""
 _REQUEST, _END_EXT = int(Magic.CLIENT_REQUEST), layouts.STREAM_END.length
+_FROM_LATEST, _TO_LATEST = int(StreamRequestFlag.FROM_LATEST), int(StreamRequestFlag.TO_LATEST)
+"""Plain ints: ``int & IntFlag`` goes through enum's Python code, once per stream request."""
 KEY_ENOENT = 0x0001  # CLOSE_STREAM without v7 status codes (docs/protocol/dcp.md §6.15)
 CHUNK_ITEMS = 4096
 """Items a stream encodes at a time: a backfill is encoded as flow control lets it out."""
@@ -121,7 +123,9 @@ class ProducerConnection(ProducerCommands):
             return True
         if self.buffer_size and self.unacked >= self.buffer_size:
             return False
-        return bool(self._data) or any(self._stream_has_work(s) for s in self.streams.values())
+        # a stream out of the rotation ended with nothing left to send (_refill)
+        streams = self.streams
+        return bool(self._data) or any(self._stream_has_work(streams[v]) for v in self._rotation)
 
     def _stream_has_work(self, s: ProducerStream) -> bool:
         if s.vbid in self.cluster.stalled and not s.ended:
@@ -190,10 +194,10 @@ class ProducerConnection(ProducerCommands):
             return
         flags, _reserved, start, end, vb_uuid, snap_start, snap_end = _STREAM_REQ.unpack(extras)
         vb = self.cluster.bucket.vbuckets[vbid]
-        if flags & StreamRequestFlag.FROM_LATEST:
+        if flags & _FROM_LATEST:
             start = snap_start = snap_end = vb.high_seqno
             vb_uuid = vb.uuid
-        if flags & StreamRequestFlag.TO_LATEST:
+        if flags & _TO_LATEST:
             end = vb.high_seqno
         if start > end or not snap_start <= start <= snap_end:
             self._reply(req, Status.ERANGE)

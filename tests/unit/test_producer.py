@@ -348,6 +348,23 @@ def test_realistic_bulk_documents_follow_the_streams_filter(cluster: ProducerClu
     assert dict(struct.iter_unpack(">HQ", reply[6]))[0] == seqnos[-1]
 
 
+@pytest.mark.parametrize(("state", "listed"), [(1, True), (0, True), (2, False), (3, False)])
+def test_all_vb_seqnos_lists_the_nodes_active_vbuckets(
+    cluster: ProducerCluster, state: int, listed: bool
+) -> None:
+    """GET_ALL_VB_SEQNOS: the high seqno of each vbucket active on the node, in vbucket order,
+    for the active state or none given; nothing for replica or pending (none are kept)."""
+    conn, _ = handshake(cluster, node=1)
+    mine = [v for v in range(8) if cluster.owner(v) == 1]
+    assert 0 < len(mine) < 8
+    conn.receive_data(
+        req(ClientOpcode.GET_ALL_VB_SEQNOS, opaque=9, extras=struct.pack(">I", state))
+    )
+    (reply,) = frames(conn.data_to_send())
+    want = [(v, cluster.bucket.vbuckets[v].high_seqno) for v in mine] if listed else []
+    assert reply[2:4] == (Status.SUCCESS, 9) and list(struct.iter_unpack(">HQ", reply[6])) == want
+
+
 def test_a_stalled_vbucket_sends_nothing_while_its_high_seqno_grows(
     cluster: ProducerCluster,
 ) -> None:
