@@ -85,7 +85,7 @@ def parse_failover_log(value: bytes, vbucket: int) -> FailoverEntries:
         raise ProtocolError(
             f"vbucket {vbucket}: failover log of {len(value)} bytes is not a multiple of 16"
         )
-    return tuple((uuid, seqno) for uuid, seqno in FAILOVER_ENTRY.iter_unpack(value))
+    return tuple(FAILOVER_ENTRY.iter_unpack(value))
 
 
 def parse_config(value: bytes, what: str) -> dict[str, Any]:

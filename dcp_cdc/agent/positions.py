@@ -87,6 +87,8 @@ class VbPosition:
 
 
 def _int(value: object, what: str, limit: int) -> int:
+    if type(value) is int and 0 <= value <= limit:  # what a checkpoint holds (bool is not int)
+        return value
     if isinstance(value, bool):
         raise CheckpointError(f"{what} must be an integer, got {value!r}")
     if isinstance(value, str) and value.isdigit():
@@ -104,11 +106,14 @@ def _u(
     *,
     default: int | None = None,
 ) -> int:
-    where = f"position field {name!r}"
     if name not in data:
         if default is not None:
             return default
         raise CheckpointError(
-            f"{where} is missing" + (f" (vbucket {vbucket})" if vbucket is not None else "")
+            f"position field {name!r} is missing"
+            + (f" (vbucket {vbucket})" if vbucket is not None else "")
         )
-    return _int(data[name], where, limit)
+    value = data[name]
+    if type(value) is int and 0 <= value <= limit:
+        return value
+    return _int(value, f"position field {name!r}", limit)
