@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from dcp_cdc import layouts
 from dcp_cdc.encoder import doc_value, encode
 from dcp_cdc.protocol import HEADER_LEN, Datatype, Magic, Opcode
-from dcp_cdc.simulator.model import Doc, Item, SysEvent
-from dcp_cdc.simulator.stream import SNAPPY_MIN_BYTES, EventMaker
+from dcp_cdc.simulator.model import Doc, Item, SysEvent, VBucket
+from dcp_cdc.simulator.stream import DISK_MARKER_FLAGS, SNAPPY_MIN_BYTES, EventMaker
 from dcp_cdc.varint import encode_uleb128
 
 MUTATION = layouts.joined(layouts.HEADER, layouts.MUTATION)
@@ -45,6 +45,12 @@ _SYS_OPAQUE = layouts.HEADER.offset_of("opaque")
 _SYS_SEQNO = HEADER_LEN + layouts.SYSTEM_EVENT.offset_of("by_seqno")
 _U16, _U32, _U64 = struct.Struct(">H"), struct.Struct(">I"), struct.Struct(">Q")
 _SYS_FRAMES_KEPT = 4096
+_V2 = layouts.SNAPSHOT_MARKER_V2_EXTRAS
+_MARKERS = {  # a V2 marker's version byte and its value's layout (docs/protocol/dcp.md §6.3)
+    "2.0": (layouts.joined(layouts.HEADER, _V2, layouts.SNAPSHOT_MARKER_V2_0), 0),
+    "2.2": (layouts.joined(layouts.HEADER, _V2, layouts.SNAPSHOT_MARKER_V2_2), 2),
+}
+_DISK_FLAGS = int(DISK_MARKER_FLAGS)
 
 
 class ValueCache:
@@ -131,6 +137,20 @@ class DocFrames:
             count += self.docs(out, vbid, docs, disk=disk, opaque=opaque)
             last = max(last, docs[-1].seqno)
         return count, last
+
+    def backfill_marker(
+        self, out: bytearray, vb: VBucket, start: int, *, end: int, opaque: int
+    ) -> None:
+        """Append ``encode(EventMaker.backfill_marker(vb, start, end=end, opaque=opaque))``,
+        packed in one call: one per stream, where the generic path takes ~13 µs."""
+        version = self.maker.backfill_marker_version(vb)
+        packer, code = _MARKERS[version]
+        body = packer.size - HEADER_LEN
+        common = (_REQUEST, Opcode.DCP_SNAPSHOT_MARKER, 0, _V2.length, 0, vb.vbid, body, opaque)
+        if version == "2.2":
+            out += packer.pack(*common, 0, code, start, end, _DISK_FLAGS, end, 0, vb.purge_seqno, 0)
+        else:
+            out += packer.pack(*common, 0, code, start, end, _DISK_FLAGS, end, 0)
 
     def sys_event(self, out: bytearray, vbid: int, ev: SysEvent, *, opaque: int) -> None:
         """Append the system event's frame: encoded once per event shape

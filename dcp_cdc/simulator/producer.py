@@ -394,9 +394,7 @@ class ProducerConnection(ProducerCommands):
         if not stream.marker_sent:
             stream.marker_sent = True
             stream.backfill_last = -1
-            out += encode(
-                maker.backfill_marker(vb, stream.sent_upto, end=end, opaque=stream.opaque)
-            )
+            self.frames.backfill_marker(out, vb, stream.sent_upto, end=end, opaque=stream.opaque)
             count += 1
         opaque = stream.opaque
         bulk = self.cluster.bulk

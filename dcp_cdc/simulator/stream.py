@@ -47,6 +47,8 @@ from dcp_cdc.protocol import (
 from dcp_cdc.simulator.model import Bucket, Doc, Item, SysEvent, VBucket
 
 SNAPPY_MIN_BYTES = 96  # only values worth compressing are sent compressed
+DISK_MARKER_FLAGS = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
+"""The flags of a backfill's snapshot marker."""
 
 
 @dataclass(frozen=True)
@@ -166,11 +168,16 @@ class EventMaker:
         """The marker of a disk snapshot from ``start`` to ``end`` (default: the vbucket's
         high seqno; a stream's end seqno below it clamps it)."""
         end = vb.high_seqno if end is None else end
-        flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
+        flags = DISK_MARKER_FLAGS
         h = self.header(Opcode.DCP_SNAPSHOT_MARKER, vb.vbid, opaque=opaque)
-        if self.options.marker_v2_2 and vb.purge_seqno:
+        if self.backfill_marker_version(vb) == "2.2":
             return SnapshotMarker(h, "2.2", start, end, flags, end, 0, vb.purge_seqno, 0)
         return SnapshotMarker(h, "2.0", start, end, flags, end, 0)
+
+    def backfill_marker_version(self, vb: VBucket) -> str:
+        """A disk snapshot's marker is V2.2 when the connection allows it and the vbucket
+        has purged tombstones (its purge seqno to tell), else V2.0 (docs/protocol/dcp.md §6.3)."""
+        return "2.2" if self.options.marker_v2_2 and vb.purge_seqno else "2.0"
 
     def memory_snapshot(
         self, vb: VBucket, items: list[Item], *, opaque: int | None = None

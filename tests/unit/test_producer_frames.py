@@ -100,6 +100,25 @@ def test_fast_frames_equal_generic_frames(
         assert bytes(again) == redo
 
 
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o.session_id)
+def test_fast_backfill_markers_equal_generic_markers(
+    sim: Simulation, options: SessionOptions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """V2.0, and V2.2 where the vbucket has purged tombstones and the connection allows it."""
+    generic = EventMaker(sim.bucket, options, random.Random(7))
+    fast = DocFrames(EventMaker(sim.bucket, options, random.Random(7)), ValueCache())
+    vbuckets = sim.bucket.vbuckets
+    monkeypatch.setattr(vbuckets[1], "purge_seqno", 5)
+    monkeypatch.setattr(vbuckets[3], "purge_seqno", 0x1_0000_0007)
+    assert not vbuckets[0].purge_seqno and not vbuckets[2].purge_seqno
+    for vb in vbuckets:
+        for start, end in ((0, vb.high_seqno), (3, 9)):
+            out = bytearray(b"before")
+            fast.backfill_marker(out, vb, start, end=end, opaque=0xC0DE0000 + vb.vbid)
+            marker = generic.backfill_marker(vb, start, end=end, opaque=0xC0DE0000 + vb.vbid)
+            assert bytes(out) == b"before" + encode(marker)
+
+
 # --- bulk documents -------------------------------------------------------------------------
 
 
