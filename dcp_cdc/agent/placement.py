@@ -380,19 +380,15 @@ class Placement:
             for vb in n.conn.streaming()
         }
 
-    def streaming_anywhere(self, vb: int) -> bool:
-        return any(n.conn.is_streaming(vb) for n in self.nodes.values() if n.conn and not n.dead)
-
-    def may_open(self, node: Node, vb: int) -> bool:
-        """Whether a stream of ``vb`` may be requested on ``node`` now. Asked again after
-        every wait: a stream that ended OK (``until-now``: done) meanwhile, or a stop, or a
-        connection lost, makes an opener that was waiting stand down."""
-        return (
-            not self.stopping
-            and not node.dead
-            and self.vbs.is_pending(vb)
-            and not self.streaming_anywhere(vb)
-        )
+    def may_open(self, node: Node, vbuckets: Iterable[int]) -> list[int]:
+        """Those of ``vbuckets`` whose stream may be requested on ``node`` now. Asked again
+        after every wait: a stream that ended OK (``until-now``: done) meanwhile, or a stop,
+        or a connection lost, makes an opener that was waiting stand down."""
+        if self.stopping or node.dead:
+            return []
+        live = [n.conn for n in self.nodes.values() if n.conn is not None and not n.dead]
+        pending = self.vbs.is_pending
+        return [vb for vb in vbuckets if pending(vb) and not any(c.is_streaming(vb) for c in live)]
 
     async def send_or_lose(self, node: Node) -> bool:
         """Send what ``node``'s core has queued; a lost connection is the node's loss (its
@@ -429,7 +425,7 @@ class Placement:
                 if self.vbs.is_pending(vb) and not self.stopping:
                     self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
-        wanted = [vb for vb in vbuckets if self.may_open(node, vb)]
+        wanted = self.may_open(node, vbuckets)
         asked = False
         if self.mode == "until-now":
             # a GET_ALL_VB_SEQNOS reply opens those without an end (until_now_ends, over the
@@ -443,7 +439,7 @@ class Placement:
                     asked = True
         if any(node.session_started < self.last_session.get(vb, 0.0) for vb in wanted):
             await node.flush(new_session=True)
-            wanted = [vb for vb in wanted if self.may_open(node, vb)]
+            wanted = self.may_open(node, wanted)
         for vb in wanted:  # no await between the checks and the requests
             node.owned.add(vb)
             self.open_stream(node, vb, self.resume_position(node, vb))
@@ -610,7 +606,7 @@ class Placement:
             await asyncio.sleep(self.settings.backoff_s)
         finally:
             self.vbs.handle(vb, VbEvent.LET_GO)
-        if not self.may_open(node, vb):
+        if not self.may_open(node, (vb,)):
             if node.dead and self.vbs.is_pending(vb) and not self.stopping:
                 self.spawn(self.place(vb, delay=self.settings.backoff_s))
             return
