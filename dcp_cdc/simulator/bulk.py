@@ -16,6 +16,7 @@ what every shape shares (the numbers, vbuckets, seqnos and CAS); the realistic s
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -265,19 +266,41 @@ class BulkDocs(NumberedDocs):
     def _few(
         self, chunk: Chunk, template: bytes, key_digits: int, body_digits: int
     ) -> tuple[bytes, int, int]:
-        """:meth:`frames` of a few documents, the same bytes packed one frame at a time."""
-        vbid, lo, hi = chunk.vbid, chunk.lo, chunk.hi
+        """:meth:`frames` of a few documents, the same bytes: one struct pack a frame, the
+        template's bytes between the fields that vary (:func:`_frame_packer`)."""
+        vbid, lo, hi, opaque = chunk.vbid, chunk.lo, chunk.hi, chunk.opaque
+        packer, c0, c1, c2, c3, c4 = _frame_packer(template, key_digits, body_digits)
+        pack, cas_base, seqno = packer.pack, self.cas_base, self.seqno(vbid, lo)
         start = int(self.offsets[vbid]) + lo
-        out = bytearray()
-        seqno = self.seqno(vbid, lo)
+        out = []
         for i, number in enumerate(self.numbers[start : start + hi - lo].tolist()):
-            at = len(out)
-            out += template
-            _VBUCKET[1].pack_into(out, at + _VBUCKET[0], vbid)
-            _OPAQUE[1].pack_into(out, at + _OPAQUE[0], chunk.opaque)
-            _CAS[1].pack_into(out, at + _CAS[0], self.cas_base + number)
-            _BY_SEQNO[1].pack_into(out, at + _BY_SEQNO[0], seqno + i)
             digits = b"%0*d" % (DIGITS, number)
-            out[at + key_digits : at + key_digits + DIGITS] = digits
-            out[at + body_digits : at + body_digits + DIGITS] = digits
-        return bytes(out), hi - lo, self.seqno(vbid, hi - 1)
+            out.append(
+                pack(c0, vbid, c1, opaque, cas_base + number, seqno + i, c2, digits, c3, digits, c4)
+            )
+        return b"".join(out), hi - lo, self.seqno(vbid, hi - 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _frame_packer(
+    template: bytes, key_digits: int, body_digits: int
+) -> tuple[struct.Struct, bytes, bytes, bytes, bytes, bytes]:
+    """A struct for a whole bulk frame: the header's vbucket, opaque and CAS, the by_seqno,
+    the key's and the body's digits, and the five runs of the template's bytes around them
+    (the layout tables' offsets: the header's fields, then by_seqno first in the extras)."""
+    (vb_at, vb), (op_at, op), (cas_at, cas), (seq_at, seq) = _VBUCKET, _OPAQUE, _CAS, _BY_SEQNO
+    assert op_at + op.size == cas_at and cas_at + cas.size == seq_at
+    after_seqno = seq_at + seq.size
+    fmt = (
+        f">{vb_at}s{vb.format[1:]}{op_at - vb_at - vb.size}s{op.format[1:]}{cas.format[1:]}"
+        f"{seq.format[1:]}{key_digits - after_seqno}s{DIGITS}s"
+        f"{body_digits - key_digits - DIGITS}s{DIGITS}s{len(template) - body_digits - DIGITS}s"
+    )
+    return (
+        struct.Struct(fmt),
+        template[:vb_at],
+        template[vb_at + vb.size : op_at],
+        template[after_seqno:key_digits],
+        template[key_digits + DIGITS : body_digits],
+        template[body_digits + DIGITS :],
+    )
