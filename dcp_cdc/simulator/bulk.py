@@ -112,6 +112,8 @@ class NumberedDocs:
         self.numbers = numbers[order]
         counts = np.bincount(vbs, minlength=nvb)
         self.offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        self._counts: list[int] = counts.tolist()
+        """Each vbucket's documents as Python ints: asked per stream, numpy's scalars are slow."""
         self.cas_base = bucket.last_cas + 1
         bucket.last_cas += count
         self.base_seqno: list[int] = []
@@ -161,7 +163,7 @@ class NumberedDocs:
         return self._last_in[self.collection_ids.index(collection_id)][vbid]
 
     def in_vbucket(self, vbid: int) -> int:
-        return int(self.offsets[vbid + 1] - self.offsets[vbid])
+        return self._counts[vbid]
 
     def seqno(self, vbid: int, index: int) -> int:
         """The seqno of the vbucket's ``index``-th bulk document (0-based)."""
