@@ -227,6 +227,11 @@ CHECK_STATE = T.StructType(_fields(("kind", T.StringType()), ("row", T.StringTyp
 """``quality.<bucket>_check_state``: what a check carries to the next one
 (:mod:`pipelines.quality.carry`), one JSON row per record, ``kind`` naming its frame."""
 
+CHECK_COLUMNS = T.StructType(_fields(("kind", T.StringType()), ("body", T.BinaryType())))
+"""``quality.<bucket>_check_columns``: what a columnar check carries to the next
+(:mod:`pipelines.quality.small.carried`), one row per record kind, its ``body`` JSON or an
+Arrow IPC stream."""
+
 HELD_BACK_METRICS = T.StructType(
     _fields(
         ("where", T.StringType()),

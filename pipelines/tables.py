@@ -149,6 +149,11 @@ class BucketTables:
         """What the last check carries to the next (``pipelines.schemas.CHECK_STATE``)."""
         return f"quality.{self._id}_check_state"
 
+    @property
+    def check_columns(self) -> str:
+        """What the last columnar check carries to the next (``schemas.CHECK_COLUMNS``)."""
+        return f"quality.{self._id}_check_columns"
+
 
 def report_location(config: AppConfig, bucket: str) -> str:
     """Where a bucket's quality summary and Data Docs go: ``<warehouse>/quality/<identifier>``."""

@@ -175,12 +175,12 @@ class QualityConfig(ConfigModel):
     results_retention_days: Annotated[int, Field(ge=1)] = 90
     """How long rows of ``quality.<bucket>_results`` are kept (pruned by the maintenance DAG)."""
     incremental_from_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    """The size of a bucket's bronze events table (from its Delta log) from which Spark's
-    check (from ``columnar_below_bytes`` on) reads only what arrived since the last one and
-    keeps its state for the next
+    """The size of a bucket's bronze events table (from its Delta log) from which a check
+    reads only what arrived since the last one and keeps its state for the next: over
+    columns (below ``columnar_below_bytes``: ``quality.<bucket>_check_columns``) or in Spark
     (``quality.<bucket>_check_state``); below it every check reads all of bronze and keeps
-    nothing, which costs less on a small table than the state's bookkeeping: 64 MiB is where
-    the two costs met in ``benchmarks/check_cost.py`` (docs on quality: what a check reads)."""
+    nothing, which costs less on a small table than the state's bookkeeping (docs on
+    quality: what a check reads)."""
     on_driver_below_bytes: Annotated[int, Field(ge=0)] = 4 * 1024 * 1024
     """The size of a bucket's bronze events table (from its Delta log) below which a check
     computes its metric frames in the driver's Python, reading bronze and silver through

@@ -106,9 +106,11 @@ def column_batches(
     table: str,
     version: int | None = None,
     options: Mapping[str, str] | None = None,
+    where: str | None = None,
 ) -> pa.RecordBatchReader:
     """:func:`read_columns` as a stream of record batches (view types possible: see
-    :func:`plain_types`), read as they are consumed."""
+    :func:`plain_types`), read as they are consumed; ``where``: a SQL condition the rows
+    meet (the files whose statistics rule it out are not read)."""
     from deltalake import DeltaTable, QueryBuilder
 
     path = location
@@ -117,21 +119,28 @@ def column_batches(
     names = ", ".join(f'"{c}"' for c in columns)
     try:
         delta = DeltaTable(path, version=version, storage_options=dict(options or {}) or None)
-        found = QueryBuilder().register("t", delta).execute(f"SELECT {names} FROM t")
+        condition = "" if where is None else f" WHERE {where}"
+        found = QueryBuilder().register("t", delta).execute(f"SELECT {names} FROM t{condition}")
         return pa.RecordBatchReader.from_stream(found)
     except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
         raise TableReadError(table, location, reason(exc)) from None
 
 
 def table_batches(
-    spark: SparkSession, table: str, columns: Sequence[str], version: int | None = None
+    spark: SparkSession,
+    table: str,
+    columns: Sequence[str],
+    version: int | None = None,
+    where: str | None = None,
 ) -> pa.RecordBatchReader:
     """:func:`read_table` as a stream of record batches (:func:`column_batches`)."""
     from pipelines.lake import delta_io
 
     location = delta_io.table_location(spark, table)
     options = storage_options(spark, location)
-    return column_batches(location, columns, table=table, version=version, options=options)
+    return column_batches(
+        location, columns, table=table, version=version, options=options, where=where
+    )
 
 
 def read_table(
@@ -212,3 +221,25 @@ def spark_rows(table: pa.Table) -> list[dict[str, Any]]:
 def _local(micros: int) -> dt.datetime:
     """Spark's ``TimestampType.fromInternal``: local wall time, microseconds kept."""
     return dt.datetime.fromtimestamp(micros // 1_000_000).replace(microsecond=micros % 1_000_000)
+
+
+def change_batches(
+    spark: SparkSession, table: str, columns: Sequence[str], start: int, end: int
+) -> pa.Table:
+    """The change data feed of the catalog's Delta table ``table`` from version ``start`` to
+    ``end`` (both included): ``columns`` and ``_change_type``, ``_commit_version``, read by
+    delta-rs (no Spark job)."""
+    from deltalake import DeltaTable
+
+    from pipelines.lake import delta_io
+
+    location = delta_io.table_location(spark, table)
+    options = storage_options(spark, location)
+    path = location.removeprefix("file://").removeprefix("file:")
+    wanted = [*columns, "_change_type", "_commit_version"]
+    try:
+        delta = DeltaTable(path, storage_options=options or None)
+        found = delta.load_cdf(starting_version=start, ending_version=end, columns=wanted)
+        return plain_types(pa.RecordBatchReader.from_stream(found).read_all())
+    except Exception as exc:  # delta-rs: DeltaError, DeltaProtocolError, OSError, ...
+        raise TableReadError(table, location, reason(exc)) from None

@@ -75,7 +75,7 @@ def bucket_tables(spark: SparkSession, bucket: str) -> list[str]:
         live = spark.table(tables.registry).where("status != 'retired'")
         for r in sorted(live.select("table_name").collect()):
             names += [all_rows(r["table_name"]), history(r["table_name"])]
-    names += [tables.results, tables.check_state]
+    names += [tables.results, tables.check_state, tables.check_columns]
     return [name for name in names if spark.catalog.tableExists(name)]
 
 

@@ -45,7 +45,7 @@ from pipelines import schemas, tables
 from pipelines.bronze import store
 from pipelines.bronze.held_back import held_back_now
 from pipelines.bronze.plan import LogState
-from pipelines.errors import DataQualityError, NotOnDriver
+from pipelines.errors import DataQualityError, FullCheckNeeded, NotOnDriver
 from pipelines.lake import delta_io, delta_rs, table_entries
 from pipelines.lake.spark_session import session_for
 from pipelines.observe.batch_metrics import RunMetrics, pushed
@@ -53,8 +53,10 @@ from pipelines.quality import carry
 from pipelines.quality import report as reporting
 from pipelines.quality.compute import Metrics, compute
 from pipelines.quality.report import OpenSnapshot, QualityReport
+from pipelines.quality.small import carried as columnar_state
 from pipelines.quality.small.columnar import compute_columnar
 from pipelines.quality.small.compute import compute_small
+from pipelines.quality.small.incremental import compute_incremental
 from pipelines.quality.suites import SUITES, Check, checks, held_back_rows
 
 # Great Expectations is imported by validate() (import_soon() starts it in a thread while
@@ -119,8 +121,8 @@ def _known(
 
 
 def _written(names: BucketTables) -> tuple[str, ...]:
-    """The tables a check writes to: its results and its state."""
-    return (names.results, names.check_state)
+    """The tables a check writes to: its results and its states."""
+    return (names.results, names.check_state, names.check_columns)
 
 
 def landing_frame(
@@ -244,7 +246,7 @@ def _checked(
     size = delta_io.table_size(spark, events, pinned.get(events))[1]
     computed = None
     if size < config.quality.columnar_below_bytes:
-        computed = _on_driver(spark, config, name, pinned, size, columnar=True)
+        computed = _columnar(spark, config, name, pinned, size, full=full)
     if computed is None and size < min(
         config.quality.on_driver_below_bytes, config.quality.incremental_from_bytes
     ):
@@ -339,6 +341,45 @@ def _on_driver(
         f"the driver reads {'its columns' if columnar else 'it'} whole"
     )
     return _Frames(found.metrics, why, found.ingest_log)
+
+
+def _columnar(
+    spark: SparkSession,
+    config: AppConfig,
+    bucket: str,
+    pinned: Mapping[str, int],
+    size: int,
+    *,
+    full: bool,
+) -> _Frames | None:
+    """The metric frames over columns in the driver: from the last columnar check's state
+    (:mod:`pipelines.quality.small.incremental`) from ``quality.incremental_from_bytes`` on,
+    else, or when the state cannot answer, over everything (keeping the state for the next
+    from that size on); None when the bucket holds what only the row or Spark check takes."""
+    keep = size >= config.quality.incremental_from_bytes
+    if not keep:
+        return _on_driver(spark, config, bucket, pinned, size, columnar=True)
+    why = "asked for"
+    if not full:
+        state = columnar_state.read(spark, bucket)
+        why = "no state of an earlier check"
+        if state is not None:
+            try:
+                found, after = compute_incremental(spark, bucket, pinned, state)
+            except (FullCheckNeeded, NotOnDriver) as exc:
+                why = str(exc)
+            else:
+                columnar_state.write(spark, bucket, after, config.tables.properties)
+                return _Frames(found.metrics, None, found.ingest_log)
+    log.info("the quality check of %s reads all of bronze over columns: %s", bucket, why)
+    try:
+        everything = compute_columnar(spark, bucket, pinned, keep=True)
+    except NotOnDriver as exc:
+        log.info("the quality check of %s does not run over columns: %s", bucket, exc)
+        return None
+    if everything.state is not None:
+        columnar_state.write(spark, bucket, everything.state, config.tables.properties)
+    return _Frames(everything.metrics, why, everything.ingest_log)
 
 
 def _in_spark(

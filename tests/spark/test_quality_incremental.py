@@ -1,14 +1,18 @@
 """A check that starts from the last one's state computes the same metric frames as a check
 over all of bronze, after every run, pass and fail alike; and so do the driver's checks, over
-columns and over rows (pipelines/quality/small).
+columns and over rows (pipelines/quality/small), and the check over columns from its own
+state (pipelines/quality/small/incremental.py).
 
 Each group simulates DCP_CDC_CHECK_SEEDS_PER_GROUP seeds (3) of one scenario side by side in
 one bucket (disjoint vbuckets and keys); their capture files arrive shuffled in
-DCP_CDC_CHECK_BATCHES batches (2), and after each batch's ingest and apply the check runs
-from its carried state and, beside it, over everything: every metric row must be equal.
-Groups take the scenarios in turn (DCP_CDC_CHECK_GROUPS: 1 in ``make test``; ``make
-test-long`` runs 10 groups of 20 seeds in 4 batches, 200 seeds). A rollback or a drop sends a
-check back over everything; in the other scenarios a later check starts from its state.
+DCP_CDC_CHECK_BATCHES batches (2), or in session order in one batch more, and after each
+batch's ingest and apply the checks run from their carried state and, beside them, over
+everything: every metric row must be equal. Groups take the scenarios in turn
+(DCP_CDC_CHECK_GROUPS: 1 in ``make test``; ``make test-long`` runs 10 groups of 20 seeds in
+4 batches, 200 seeds), with the live layer on in even groups, off in odd ones. A rollback or
+a drop sends a check back over everything; in the other scenarios a later check starts from
+its state (in session order, for the check over columns: a file that arrives after later
+ones of its session sends that one back over everything).
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from dcp_cdc.config import SilverConfig
 from dcp_cdc.simulator import SCENARIOS, simulate
+from pipelines.errors import FullCheckNeeded
 from pipelines.lake import delta_io
 from pipelines.quality import carry
 from pipelines.quality.compute import compute
 from pipelines.quality.job import pinned_versions
+from pipelines.quality.small import carried as columnar_state
 from pipelines.quality.small.columnar import compute_columnar
 from pipelines.quality.small.compute import compute_small
+from pipelines.quality.small.incremental import compute_incremental
 from pipelines.silver import live
 from pipelines.silver.registry import read_registry
 from pipelines.tables import BucketTables, all_rows
@@ -44,6 +52,27 @@ RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 def _rows(metrics: dict[str, Any]) -> dict[str, list[str]]:
     return {name: sorted(repr(sorted(r.items())) for r in m.rows) for name, m in metrics.items()}
+
+
+def _columnar_from_state(
+    spark: SparkSession, bucket: str, at: dict[str, int]
+) -> tuple[dict[str, list[str]], str | None]:
+    """The columnar check from its carried state (saving the next), as the job runs it: its
+    rows and why it read everything (None: it did not)."""
+    state = columnar_state.read(spark, bucket)
+    why = "no state of an earlier check"
+    if state is not None:
+        try:
+            found, after = compute_incremental(spark, bucket, at, state)
+        except FullCheckNeeded as exc:
+            why = str(exc)
+        else:
+            columnar_state.write(spark, bucket, after, {})
+            return _rows(found.metrics), None
+    everything = compute_columnar(spark, bucket, at, keep=True)
+    if everything.state is not None:
+        columnar_state.write(spark, bucket, everything.state, {})
+    return _rows(everything.metrics), why
 
 
 def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
@@ -63,7 +92,9 @@ def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
     small = _rows(in_driver.metrics)
     columnar = _rows(compute_columnar(spark, bucket, at).metrics)
     shared = _rows(compute_columnar(spark, bucket, at, share_frames=150).metrics)
+    from_columns, why = _columnar_from_state(spark, bucket, at)
     for name in theirs:
+        assert from_columns[name] == theirs[name], (name, "over columns from the state", why)
         assert shared[name] == theirs[name], (name, "over columns, a share of vbuckets at a time")
         assert ours[name] == theirs[name], (name, from_state.full_because)
         assert small[name] == theirs[name], (name, "computed in the driver")
@@ -100,7 +131,9 @@ def test_a_check_from_its_state_equals_a_check_over_everything(
     random.Random(group).shuffle(files)
     landing = tmp_path / "landing"
     landing.mkdir()
-    config = one_bucket(landing, spark_warehouse, bucket)
+    config = one_bucket(
+        landing, spark_warehouse, bucket, silver=SilverConfig(live_layer=group % 2 == 0)
+    )
     reasons = []
     try:
         size = -(-len(files) // BATCHES)
@@ -108,6 +141,59 @@ def test_a_check_from_its_state_equals_a_check_over_everything(
             land(landing, files[start : start + size])
             ingest_and_apply(spark, config)
             reasons.append(_check_both_ways(spark, bucket))
+        assert reasons[0] == "no state of an earlier check"
+        if scenario in CONTINUING:
+            assert None in reasons[1:], reasons
+    finally:
+        drop_all(spark, bucket, ("bronze", "silver", "quality"))
+
+
+@pytest.mark.parametrize("group", range(GROUPS))
+def test_a_columnar_check_from_its_state_equals_one_over_everything(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, group: int
+) -> None:
+    """Capture files that arrive in session order, in DCP_CDC_CHECK_BATCHES + 1 batches: after
+    each batch's ingest and apply, the columnar check from its state gives the rows of the
+    columnar check over everything (which equals Spark's: above), and in the scenarios
+    without a rollback, drop or resend a later one starts from its state."""
+    scenario = (CONTINUING + tuple(s for s in SCENARIOS if s not in CONTINUING))[
+        group % len(SCENARIOS)
+    ]
+    bucket = f"qc{group}_{random.randrange(1 << 30):x}"
+    files = []
+    for i in range(PER_GROUP):
+        result = simulate(
+            tmp_path / f"sim{i}",
+            bucket=bucket,
+            scenario=scenario,
+            seed=5000 + group * PER_GROUP + i,
+            vbuckets=2,
+            docs=40,
+            ops=160,
+            vbucket_offset=2 * i,
+            key_prefix=f"k{i}/",
+            max_file_bytes=6_000,
+        )
+        files += result.files
+    files.sort(key=lambda f: f.name)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    config = one_bucket(
+        landing, spark_warehouse, bucket, silver=SilverConfig(live_layer=group % 2 == 0)
+    )
+    reasons = []
+    try:
+        batches = BATCHES + 1
+        size = -(-len(files) // batches)
+        for start in range(0, len(files), size):
+            land(landing, files[start : start + size])
+            ingest_and_apply(spark, config)
+            at = pinned_versions(spark, bucket)
+            ours, why = _columnar_from_state(spark, bucket, at)
+            theirs = _rows(compute_columnar(spark, bucket, at).metrics)
+            for name in theirs:
+                assert ours[name] == theirs[name], (name, why)
+            reasons.append(why)
         assert reasons[0] == "no state of an earlier check"
         if scenario in CONTINUING:
             assert None in reasons[1:], reasons

@@ -31,8 +31,13 @@ from pipelines.quality.small import history, measures, streams
 from pipelines.quality.small.compute import SmallCheck
 from pipelines.quality.small.hash_columns import checksum_columns
 from pipelines.quality.small.item_history import History, bronze_history, dead_branch
-from pipelines.quality.small.item_snapshots import duplicate_candidates, file_frames, snapshots
+from pipelines.quality.small.item_snapshots import (
+    duplicate_candidates,
+    file_frames,
+    snapshot_groups,
+)
 from pipelines.quality.small.items import _flags, _numbers, _present, split
+from pipelines.quality.small.keeping import Keeping
 from pipelines.quality.small.placement import place
 from pipelines.quality.small.read import BASE_READ, base_frames, side_tables
 from pipelines.quality.small.shares import (
@@ -48,11 +53,17 @@ Row = dict[str, Any]
 
 
 def compute_columnar(
-    spark: SparkSession, bucket: str, at: Mapping[str, int], *, share_frames: int = SHARE_FRAMES
+    spark: SparkSession,
+    bucket: str,
+    at: Mapping[str, int],
+    *,
+    share_frames: int = SHARE_FRAMES,
+    keep: bool = False,
 ) -> SmallCheck:
     """The metric frames of ``bucket`` with its tables read at ``at``
     (:func:`pipelines.quality.job.pinned_versions`), a share of its vbuckets at a time
-    (:mod:`.shares`: ``share_frames`` frames of bronze a share)."""
+    (:mod:`.shares`: ``share_frames`` frames of bronze a share); ``keep``: with the state a
+    later check starts from (:mod:`.carried`)."""
     names = BucketTables(bucket)
     quarantine, ingest_log = side_tables(spark, bucket, at)
     count = share_count(ingest_log, share_frames)
@@ -62,6 +73,7 @@ def compute_columnar(
     files: Counter[Any] = Counter()
     sums: dict[int, _Sums] = {}
     batches = table_batches(spark, names.events, BASE_READ, at.get(names.events))
+    kept = Keeping(now) if keep else None
     with (
         spilled_bronze(batches, count) as (control, held),
         silver_shares(spark, bucket, at, count) as silver,
@@ -71,21 +83,28 @@ def compute_columnar(
         share = share_of_control(control, count)
         for i in range(count):
             columns = held[i] if isinstance(held, list) else held.read(i, control.schema)
-            bronze = split(pa.concat_tables([control.filter(pa.array(share == i)), columns]))
+            events = pa.concat_tables([control.filter(pa.array(share == i)), columns])
+            bronze = split(events)
             del columns
             placed = place(bronze)
-            snaps, per_stream = snapshots(bronze, placed)
+            snaps, per_stream, groups = snapshot_groups(bronze, placed)
             duplicates = streams.duplicate_seqnos(duplicate_candidates(bronze, placed))
             found = streams.stream_metrics(placed.frames, snaps, duplicates, per_stream)
             stream_rows += found
             past = bronze_history(bronze, placed, snaps, now)
             files.update(file_frames(bronze.items))
-            del bronze, placed, snaps
+            if kept is not None:
+                kept.streams(events, bronze, placed, snaps, groups, duplicates, past)
+            del bronze, placed, snaps, events
             rows = silver.rows(i)
             _regular(rows)
             states = silver.states_of(i)
-            coverage += measures.coverage_metrics(found, states, _rolled(rows, past), cluster)
+            maybe = _maybe_rolled(rows, past)
+            rolled = measures.rolled_rows(maybe, past.branches, past.dead_changes)
+            coverage += measures.coverage_metrics(found, states, rolled, cluster)
             _add_reconciliation(sums, past, rows, now)
+            if kept is not None:
+                kept.silver(rows, maybe, past)
     metrics = {
         "snapshot_completeness": Metrics(stream_rows, streams.STREAM_COLUMNS),
         "stream_coverage": Metrics(coverage, measures.COVERAGE_COLUMNS),
@@ -97,7 +116,10 @@ def compute_columnar(
             measures.FILE_COLUMNS,
         ),
     }
-    return SmallCheck(metrics, ingest_log)
+    state = None
+    if kept is not None:
+        state = kept.state(spark, bucket, at, control, files, sums, metrics)
+    return SmallCheck(metrics, ingest_log, state)
 
 
 def _regular(rows: pa.Table) -> None:
@@ -106,16 +128,15 @@ def _regular(rows: pa.Table) -> None:
             raise NotOnDriver(f"a silver row's {column} is null")
 
 
-def _rolled(rows: pa.Table, past: History) -> list[Row]:
-    """:func:`.measures.rolled_rows` of the silver rows that may be rolled back (of a dead
-    branch or a dead change), picked by columns."""
+def _maybe_rolled(rows: pa.Table, past: History) -> list[Row]:
+    """The silver rows that may be rolled back (of a dead branch or a dead change), picked by
+    columns (:func:`.measures.rolled_rows` judges them)."""
     vbucket, seqno = _numbers(rows["_vbucket"]), _numbers(rows["_seqno"])
     uuid, has_uuid = _numbers(rows["_vb_uuid"]), _present(rows["_vb_uuid"])
     maybe = dead_branch(vbucket, uuid, has_uuid, seqno, past.branches)
     if past.dead_changes:
         maybe |= np.isin(seqno, np.array([s for _, _, s in past.dead_changes], np.int64))
-    picked = spark_rows(rows.filter(pa.array(maybe)))
-    return measures.rolled_rows(picked, past.branches, past.dead_changes)
+    return spark_rows(rows.filter(pa.array(maybe)))
 
 
 @dataclass
@@ -128,7 +149,8 @@ class _Sums:
     silver_checksum: int = 0
     expired: list[Row] = field(default_factory=list)
     dropped: list[Row] = field(default_factory=list)
-    tables: set[str] = field(default_factory=set)
+    tables: dict[str, int] = field(default_factory=dict)
+    """Per silver table, the rows of the collection shown or in a dropped vbucket."""
 
 
 def _add_reconciliation(sums: dict[int, _Sums], past: History, rows: pa.Table, now: int) -> None:
@@ -151,7 +173,12 @@ def _add_reconciliation(sums: dict[int, _Sums], past: History, rows: pa.Table, n
         b, s = b_cid == cid, shown & (s_cid == cid)
         d = in_dropped & (s_cid == cid)
         expired = s & has_expiry & (expiry > 0) & (expiry <= now)
-        named = rows.filter(pa.array(s | d)).select(["table"]).group_by("table").aggregate([])
+        named = (
+            rows.filter(pa.array(s | d))
+            .select(["table"])
+            .group_by("table")
+            .aggregate([("table", "count")])
+        )
         got = sums.setdefault(cid, _Sums())
         got.bronze_live += int(b.sum())
         got.bronze_checksum += checksum_columns(live["key"], live["seqno"], b)
@@ -159,7 +186,10 @@ def _add_reconciliation(sums: dict[int, _Sums], past: History, rows: pa.Table, n
         got.silver_checksum += checksum_columns(rows["key"], rows["_seqno"], s)
         got.expired += spark_rows(rows.filter(pa.array(expired)))
         got.dropped += spark_rows(rows.filter(pa.array(d)))
-        got.tables.update(named["table"].to_pylist())
+        for table, count in zip(
+            named["table"].to_pylist(), named["table_count"].to_pylist(), strict=True
+        ):
+            got.tables[table] = got.tables.get(table, 0) + count
 
 
 def _reconciliation(sums: dict[int, _Sums], names: list[Row], now: int) -> list[Row]:

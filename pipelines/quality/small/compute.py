@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pipelines.lake.delta_rs import read_rows
 from pipelines.quality.compute import Metrics
 from pipelines.quality.small import history, measures, streams
+from pipelines.quality.small.carried import State
 from pipelines.quality.small.read import BASE_READ, base_frames, side_tables, silver_side
 from pipelines.silver.rows_read import view_rows
 from pipelines.tables import BucketTables
@@ -29,6 +30,8 @@ class SmallCheck:
 
     metrics: dict[str, Metrics]
     ingest_log: list[Row]
+    state: State | None = None
+    """What a later check starts from (:mod:`.carried`), when this one kept it."""
 
 
 def compute_small(spark: SparkSession, bucket: str, at: Mapping[str, int]) -> SmallCheck:

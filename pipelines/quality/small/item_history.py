@@ -33,7 +33,10 @@ class History:
     branches: Branches
     dead_changes: set[tuple[Any, Any, Any]]
     cuts: dict[tuple[Any, Any], tuple[bool, Any]]
-    live: pa.Table  # collection_id, key, seqno
+    live: pa.Table  # collection_id, key, seqno, expiration
+    counted: np.ndarray | None = None
+    """Per item, whether it is a change the live documents are taken from (a data item,
+    committed, alive, outside drops and flushes)."""
 
 
 def dead_branch(
@@ -90,7 +93,7 @@ def _rolled_back(
     return rolled
 
 
-def _with_places(rows: list[Row], which: np.ndarray, placed: Placed) -> list[Row]:
+def with_places(rows: list[Row], which: np.ndarray, placed: Placed) -> list[Row]:
     for row, i in zip(rows, which, strict=True):
         row["stream_no"] = int(placed.stream_no[i])
         row["snapshot_no"] = int(placed.snapshot_no[i])
@@ -106,7 +109,7 @@ def bronze_history(
     frames = placed.frames
     branches = history.latest_branches(frames)
     system = np.flatnonzero(_flags(pc.equal(items["op"], SystemEvent.op)))
-    system_rows = _with_places(bronze.item_dicts(system), system, placed)
+    system_rows = with_places(bronze.item_dicts(system), system, placed)
     alive_system, _ = history.split_history(system_rows, branches, history.rollbacks(frames))
     data_at = np.flatnonzero(_flags(pc.is_in(items["op"], value_set=pa.array(DATA_OPS))))
     data = items.take(pa.array(data_at, pa.int64()))
@@ -116,15 +119,17 @@ def bronze_history(
     rolled = _rolled_back(vbucket, rank, seqno, placed, bronze)
     dead = rolled | dead_branch(vbucket, uuid, has_uuid, seqno, branches)
     dead_changes = _dead_changes(vbucket, uuid, has_uuid, seqno, dead, alive_system)
-    committed_snapshot = _committed(placed, bronze, snaps)
+    committed_snapshot = committed_snapshots(placed, bronze, snaps)
     committed = ~dead & committed_snapshot[placed.snapshot[data_at]]
     cuts = history.collection_cuts(history.committed_items(alive_system, snaps))
     cid = _numbers(data["collection_id"])
-    kept = committed & _outside_cuts(cid, vbucket, seqno, cuts)
-    return History(branches, dead_changes, cuts, _live(data, np.flatnonzero(kept), now))
+    kept = committed & outside_cuts(cid, vbucket, seqno, cuts)
+    counted = np.zeros(items.num_rows, bool)
+    counted[data_at] = kept
+    return History(branches, dead_changes, cuts, _live(data, np.flatnonzero(kept), now), counted)
 
 
-def _committed(placed: Placed, bronze: Bronze, snaps: list[Row]) -> np.ndarray:
+def committed_snapshots(placed: Placed, bronze: Bronze, snaps: list[Row]) -> np.ndarray:
     """Per snapshot code of the items, whether its snapshot is committed."""
     done = {
         (s["session_id"], s["vbucket"], s["stream_no"], s["snapshot_no"])
@@ -172,7 +177,7 @@ def _dead_changes(
     return {k for k in gone if None in k or k not in kept}
 
 
-def _outside_cuts(
+def outside_cuts(
     cid: np.ndarray,
     vbucket: np.ndarray,
     seqno: np.ndarray,
@@ -206,4 +211,4 @@ def _live(data: pa.Table, kept: np.ndarray, now: int) -> pa.Table:
     newest = newest_per(changes, ["collection_id", "key"], ["seqno", "rev_seqno"])
     expiry = _numbers(newest["expiration"])
     live = _flags(pc.equal(newest["op"], Mutation.op)) & ((expiry == 0) | (expiry > now))
-    return newest.filter(pa.array(live)).select(["collection_id", "key", "seqno"])
+    return newest.filter(pa.array(live)).select(["collection_id", "key", "seqno", "expiration"])

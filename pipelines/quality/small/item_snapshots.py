@@ -119,8 +119,16 @@ def snapshots(bronze: Bronze, placed: Placed) -> tuple[list[Row], Streams]:
     stream key (session start, session, vbucket, stream) the count and highest seqno of the
     columns' items and the highest end of their markers (:func:`.streams.stream_metrics`'s
     ``items``)."""
+    rows, streams, _ = snapshot_groups(bronze, placed)
+    return rows, streams
+
+
+def snapshot_groups(bronze: Bronze, placed: Placed) -> tuple[list[Row], Streams, Streams]:
+    """:func:`snapshots`, and the same counts per snapshot (key: the stream key and the
+    snapshot number)."""
     found = _aggregates(bronze, placed)
     streams: Streams = {}
+    groups: Streams = {}
     control: dict[tuple[Any, ...], list[Row]] = {}
     for f in placed.frames:
         stream = (f["session_started_at"], f["session_id"], f["vbucket"], f["stream_no"])
@@ -156,8 +164,9 @@ def snapshots(bronze: Bronze, placed: Placed) -> tuple[list[Row], Streams]:
             largest([high, found["last"][g]]),
             largest([end, found["end_seqno"][g]]),
         )
+        groups[key] = (found["items"][g], found["last"][g], found["end_seqno"][g])
     rows += [snapshot_row(key, frames) for key, frames in control.items()]
-    return finish_snapshots(rows), streams
+    return finish_snapshots(rows), streams, groups
 
 
 _NO_FRAME = snapshot_row((None,) * 5, [])
@@ -186,6 +195,7 @@ def duplicate_candidates(bronze: Bronze, placed: Placed) -> list[Row]:
     rows = bronze.item_dicts(shared)
     for row, i in zip(rows, shared, strict=True):
         row["stream_no"] = int(placed.stream_no[i])
+        row["snapshot_no"] = int(placed.snapshot_no[i])
     return rows
 
 

@@ -8,6 +8,7 @@ a running count within the pair, each remembered value the last one before the f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,62 @@ _STREAM = frozenset(STREAM_OPS)
 _LOWEST = np.iinfo(np.int64).min
 
 
+@dataclass(frozen=True)
+class Seed:
+    """What a (session, vbucket) pair's frames before a cut leave to the frames from it: the
+    running counts (streams opened, requests, snapshots, rollbacks) and the values
+    remembered (the last rollback point, the last request's range, the request the last
+    opening answered, the highest item seqno since the last rollback)."""
+
+    opened: int = 0
+    requests: int = 0
+    snapshot_no: int = 0
+    rollback_no: int = 0
+    rollback_floor: int | None = None
+    requested_start: int | None = None
+    requested_end: int | None = None
+    answered: int | None = None
+    highest: int | None = None
+
+
+Seeds = Mapping[tuple[str, int], Seed]
+"""Per (session id, vbucket), where its frames read here continue from."""
+_NO_SEED = Seed()
+
+
+@dataclass
+class Trail:
+    """The stream frames in pair order (``order``: frame indexes, the control rows first then
+    the columns) with each pair's number (``pair``; its (session code, vbucket) in
+    ``pairs``) and, after each frame, what a :class:`Seed` holds (``values``: per field, the
+    value and whether it is known): where the frames after any of them continue from."""
+
+    order: np.ndarray
+    pair: np.ndarray
+    pairs: list[tuple[int, int]]
+    stream_no: np.ndarray
+    values: dict[str, tuple[np.ndarray, np.ndarray]]
+    first: list[Seed]
+    """Per pair, the seed its first frame continued from."""
+
+    def seed_after(self, at: int) -> Seed:
+        """What the frames after sorted frame ``at`` continue from."""
+        found = {
+            name: int(v[at]) if known[at] else None for name, (v, known) in self.values.items()
+        }
+        return Seed(
+            opened=found["opened"] or 0,
+            requests=found["requests"] or 0,
+            snapshot_no=found["snapshot_no"] or 0,
+            rollback_no=found["rollback_no"] or 0,
+            rollback_floor=found["rollback_floor"],
+            requested_start=found["requested_start"],
+            requested_end=found["requested_end"],
+            answered=found["answered"],
+            highest=found["highest"],
+        )
+
+
 @dataclass
 class Placed:
     """The control frames of the streams (rows, placed), and per row of the columns (markers
@@ -41,13 +98,14 @@ class Placed:
     floor: np.ndarray
     out_of_range: np.ndarray
     in_order: np.ndarray
+    trail: Trail | None = None
 
 
 class _Frames:
     """The stream frames, control rows first then the columns, as arrays (``of``) sorted by
     (session, vbucket, session order) (``order``), and where each frame's pair starts."""
 
-    def __init__(self, frames: list[Row], bronze: Bronze) -> None:
+    def __init__(self, frames: list[Row], bronze: Bronze, seeds: Seeds) -> None:
         self.frames, self.cols, self.n_c = frames, bronze.items, len(frames)
         rows = np.concatenate([np.array([f["_i"] for f in frames], np.int64), bronze.item_rows])
         vbucket = self.of("vbucket")[0]
@@ -58,6 +116,20 @@ class _Frames:
         new = np.ones(n, bool)
         new[1:] = (s[1:] != s[:-1]) | (v[1:] != v[:-1])
         self.start = np.maximum.accumulate(np.where(new, self.at, 0)) if n else self.at
+        firsts = np.flatnonzero(new)
+        self.pairs = [(int(s[i]), int(v[i])) for i in firsts]
+        pair_seeds = [seeds.get((bronze.sessions[c][1], vb), _NO_SEED) for c, vb in self.pairs]
+        self.pair_seeds = pair_seeds
+        self.pair = np.cumsum(new) - 1 if n else self.at
+        self.seeds = {
+            name: (
+                np.array([_or0(getattr(p, name)) for p in pair_seeds] + [0], np.int64)[self.pair],
+                np.array([getattr(p, name) is not None for p in pair_seeds] + [False], bool)[
+                    self.pair
+                ],
+            )
+            for name in Seed.__dataclass_fields__
+        }
 
     def of(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """A column's values (0 for null) and presence, in frame order."""
@@ -78,10 +150,21 @@ class _Frames:
         """A flag of the control rows, false for the columns, in frame order."""
         return np.concatenate([np.array(flags, bool), np.zeros(self.cols.num_rows, bool)])
 
-    def running(self, counted: np.ndarray) -> np.ndarray:
-        """Sorted: the count of ``counted`` (frame order) in the pair up to each frame."""
+    def running(self, counted: np.ndarray, seed: str) -> np.ndarray:
+        """Sorted: the count of ``counted`` (frame order) in the pair up to each frame, from
+        the pair's ``seed`` count."""
         c = np.cumsum(counted[self.order].astype(np.int64))
-        return c - (c - counted[self.order])[self.start] if len(c) else c
+        return (c - (c - counted[self.order])[self.start] if len(c) else c) + self.seeds[seed][0]
+
+    def remembered(
+        self, values: np.ndarray, where: np.ndarray, seed: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted: the value (``values``, sorted) of the last frame of ``where`` (frame
+        order) in the pair up to each frame, else the pair's ``seed`` value; and whether
+        there is one."""
+        at, known = self.last(where)
+        seeded, has_seed = self.seeds[seed]
+        return np.where(known, values[at], seeded), known | has_seed
 
     def last(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sorted: the position of the last frame of ``where`` (frame order) in the pair up
@@ -92,11 +175,12 @@ class _Frames:
         return np.maximum(found, 0), found >= self.start
 
 
-def place(bronze: Bronze) -> Placed:
+def place(bronze: Bronze, seeds: Seeds | None = None) -> Placed:
     """The stream frames placed (:func:`.streams.stream_frames`): the control frames' rows
-    updated with their fields, the columns' placement returned."""
+    updated with their fields, the columns' placement returned. ``seeds``: the pairs whose
+    earlier frames are not among ``bronze`` continue from them."""
     control = [dict(f) for f in bronze.control if f["op"] in _STREAM and f["vbucket"] is not None]
-    s = _Frames(control, bronze)
+    s = _Frames(control, bronze, seeds or {})
     ops = [f["op"] for f in control]
     opens = [
         both(op == StreamRequestResponse.op, None if f["status"] is None else f["status"] == 0)
@@ -118,21 +202,21 @@ def place(bronze: Bronze) -> Placed:
         np.concatenate([np.array([op in _ITEMS for op in ops], bool), ~bronze.is_marker])
         & has_seqno
     )
-    opened = s.running(opens_true)
-    requests = s.running(request)
-    snapshot_no = s.running(marker | opens_true | oso_start)
-    rollback_no = s.running(rollback)
-    at_r, floor_known = s.last(rollback)
-    rollback_floor = rollback_seqno[s.order][at_r]
+    opened = s.running(opens_true, "opened")
+    requests = s.running(request, "requests")
+    snapshot_no = s.running(marker | opens_true | oso_start, "snapshot_no")
+    rollback_no = s.running(rollback, "rollback_no")
+    rollback_floor, floor_known = s.remembered(rollback_seqno[s.order], rollback, "rollback_floor")
     start_seqno, has_start = s.of("start_seqno")
     end_seqno, has_end = s.of("end_seqno")
-    at_s, known_s = s.last(request & has_start)
-    at_e, known_e = s.last(request & has_end)
-    at_a, answered_known = s.last(opens_true)
-    answered = requests[at_a]
+    started, known_s = s.remembered(start_seqno[s.order], request & has_start, "requested_start")
+    ended, known_e = s.remembered(end_seqno[s.order], request & has_end, "requested_end")
+    answered, answered_known = s.remembered(requests, opens_true, "answered")
     stream_no = opened + (requests > np.where(answered_known, answered, 0))
     seqno, item = seqno_all[s.order], is_item[s.order]
-    before, has_before = _highest_before(s.start, rollback_no, seqno, item)
+    before, has_before = _seeded_highest(
+        s, rollback_no, *_highest_before(s.start, rollback_no, seqno, item)
+    )
     has_floor = has_before | floor_known
     floor = np.where(
         has_before & floor_known,
@@ -158,8 +242,8 @@ def place(bronze: Bronze) -> Placed:
         "snapshot_no": (snapshot_no, None),
         "rollback_no": (rollback_no, None),
         "rollback_floor": (rollback_floor, floor_known),
-        "requested_start": (start_seqno[s.order][at_s], known_s),
-        "requested_end": (end_seqno[s.order][at_e], known_e),
+        "requested_start": (started, known_s),
+        "requested_end": (ended, known_e),
         "_answered": (answered, answered_known),
         "stream_no": (stream_no, None),
         "seqno_floor": (floor, has_floor),
@@ -176,6 +260,8 @@ def place(bronze: Bronze) -> Placed:
         }
     )
     code = keys.groupby(list(SNAPSHOT_KEY), sort=False).ngroup().to_numpy()
+    after = np.where(has_before & item, np.maximum(before, seqno), np.where(item, seqno, before))
+    trail = _trail(s, sorted_values, after, has_before | item)
     return Placed(
         control,
         stream_no[mine],
@@ -186,7 +272,51 @@ def place(bronze: Bronze) -> Placed:
         np.where(has_floor, floor, 0)[mine],
         (in_order & outside)[mine],
         in_order[mine],
+        trail,
     )
+
+
+_SEEDED = {
+    "opened": "_opened",
+    "requests": "_requests",
+    "snapshot_no": "snapshot_no",
+    "rollback_no": "rollback_no",
+    "rollback_floor": "rollback_floor",
+    "requested_start": "requested_start",
+    "requested_end": "requested_end",
+    "answered": "_answered",
+}
+
+
+def _trail(
+    s: _Frames,
+    sorted_values: dict[str, tuple[np.ndarray, np.ndarray | None]],
+    highest: np.ndarray,
+    has_highest: np.ndarray,
+) -> Trail:
+    """The frames' :class:`Trail` from the values :func:`place` computed (sorted)."""
+    known = np.ones(len(s.order), bool)
+    values = {
+        name: (v, known if has is None else has)
+        for name, (v, has) in ((n, sorted_values[f]) for n, f in _SEEDED.items())
+    }
+    values["highest"] = (highest, has_highest)
+    return Trail(s.order, s.pair, s.pairs, sorted_values["stream_no"][0], values, s.pair_seeds)
+
+
+def _seeded_highest(
+    s: _Frames, rollback_no: np.ndarray, before: np.ndarray, has_before: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_highest_before` with the pair's seed: its highest item seqno counts for the
+    frames of the seed's rollback number."""
+    highest, has_highest = s.seeds["highest"]
+    seeded = has_highest & (rollback_no == s.seeds["rollback_no"][0])
+    before = np.where(seeded, np.where(has_before, np.maximum(before, highest), highest), before)
+    return before, has_before | seeded
+
+
+def _or0(value: int | None) -> int:
+    return 0 if value is None else value
 
 
 def _highest_before(

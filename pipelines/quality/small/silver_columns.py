@@ -30,7 +30,7 @@ from pipelines.silver.rows_read import overlay
 from pipelines.tables import BucketTables
 
 Row = dict[str, Any]
-_READ = tuple(dict.fromkeys([*ROWS_COLUMNS, "key", "_seqno", "_vbucket", "_rev_seqno"]))
+READ_COLUMNS = tuple(dict.fromkeys([*ROWS_COLUMNS, "key", "_seqno", "_vbucket", "_rev_seqno"]))
 
 
 @dataclass
@@ -54,8 +54,8 @@ class SilverShares:
         schema = pa.schema([*(_field(c) for c in ROWS_COLUMNS), pa.field("table", pa.string())])
         parts = []
         for (view, cid), held in zip(self.sources, self.views, strict=True):
-            table = held[i] if isinstance(held, list) else held.read(i, _READ_SCHEMA)
-            parts.append(_view_rows(table, view, cid, pending, self.purges).cast(schema))
+            table = held[i] if isinstance(held, list) else held.read(i, READ_SCHEMA)
+            parts.append(view_rows(table, view, cid, pending, self.purges).cast(schema))
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
     def states_of(self, i: int) -> list[Row]:
@@ -70,10 +70,10 @@ def silver_shares(
     spilled to local Arrow files per share when there are several (removed on exit)."""
     names = BucketTables(bucket)
     states, known, sources = silver_names(spark, bucket, at)
-    pending = _READ_SCHEMA.empty_table()
+    pending = READ_SCHEMA.empty_table()
     purges: list[Row] = []
     if sources and table_entries.exists(spark, names.pending):
-        pending = read_table(spark, names.pending, _READ, at.get(names.pending))
+        pending = read_table(spark, names.pending, READ_COLUMNS, at.get(names.pending))
         purges = read_rows(
             spark, names.purges, ("table_name", "vbucket", "purged_through_seqno"), at
         )
@@ -83,12 +83,12 @@ def silver_shares(
             for n, (view, _) in enumerate(sources):
                 name = tables.all_rows(view)
                 if count == 1:
-                    views.append([read_table(spark, name, _READ, at.get(name))])
+                    views.append([read_table(spark, name, READ_COLUMNS, at.get(name))])
                     continue
                 writers = _Writers(Path(folder), f"silver{n}", count)
                 views.append(writers)
-                for batch in table_batches(spark, name, _READ, at.get(name)):
-                    rows = plain_types(pa.Table.from_batches([batch])).cast(_READ_SCHEMA)
+                for batch in table_batches(spark, name, READ_COLUMNS, at.get(name)):
+                    rows = plain_types(pa.Table.from_batches([batch])).cast(READ_SCHEMA)
                     writers.write(rows, silver_share(rows, count))
         finally:
             for held in views:
@@ -102,10 +102,10 @@ def _field(name: str) -> pa.Field:
     return pa.field(name, types.get(name, pa.int64()))
 
 
-_READ_SCHEMA = pa.schema([_field(c) for c in _READ])
+READ_SCHEMA = pa.schema([_field(c) for c in READ_COLUMNS])
 
 
-def _view_rows(
+def view_rows(
     table: pa.Table, view: str, cid: int, pending: pa.Table, purges: list[Row]
 ) -> pa.Table:
     """One collection's rows as its view shows them, labelled with ``table`` (``pending``:

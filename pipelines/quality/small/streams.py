@@ -243,6 +243,7 @@ def duplicate_seqnos(frames: Sequence[Row]) -> list[Row]:
                 "in_vb_uuid": f["in_vb_uuid"],
                 "seqno": f["seqno"],
                 "problem": problem,
+                "snapshot_no": f.get("snapshot_no"),
             }
             for f in rows
         ]
@@ -300,20 +301,74 @@ def stream_metrics(
     that opened or sent items, ``latest`` on the newest stream of each vbucket. ``items``:
     per stream key, the count and highest seqno of items and the highest end of snapshot
     markers not among ``frames`` (the columnar check's, :mod:`.item_snapshots`)."""
+    return finish_streams(stream_partials(frames, snaps, duplicates, items))
+
+
+def stream_partials(
+    frames: Sequence[Row],
+    snaps: Sequence[Row],
+    duplicates: Sequence[Row],
+    items: Mapping[tuple[Any, ...], tuple[int, Any, Any]] | None = None,
+) -> dict[tuple[Any, ...], Row]:
+    """Per stream key, what ``frames``, their snapshots, duplicates and ``items`` say of it
+    (:func:`stream_partial`): a part that :func:`combine_partials` adds to another part of
+    the same stream."""
     items = items or {}
     by_frames = group(frames, _stream_key)
     by_snaps = group(snaps, _stream_key)
     by_duplicates = group(duplicates, _stream_key)
-    streams = []
-    for key in dict.fromkeys([*by_frames, *by_snaps, *by_duplicates]):
-        stream = _per_stream(
+    return {
+        key: stream_partial(
             by_frames.get(key, []),
             by_snaps.get(key, []),
             by_duplicates.get(key, []),
             items.get(key, (0, None, None)),
         )
+        for key in dict.fromkeys([*by_frames, *by_snaps, *by_duplicates, *items])
+    }
+
+
+_SUMS = (
+    "stream_items",
+    "snapshots",
+    "items",
+    "out_of_range",
+    "incomplete",
+    "regressions",
+    "duplicate_keys",
+    "duplicate_seqnos",
+)
+_MINS = (
+    "stream_end",
+    "out_of_range_first",
+    "incomplete_first",
+    "regression_first",
+    "repeat_first",
+    "duplicate_first",
+)
+
+
+def combine_partials(a: Row, b: Row) -> Row:
+    """Two parts of one stream (:func:`stream_partial`'s, of disjoint frames) as one: counts
+    summed, first problems and the end the earliest, the rest the highest (Spark's
+    :func:`pipelines.quality.streams.combine`)."""
+    return {
+        c: a[c] + b[c]
+        if c in _SUMS
+        else smallest([a[c], b[c]])
+        if c in _MINS
+        else largest([a[c], b[c]])
+        for c in a
+    }
+
+
+def finish_streams(partials: Mapping[tuple[Any, ...], Row]) -> list[Row]:
+    """The ``snapshot_completeness`` rows of the streams that opened or sent items, from
+    their whole parts, ``latest`` on the newest stream of each vbucket."""
+    streams = []
+    names = ("session_started_at", "session_id", "vbucket", "stream_no")
+    for key, stream in partials.items():
         if stream["opened"] is True or stream["stream_items"] > 0:
-            names = ("session_started_at", "session_id", "vbucket", "stream_no")
             streams.append({**dict(zip(names, key, strict=True)), **stream})
     for vbucket in group(streams, lambda s: s["vbucket"]).values():
         newest = max(
@@ -322,7 +377,7 @@ def stream_metrics(
         )
         for s in vbucket:
             s["latest"] = s is newest
-    return [_report(s) for s in streams]
+    return [stream_report(s) for s in streams]
 
 
 def _first(rows: Sequence[Row], text: Any) -> tuple[Any, Any] | None:
@@ -330,7 +385,7 @@ def _first(rows: Sequence[Row], text: Any) -> tuple[Any, Any] | None:
     return smallest((r["snapshot_no"], text(r)) for r in rows)
 
 
-def _per_stream(
+def stream_partial(
     frames: list[Row], snaps: list[Row], duplicates: list[Row], more: tuple[int, Any, Any]
 ) -> Row:
     marked = [s for s in snaps if s["kind"] is not None]
@@ -404,7 +459,7 @@ def _per_stream(
     }
 
 
-def _report(s: Row) -> Row:
+def stream_report(s: Row) -> Row:
     """:func:`pipelines.quality.streams._stream_report`'s columns of one stream."""
     requested_end = s["requested_end"]
     bounded = requested_end is not None and requested_end != NO_END_SEQNO
