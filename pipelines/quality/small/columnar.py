@@ -12,9 +12,11 @@ whose bronze or silver holds nulls the row rules treat one by one raises
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,27 @@ def compute_columnar(
     (:func:`pipelines.quality.job.pinned_versions`), a share of its vbuckets at a time
     (:mod:`.shares`: ``share_frames`` frames of bronze a share); ``keep``: with the state a
     later check starts from (:mod:`.carried`)."""
+    with collections_paused():
+        return _compute(spark, bucket, at, share_frames, keep)
+
+
+@contextmanager
+def collections_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (reference counting still frees): the row
+    steps make a few dicts per control frame, and on 1,024 vbuckets (10,000 control frames)
+    its collections cost a fifth of the check (0.3 of 1.4 s, measured with gc on and off)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _compute(
+    spark: SparkSession, bucket: str, at: Mapping[str, int], share_frames: int, keep: bool
+) -> SmallCheck:
     names = BucketTables(bucket)
     quarantine, ingest_log = side_tables(spark, bucket, at)
     count = share_count(ingest_log, share_frames)

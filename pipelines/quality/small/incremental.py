@@ -43,6 +43,7 @@ from pipelines.lake.delta_rs import plain_types, spark_rows, table_batches
 from pipelines.quality.compute import Metrics
 from pipelines.quality.small import history, measures, streams
 from pipelines.quality.small.carried import State
+from pipelines.quality.small.columnar import collections_paused
 from pipelines.quality.small.compute import SmallCheck
 from pipelines.quality.small.cuts import carry_streams
 from pipelines.quality.small.item_history import (
@@ -88,6 +89,13 @@ def compute_incremental(
     spark: SparkSession, bucket: str, at: Mapping[str, int], state: State
 ) -> tuple[SmallCheck, State]:
     """The metric frames of ``bucket`` at ``at`` from ``state``, and the state to carry."""
+    with collections_paused():
+        return _compute(spark, bucket, at, state)
+
+
+def _compute(
+    spark: SparkSession, bucket: str, at: Mapping[str, int], state: State
+) -> tuple[SmallCheck, State]:
     if state.apart is not None:
         raise FullCheckNeeded(f"the last check found bronze and silver apart ({state.apart})")
     txns = _only_ingest_wrote(spark, bucket, at, state)
