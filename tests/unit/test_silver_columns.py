@@ -12,12 +12,12 @@ import pytest
 
 from pipelines.lake.delta_rs import spark_rows
 from pipelines.quality.silver_side import ROWS_COLUMNS
-from pipelines.quality.small.silver_columns import _READ, _field, _view_rows
+from pipelines.quality.small.silver_columns import READ_COLUMNS, _field, view_rows
 from pipelines.silver.rows_read import overlay
 from pipelines.tables import all_rows
 
 VIEW = "silver.b__c"
-SCHEMA = pa.schema([_field(c) for c in _READ])
+SCHEMA = pa.schema([_field(c) for c in READ_COLUMNS])
 
 
 def _row(rng: random.Random, key: str, cid: int) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def test_the_overlay_over_columns_gives_the_rows_of_the_row_rule(seed: int) -> N
     purges.append({"table_name": "silver.other_all", "vbucket": 0, "purged_through_seqno": 99})
     table = pa.Table.from_pylist(table_rows, schema=SCHEMA)
     pending_table = pa.Table.from_pylist(pending, schema=SCHEMA)
-    ours = spark_rows(_view_rows(table, VIEW, 8, pending_table, purges))
+    ours = spark_rows(view_rows(table, VIEW, 8, pending_table, purges))
     theirs = overlay(spark_rows(table), VIEW, 8, pending, purges, ROWS_COLUMNS)
     assert _sorted(ours) == _sorted(theirs)
 
@@ -63,6 +63,6 @@ def test_without_pending_rows_the_table_rows_are_the_view_rows() -> None:
     rng = random.Random(1)
     rows = [_row(rng, f"k{i}", 8) for i in range(5)]
     found = spark_rows(
-        _view_rows(pa.Table.from_pylist(rows, schema=SCHEMA), VIEW, 8, SCHEMA.empty_table(), [])
+        view_rows(pa.Table.from_pylist(rows, schema=SCHEMA), VIEW, 8, SCHEMA.empty_table(), [])
     )
     assert _sorted(found) == _sorted([{**r, "table": VIEW} for r in rows])
