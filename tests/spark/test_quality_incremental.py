@@ -103,30 +103,42 @@ def _check_both_ways(spark: SparkSession, bucket: str) -> str | None:
     return from_state.full_because
 
 
-@pytest.mark.parametrize("group", range(GROUPS))
-def test_a_check_from_its_state_equals_a_check_over_everything(
-    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, group: int
-) -> None:
-    scenario = (CONTINUING + tuple(s for s in SCENARIOS if s not in CONTINUING))[
-        group % len(SCENARIOS)
-    ]
-    bucket = f"qi{group}_{random.randrange(1 << 30):x}"
+def _scenario(group: int) -> str:
+    """The scenario of ``group``: the continuing ones first, then the others, in turn."""
+    return (CONTINUING + tuple(s for s in SCENARIOS if s not in CONTINUING))[group % len(SCENARIOS)]
+
+
+def _group_files(
+    tmp_path: Path, bucket: str, scenario: str, seed: int, malformed: int
+) -> list[Path]:
+    """The capture files of PER_GROUP simulations of ``scenario`` side by side in ``bucket``
+    (disjoint vbuckets and keys), seeds from ``seed``."""
     files = []
     for i in range(PER_GROUP):
         result = simulate(
             tmp_path / f"sim{i}",
             bucket=bucket,
             scenario=scenario,
-            seed=1000 + group * PER_GROUP + i,
+            seed=seed + i,
             vbuckets=2,
             docs=40,
             ops=160,
             vbucket_offset=2 * i,
             key_prefix=f"k{i}/",
             max_file_bytes=6_000,
-            inject_malformed=group % 2,
+            inject_malformed=malformed,
         )
         files += result.files
+    return files
+
+
+@pytest.mark.parametrize("group", range(GROUPS))
+def test_a_check_from_its_state_equals_a_check_over_everything(
+    spark: SparkSession, spark_warehouse: Path, tmp_path: Path, group: int
+) -> None:
+    scenario = _scenario(group)
+    bucket = f"qi{group}_{random.randrange(1 << 30):x}"
+    files = _group_files(tmp_path, bucket, scenario, 1000 + group * PER_GROUP, group % 2)
     assert len({f.name for f in files}) == len(files)
     random.Random(group).shuffle(files)
     landing = tmp_path / "landing"
@@ -156,25 +168,9 @@ def test_a_columnar_check_from_its_state_equals_one_over_everything(
     each batch's ingest and apply, the columnar check from its state gives the rows of the
     columnar check over everything (which equals Spark's: above), and in the scenarios
     without a rollback, drop or resend a later one starts from its state."""
-    scenario = (CONTINUING + tuple(s for s in SCENARIOS if s not in CONTINUING))[
-        group % len(SCENARIOS)
-    ]
+    scenario = _scenario(group)
     bucket = f"qc{group}_{random.randrange(1 << 30):x}"
-    files = []
-    for i in range(PER_GROUP):
-        result = simulate(
-            tmp_path / f"sim{i}",
-            bucket=bucket,
-            scenario=scenario,
-            seed=5000 + group * PER_GROUP + i,
-            vbuckets=2,
-            docs=40,
-            ops=160,
-            vbucket_offset=2 * i,
-            key_prefix=f"k{i}/",
-            max_file_bytes=6_000,
-        )
-        files += result.files
+    files = _group_files(tmp_path, bucket, scenario, 5000 + group * PER_GROUP, 0)
     files.sort(key=lambda f: f.name)
     landing = tmp_path / "landing"
     landing.mkdir()

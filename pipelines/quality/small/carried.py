@@ -100,6 +100,19 @@ class State:
     silver_ttl: pa.Table
 
 
+def apart(reconciliation: list[Row]) -> str | None:
+    """The first collection whose bronze and silver sides differ in ``reconciliation``'s
+    rows (None: none does): a state that records one is not started from."""
+    return next(
+        (
+            r["where"]
+            for r in reconciliation
+            if (r["bronze_live"], r["bronze_checksum"]) != (r["silver_live"], r["silver_checksum"])
+        ),
+        None,
+    )
+
+
 def _tuples(value: Any) -> Any:
     """JSON's lists back as the tuples they were (rows hold no list values here)."""
     if isinstance(value, list):

@@ -42,7 +42,7 @@ from pipelines.lake import delta_io
 from pipelines.lake.delta_rs import plain_types, spark_rows, table_batches
 from pipelines.quality.compute import Metrics
 from pipelines.quality.small import history, measures, streams
-from pipelines.quality.small.carried import State
+from pipelines.quality.small.carried import State, apart
 from pipelines.quality.small.columnar import collections_paused
 from pipelines.quality.small.compute import SmallCheck
 from pipelines.quality.small.cuts import carry_streams
@@ -160,7 +160,7 @@ def _compute(
         at=dict(at),
         txns=txns,
         now=now,
-        apart=_apart(metrics["silver_reconciliation"].rows),
+        apart=apart(metrics["silver_reconciliation"].rows),
         pairs={**state.pairs, **carried.pairs},
         tail=carried.tail,
         control=control,
@@ -178,17 +178,6 @@ def _compute(
         silver_ttl=silver_ttl,
     )
     return SmallCheck(metrics, ingest_log), next_state
-
-
-def _apart(rows: list[Row]) -> str | None:
-    return next(
-        (
-            r["where"]
-            for r in rows
-            if (r["bronze_live"], r["bronze_checksum"]) != (r["silver_live"], r["silver_checksum"])
-        ),
-        None,
-    )
 
 
 def _only_ingest_wrote(

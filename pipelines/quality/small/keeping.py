@@ -13,7 +13,7 @@ from pipelines.bronze import store
 from pipelines.lake import delta_io
 from pipelines.quality.measures import CHECKSUM_MODULUS
 from pipelines.quality.small import measures
-from pipelines.quality.small.carried import Cut, State, Sums
+from pipelines.quality.small.carried import Cut, State, Sums, apart
 from pipelines.quality.small.cuts import carry_streams
 from pipelines.quality.small.item_history import History
 from pipelines.quality.small.item_snapshots import Streams
@@ -97,16 +97,6 @@ class Keeping:
             else None
             for kind in ("events", "quarantine")
         }
-        rows = metrics["silver_reconciliation"].rows
-        apart = next(
-            (
-                r["where"]
-                for r in rows
-                if (r["bronze_live"], r["bronze_checksum"])
-                != (r["silver_live"], r["silver_checksum"])
-            ),
-            None,
-        )
         tail = pa.concat_tables(self.tails) if self.tails else None
         if tail is None:
             return None
@@ -114,7 +104,7 @@ class Keeping:
             at=dict(at),
             txns=txns,
             now=self.now,
-            apart=apart,
+            apart=apart(metrics["silver_reconciliation"].rows),
             pairs=self.pairs,
             tail=tail,
             control=control,
