@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dcp_cdc.agent.s3_store import S3Options
 from pipelines.errors import TableReadError
@@ -204,12 +205,14 @@ def small_rows(
 
 def spark_rows(table: pa.Table) -> list[dict[str, Any]]:
     """``table``'s rows as a Spark ``collect()`` gives them (``Row.asDict(recursive=True)``):
-    a timestamp as a naive datetime of the local time zone, a map as a dict."""
+    a timestamp as a naive datetime of the local time zone (made once per distinct instant),
+    a map as a dict."""
     columns: dict[str, list[Any]] = {}
     for field, column in zip(table.schema, table.columns, strict=True):
         if pa.types.is_timestamp(field.type):
-            micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
-            columns[field.name] = [None if m is None else _local(m) for m in micros]
+            micros = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+            local = {m: _local(m) for m in pc.unique(micros).to_pylist() if m is not None}
+            columns[field.name] = [None if m is None else local[m] for m in micros.to_pylist()]
         elif pa.types.is_map(field.type):
             columns[field.name] = [None if m is None else dict(m) for m in column.to_pylist()]
         else:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from pipelines.errors import NotOnDriver
-from pipelines.quality.small.read import BASE_READ, base_frames
+from pipelines.quality.small.read import BASE_READ, base_frames, base_frames_of
 from pipelines.quality.small.sql import concat, max_by, order_key, smallest, xxh64
 from pipelines.quality.small.streams import snapshots, stream_frames
 from pipelines.silver.rows_read import overlay, view_rows
@@ -94,6 +95,26 @@ def test_a_streams_frames_are_numbered_and_a_regression_is_found() -> None:
 def test_a_response_whose_opaque_is_beyond_an_int_is_left_to_spark() -> None:
     with pytest.raises(NotOnDriver, match="opaque 4294967296"):
         base_frames([_event(op="stream_request_response", status=0, opaque=1 << 32, offset=0)])
+
+
+def test_the_columnar_base_frames_are_the_rows_ones() -> None:
+    events = [
+        _event(op="stream_request", vbucket=7, start_seqno=0, end_seqno=100, opaque=7),
+        _event(op="stream_request_response", status=0, opaque=7, vbucket=0),
+        _event(op="mutation", vbucket=7, by_seqno=4, key=b"k", rev_seqno=1, cas=9),
+        _event(op="commit", vbucket=7, commit_seqno=5, key=b"k"),
+        _event(op="abort", vbucket=7, abort_seqno=6, key=None),
+        _event(op="deletion", vbucket=7, by_seqno=7, key=None),  # required columns null
+        _event(op="unknown", vbucket=None, opcode=0x99),
+        _event(op="mutation", vbucket=7, opcode=None),
+    ]
+    rows = [{**e, "offset": i * 100, "frame_index": i} for i, e in enumerate(events)]
+    expected = base_frames(rows)
+    assert "key" in expected[5]["null_columns"]  # the case is there
+    assert base_frames_of(pa.Table.from_pylist(rows)) == expected
+    response = _event(op="stream_request_response", status=0, opaque=1 << 32, offset=0)
+    with pytest.raises(NotOnDriver, match="opaque 4294967296"):
+        base_frames_of(pa.Table.from_pylist([response, _event(op="noop", opaque=1, offset=1)]))
 
 
 def _row(key: str, seqno: int, **values: Any) -> dict[str, Any]:

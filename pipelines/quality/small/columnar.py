@@ -41,7 +41,7 @@ from pipelines.quality.small.item_snapshots import (
 from pipelines.quality.small.items import _flags, _numbers, _present, split
 from pipelines.quality.small.keeping import Keeping
 from pipelines.quality.small.placement import place
-from pipelines.quality.small.read import BASE_READ, base_frames, side_tables
+from pipelines.quality.small.read import BASE_READ, base_frames_of, side_tables
 from pipelines.quality.small.shares import (
     SHARE_FRAMES,
     share_count,
@@ -101,13 +101,14 @@ def _compute(
         spilled_bronze(batches, count) as (control, held),
         silver_shares(spark, bucket, at, count) as silver,
     ):
-        control_rows = base_frames(spark_rows(control))
+        control_rows = base_frames_of(control)
         cluster = history.cluster_branches(control_rows)
         share = share_of_control(control, count)
         for i in range(count):
             columns = held[i] if isinstance(held, list) else held.read(i, control.schema)
-            events = pa.concat_tables([control.filter(pa.array(share == i)), columns])
-            bronze = split(events)
+            mine = np.flatnonzero(share == i).tolist()
+            events = pa.concat_tables([control.take(pa.array(mine, pa.int64())), columns])
+            bronze = split(events, [control_rows[j] for j in mine])
             del columns
             placed = place(bronze)
             snaps, per_stream, groups = snapshot_groups(bronze, placed)

@@ -116,9 +116,10 @@ def split_history(
             for _, p, seqno in by_vbucket.get(f["vbucket"], [])
         )
 
-    removed = [f for f in items if f["vbucket"] is not None and rolled_back(f)]
+    gone = [f["vbucket"] is not None and rolled_back(f) for f in items]
+    removed = [f for f, g in zip(items, gone, strict=True) if g]
     kept = with_branch(
-        [f for f in items if f["vbucket"] is None or not rolled_back(f)],
+        [f for f, g in zip(items, gone, strict=True) if not g],
         branches,
         vbucket="vbucket",
         uuid="in_vb_uuid",
@@ -212,15 +213,16 @@ def cluster_branches(base: Sequence[Row]) -> dict[Any, Row]:
     highs: list[tuple[Any, Any]] = []
     for f in base:
         op, ok = f["op"], None if f["status"] is None else f["status"] == 0
+        if not ok:
+            continue
         at = (f["session_started_at"], f["session_id"])
-        p = _position(f)
         if (
             op in (StreamRequestResponse.op, FailoverLogResponse.op)
-            and ok
             and f["failover_log"] is not None
         ):
-            logs.append((f["vbucket"], (f["failover_log"], at, p)))
-        if op == VbSeqnosResponse.op and ok and f["high_seqnos"] is not None:
+            logs.append((f["vbucket"], (f["failover_log"], at, _position(f))))
+        if op == VbSeqnosResponse.op and f["high_seqnos"] is not None:
+            p = _position(f)
             for h in f["high_seqnos"]:
                 vbucket, seqno = (None, None) if h is None else (h["vbucket"], h["seqno"])
                 highs.append((vbucket, (seqno, at, p)))
@@ -269,23 +271,32 @@ def on_branch(states: Sequence[Row], cluster: dict[Any, Row]) -> list[Row]:
         if branch_end is not None:
             within = None if seqno is None else seqno <= branch_end
         ok = both(found is not None, within)
-        log_text = ", ".join(
-            t
-            for t in (concat(e["vb_uuid"], "@", e["seqno"]) if e is not None else None for e in log)
-            if t is not None
-        )
-        silver_at = concat("silver at seqno ", seqno, " of vb uuid ", s_uuid, "; ")
-        log_note = concat("newest failover log, session ", c["log_session"], ": [", log_text, "])")
-        if newer:
-            where_it_ends = concat(" ended at seqno ", branch_end, " (")
-        else:
-            where_it_ends = concat(" is at seqno ", branch_end, " (its high seqno; ")
         detail = None
-        if found is None:
-            detail = concat(silver_at, "the cluster no longer holds that branch (", log_note)
-        elif negate(ok):
-            detail = concat(silver_at, "the cluster's branch ", s_uuid, where_it_ends, log_note)
+        if found is None or negate(ok):
+            detail = _branch_detail(c, seqno, s_uuid, branch_end, found, newer)
         out.append(
             {"vbucket": s["vbucket"], "on_cluster_branch": ok, "cluster_branch_detail": detail}
         )
     return out
+
+
+def _branch_detail(
+    c: Row, seqno: Any, s_uuid: Any, branch_end: Any, found: int | None, newer: bool
+) -> str | None:
+    """:func:`on_branch`'s ``cluster_branch_detail`` of a vbucket off the cluster's branch."""
+    log_text = ", ".join(
+        t
+        for t in (
+            concat(e["vb_uuid"], "@", e["seqno"]) if e is not None else None for e in c["log"]
+        )
+        if t is not None
+    )
+    silver_at = concat("silver at seqno ", seqno, " of vb uuid ", s_uuid, "; ")
+    log_note = concat("newest failover log, session ", c["log_session"], ": [", log_text, "])")
+    if found is None:
+        return concat(silver_at, "the cluster no longer holds that branch (", log_note)
+    if newer:
+        where_it_ends = concat(" ended at seqno ", branch_end, " (")
+    else:
+        where_it_ends = concat(" is at seqno ", branch_end, " (its high seqno; ")
+    return concat(silver_at, "the cluster's branch ", s_uuid, where_it_ends, log_note)

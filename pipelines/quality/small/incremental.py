@@ -67,7 +67,7 @@ from pipelines.quality.small.live_sums import (
     without_keys,
 )
 from pipelines.quality.small.placement import place
-from pipelines.quality.small.read import BASE_READ, base_frames, side_tables, silver_names
+from pipelines.quality.small.read import BASE_READ, base_frames_of, side_tables, silver_names
 from pipelines.quality.small.silver_changes import SilverChanges, silver_changes
 from pipelines.tables import BucketTables
 
@@ -127,7 +127,7 @@ def _compute(
     _caught_up(bronze, counted & ~before, states)
     silver_ttl, rolled, dropped = _silver_side(sums, changes, state, now)
     control = pa.concat_tables([state.control, read.new.filter(_control_mask(read.new))])
-    control_rows = base_frames(spark_rows(control))
+    control_rows = base_frames_of(control)
     files = Counter(state.files)
     files.update(file_frames(split(read.new).items))
     metrics = {

@@ -7,6 +7,7 @@ opcode) is not taken here: :class:`~pipelines.errors.NotOnDriver`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from dcp_cdc.events import SnapshotMarker, UnknownFrame
 from pipelines.errors import NotOnDriver
 from pipelines.lake.delta_rs import spark_rows
 from pipelines.quality.frames import ITEM_OPS, KNOWN_OPCODES, POSITION, REQUIRED
-from pipelines.quality.small.read import base_frames
+from pipelines.quality.small.read import base_frames_of
 
 Row = dict[str, Any]
 ITEM_COLUMNS = (
@@ -114,9 +115,10 @@ def columnar(events: pa.Table) -> np.ndarray:
     return np.asarray(_marker(events) | _flags(pc.and_(_plain(events), items)), bool)
 
 
-def split(events: pa.Table) -> Bronze:
+def split(events: pa.Table, control: Sequence[Row] | None = None) -> Bronze:
     """``events`` (:data:`~pipelines.quality.small.read.BASE_READ`) split into control frames
-    and items."""
+    and items; ``control``: the base frame rows of its control frames when the caller has
+    them already (the frames of ``events`` :func:`columnar` does not take, in order)."""
     regular(events)
     seqno = _seqno(events)
     is_marker = _marker(events)
@@ -135,9 +137,9 @@ def split(events: pa.Table) -> Bronze:
     order = np.lexsort((_numbers(events["offset"]), _numbers(events["file_sequence"]), session))
     rank[order] = np.arange(len(order))
     control_rows = np.flatnonzero(~is_item)
-    control = base_frames(spark_rows(events.take(pa.array(control_rows, pa.int64()))))
-    for frame, i in zip(control, control_rows, strict=True):
-        frame["_i"] = int(i)
+    if control is None:
+        control = base_frames_of(events.take(pa.array(control_rows, pa.int64())))
+    control = [{**frame, "_i": i} for frame, i in zip(control, control_rows.tolist(), strict=True)]
     item_rows = np.flatnonzero(is_item)
     items = events.select(list(ITEM_COLUMNS)).take(pa.array(item_rows, pa.int64()))
     items = items.append_column("seqno", seqno.take(pa.array(item_rows, pa.int64())))

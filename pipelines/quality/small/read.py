@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from dcp_cdc.events import UnknownFrame
 from pipelines import schemas, tables
 from pipelines.errors import NotOnDriver
 from pipelines.lake import table_entries
-from pipelines.lake.delta_rs import read_rows
+from pipelines.lake.delta_rs import read_rows, spark_rows
 from pipelines.quality.frames import BASE_COLUMNS, KNOWN_OPCODES, REQUIRED
 from pipelines.quality.silver_side import ROWS_COLUMNS
 from pipelines.quality.small.sql import coalesce
@@ -62,6 +65,45 @@ def base_frames(events: Sequence[Row]) -> list[Row]:
         )
         out.append(frame)
     return out
+
+
+def base_frames_of(events: pa.Table) -> list[Row]:
+    """:func:`base_frames` of bronze's columns (:data:`BASE_READ`): the four derived columns
+    computed over Arrow, then one row per frame."""
+    responds = pc.is_valid(events["status"])
+    opaque = events["opaque"].cast(pa.int64())
+    beyond = pc.or_(pc.less(opaque, _INT_RANGE.start), pc.greater_equal(opaque, _INT_RANGE.stop))
+    wrong = opaque.filter(pc.fill_null(pc.and_(responds, beyond), False))
+    if len(wrong):
+        raise NotOnDriver(f"a response's opaque {wrong[0].as_py()} is beyond an INT")
+    op, opcode = events["op"], events["opcode"]
+    known = pc.is_in(opcode, value_set=pa.array(sorted(_KNOWN), opcode.type))
+    by_opcode = pc.if_else(pc.is_null(opcode), pa.scalar(None, pa.bool_()), pc.invert(known))
+    derived = {
+        "vbucket": pc.if_else(responds, opaque, events["vbucket"].cast(pa.int64())),
+        "seqno": pc.coalesce(events["by_seqno"], events["commit_seqno"], events["abort_seqno"]),
+        "unknown_opcode": pc.if_else(
+            pc.fill_null(pc.equal(op, UnknownFrame.op), False), True, by_opcode
+        ),
+    }
+    table = events.select(list(_COPIED))
+    for name, column in derived.items():
+        table = table.append_column(name, column)
+    rows = spark_rows(table)
+    for row in rows:
+        row["null_columns"] = []
+    nulls = {c: _null_in(events, c, ops) for c, ops in _REQUIRED}
+    for i in np.flatnonzero(np.logical_or.reduce(list(nulls.values()))).tolist():
+        rows[i]["null_columns"] = [c for c, where in nulls.items() if where[i]]
+    return rows
+
+
+def _null_in(events: pa.Table, column: str, ops: frozenset[str] | None) -> np.ndarray:
+    """Which frames of ``events`` have ``column`` null where their op requires it."""
+    nulls = pc.is_null(events[column])
+    if ops is not None:
+        nulls = pc.and_(nulls, pc.is_in(events["op"], value_set=pa.array(sorted(ops))))
+    return np.asarray(nulls.to_numpy(zero_copy_only=False), bool)
 
 
 @dataclass(frozen=True)

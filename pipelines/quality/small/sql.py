@@ -29,15 +29,21 @@ def order_key(value: Any) -> Any:
 
 
 def largest(values: Iterable[_T | None]) -> _T | None:
-    """``max``: the largest non-null value, null when there is none."""
+    """``max``: the largest non-null value, null when there is none (the values of one
+    column: all structs or none)."""
     found = [v for v in values if v is not None]
-    return max(found, key=order_key) if found else None
+    if not found:
+        return None
+    return max(found, key=order_key) if isinstance(found[0], tuple) else max(found)  # type: ignore[type-var]
 
 
 def smallest(values: Iterable[_T | None]) -> _T | None:
-    """``min``: the smallest non-null value, null when there is none."""
+    """``min``: the smallest non-null value, null when there is none (the values of one
+    column: all structs or none)."""
     found = [v for v in values if v is not None]
-    return min(found, key=order_key) if found else None
+    if not found:
+        return None
+    return min(found, key=order_key) if isinstance(found[0], tuple) else min(found)  # type: ignore[type-var]
 
 
 def max_by(pairs: Iterable[tuple[Any, Any]]) -> Any:
@@ -79,7 +85,10 @@ def concat(*parts: Any) -> str | None:
 
 
 def coalesce(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
+    for v in values:
+        if v is not None:
+            return v
+    return None
 
 
 def both(a: bool | None, b: bool | None) -> bool | None:
