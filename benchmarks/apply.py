@@ -9,7 +9,7 @@ built version (``RESTORE TABLE ... TO VERSION AS OF``), so each run does the sam
 Cases per size: ``silver_rows`` alone (the newest-per-key window, written nowhere) and the
 whole ``merge_changes``. The table and batch of each size are built once and cached under
 ``benchmarks/.data/apply`` (the 10M table takes minutes). The result says how the apply time
-grows with the table: the goal is at most 2x from 1M to 10M keys.
+grows with the table: the goal is at most 1.5x from 1M to 10M keys.
 
 Each size runs with deletion vectors on and off (``--deletion-vectors``), on tables of their
 own, the product's default properties otherwise: with them a MERGE marks the rows it changes
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{m.extra['table_bytes_after'] / 2**20:.1f} MiB after"
         )
     for what, ratio in growth.items():
-        print(f"  growth {what}: wall {ratio:.2f}x, JVM CPU {cpu_growth[what]:.2f}x (goal <= 2x)")
+        print(f"  growth {what}: wall {ratio:.2f}x, JVM CPU {cpu_growth[what]:.2f}x (goal <= 1.5x)")
 
 
 if __name__ == "__main__":

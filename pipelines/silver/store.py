@@ -66,6 +66,24 @@ def apply_drops(
 
 
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+_RUNTIME_FILTER = "spark.sql.optimizer.runtime.bloomFilter."
+KEY_FILTER_ABOVE = "64MB"
+"""The size of a MERGE's target files above which Spark filters them by a bloom filter of
+the source's keys before the join (:data:`MERGE_CONF`)."""
+MERGE_CONF = {
+    MATERIALIZE_SOURCE: "none",
+    _RUNTIME_FILTER + "enabled": "true",
+    _RUNTIME_FILTER + "applicationSideScanSizeThreshold": KEY_FILTER_ABOVE,
+    _RUNTIME_FILTER + "creationSideThreshold": "8GB",
+}
+"""The session settings of :func:`merge_rows`' MERGEs. Their source is a local checkpoint
+(no copy by Delta). With deletion vectors, Delta's MERGE joins the source to every row of
+the files it touches, and a batch of keys spread over every vbucket touches every file: the
+join would shuffle and sort the whole table (1M changes into 10M keys: 3.6 GiB, 21 s of
+sorting). Spark's runtime filter builds a bloom filter of the source's keys (one small job)
+and drops the target's rows it cannot match before the shuffle, which its defaults do only
+for a source below 10 MB and a target above 10 GB. Below :data:`KEY_FILTER_ABOVE` the whole
+files cost about what the filter's job does (docs/sizing.md)."""
 
 
 def merge_changes(
@@ -133,25 +151,23 @@ def merge_rows(
 
     if not targets:
         return {}
-    if len(targets) == 1:
-        counts = [merge(*targets[0])]
-    else:
-        # Every MERGE reads its source twice (the keys it touches, then the rows it writes),
-        # and Delta copies a source that is not a plain Delta scan first, a job per MERGE,
-        # lest the two reads differ. For several collections the newest rows of all of them
-        # are copied once (a local checkpoint: fixed blocks, spilled to disk rather than
-        # dropped, freed by Spark's cleaner once unreferenced; Delta refuses a cached source
-        # without its own copy), and the MERGEs read that: a MERGE of a thousand rows took
-        # 3-5 s with its copy, 1.3-1.8 s without (2 cores). One MERGE keeps Delta's own copy.
-        rows = rows.localCheckpoint(eager=True)
-        with delta_io.session_conf(spark, {MATERIALIZE_SOURCE: "none"}):
-            if overlap > 1:
-                with ThreadPoolExecutor(min(overlap, len(targets)), "silver-merge") as pool:
-                    futures = [pool.submit(merge, cid, table) for cid, table in targets]
-                    wait(futures)  # every MERGE ends (commits or fails) before an error is raised
-                    counts = [f.result() for f in futures]
-            else:
-                counts = [merge(cid, table) for cid, table in targets]
+    # Every MERGE reads its source twice (the keys it touches, then the rows it writes), and
+    # Delta copies a source that is not a plain Delta scan first, a job per MERGE, lest the
+    # two reads differ. The newest rows of every collection are copied once instead (a local
+    # checkpoint: fixed blocks, spilled to disk rather than dropped, freed by Spark's cleaner
+    # once unreferenced; Delta refuses a cached source without its own copy), and the MERGEs
+    # read that: a MERGE of a thousand rows took 3-5 s with its copy, 1.3-1.8 s without (2
+    # cores). Over the copy, a collection's rows are a filter over a scan, the source Spark's
+    # runtime filter takes its bloom filter from (MERGE_CONF).
+    rows = rows.localCheckpoint(eager=True)
+    with delta_io.session_conf(spark, MERGE_CONF):
+        if overlap > 1 and len(targets) > 1:
+            with ThreadPoolExecutor(min(overlap, len(targets)), "silver-merge") as pool:
+                futures = [pool.submit(merge, cid, table) for cid, table in targets]
+                wait(futures)  # every MERGE ends (commits or fails) before an error is raised
+                counts = [f.result() for f in futures]
+        else:
+            counts = [merge(cid, table) for cid, table in targets]
     return {tables.view_of(table): n for (_, table), n in zip(targets, counts, strict=True)}
 
 
